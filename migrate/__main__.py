@@ -1,0 +1,6 @@
+"""``python -m migrate`` runs the ``ampmigrate`` command line."""
+
+from migrate.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
