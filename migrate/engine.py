@@ -1,0 +1,61 @@
+"""The pure core: ``migrate_source(text) -> MigrationResult``. No I/O, no printing.
+
+The runner owns files; tests call this directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from migrate.findings import Finding
+from migrate.options import Options
+
+
+class SourceSyntaxError(Exception):
+    """The input is not valid Python; ``line``/``column`` are 1-based."""
+
+    def __init__(self, message: str, line: int, column: int) -> None:
+        super().__init__(f"line {line}, column {column}: {message}")
+        self.message = message
+        self.line = line
+        self.column = column
+
+
+class InternalError(Exception):
+    """The engine produced output that does not compile: a bug in ampmigrate."""
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    source: str
+    changed: bool
+    findings: tuple[Finding, ...]
+    skipped: bool = False  # the whole file carries `# ampmigrate: skip`
+
+    @property
+    def needs_review(self) -> bool:
+        return any(not finding.fixed for finding in self.findings)
+
+
+def parse(source: str) -> cst.Module:
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as error:
+        raise SourceSyntaxError(error.message, error.raw_line, error.raw_column + 1) from None
+
+
+def migrate_source(source: str, options: Options = Options()) -> MigrationResult:
+    """Migrate one module's source text. Raises SourceSyntaxError or InternalError."""
+    from migrate.rules import run_rules  # noqa: PLC0415 - keeps the import graph one-way
+
+    module = parse(source)
+    new_module, findings = run_rules(module, source, options)
+    new_source = new_module.code if new_module is not module else source
+    if new_source != source:
+        try:
+            compile(new_source, "<migrated>", "exec")
+        except SyntaxError as error:
+            raise InternalError(f"migrated code does not compile: {error}") from None
+    return MigrationResult(new_source, new_source != source, tuple(findings))

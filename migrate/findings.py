@@ -1,0 +1,171 @@
+"""Findings: what the engine tells the user about a file, with stable codes.
+
+A finding either notes a rewrite that was made (``fixed=True``: nothing to do, but
+numerics or behaviour may differ from Apex in a documented way) or asks for a human
+(``fixed=False``: the construct was left as it was because no safe rewrite exists).
+Every code has one entry in ``CODES``; the README's table of diagnostics is checked
+against it by the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnostic at a 1-based line and column of the *input* source."""
+
+    code: str
+    line: int
+    column: int
+    message: str
+    fixed: bool
+
+    def format(self, path: str) -> str:
+        return f"{path}:{self.line}:{self.column}: {self.code} {self.message}"
+
+
+@dataclass(frozen=True)
+class Code:
+    """The documentation of one finding code."""
+
+    name: str
+    summary: str
+    what_to_do: str
+    fixed: bool
+
+
+CODES: dict[str, Code] = {
+    "AMP001": Code(
+        "opt-level-numerics",
+        "O2/O3 were migrated to torch.autocast + GradScaler, the nearest native recipe.",
+        "Nothing, usually. Autocast keeps fp32 weights and runs per-op casts, where O2 kept "
+        "fp16 weights with fp32 master copies and O3 ran everything in fp16: memory, speed and "
+        "the last digits of the loss differ. Use `ampmigrate verify` to compare the two runs.",
+        True,
+    ),
+    "AMP002": Code(
+        "static-loss-scale",
+        "A static loss_scale was migrated to a GradScaler held at that scale.",
+        "Nothing, usually. Apex applied inf/NaN gradients under a static scale; GradScaler "
+        "skips such a step instead (the scale is reset to the static value after each update).",
+        True,
+    ),
+    "AMP003": Code(
+        "loss-scale-bounds",
+        "min_loss_scale / max_loss_scale have no GradScaler equivalent and were dropped.",
+        "GradScaler grows without a cap and backs off without a floor. If you relied on the "
+        "bounds, clamp after `scaler.update()` with `scaler.update(new_scale=...)`.",
+        True,
+    ),
+    "AMP004": Code(
+        "one-scaler-for-all-losses",
+        "num_losses / loss_id were dropped: one GradScaler now serves every loss.",
+        "Nothing, usually: one scaler for all losses is the documented torch pattern. Apex "
+        "kept an independent scale per loss.",
+        True,
+    ),
+    "AMP005": Code(
+        "initialize-argument-not-migrated",
+        "An amp.initialize argument has no safe native form here (cast_model_outputs, a "
+        "loss_scale computed at run time, an unknown keyword).",
+        "Read the message: decide the scaler's settings by hand and remove the argument.",
+        False,
+    ),
+    "AMP010": Code(
+        "initialize-shape-not-supported",
+        "This amp.initialize call is not a plain assignment the tool can replace "
+        "(returned, nested in an expression, or targets that do not match its arguments).",
+        "Remove the call by hand (Apex returned the very objects it was given) and create "
+        "`scaler = torch.amp.GradScaler(\"cuda\")` where the training loop can reach it.",
+        False,
+    ),
+    "AMP011": Code(
+        "inference-only-initialize",
+        "amp.initialize without optimizers (inference): Apex cast every op globally, "
+        "there is no training step to anchor autocast to.",
+        "Wrap the inference code in `with torch.autocast(\"cuda\", dtype=torch.float16):` "
+        "if you want fp16 inference; the call itself was removed.",
+        True,
+    ),
+    "AMP012": Code(
+        "global-casting-gone",
+        "Apex O1 patched every op of the process, evaluation included; autocast was added "
+        "around the training forward pass only.",
+        "If evaluation or inference code relied on running in fp16, wrap it in "
+        "`torch.autocast` too.",
+        True,
+    ),
+    "AMP020": Code(
+        "forward-pass-not-found",
+        "The forward pass feeding this amp.scale_loss could not be found, so no "
+        "torch.autocast was added.",
+        "Wrap the model call and the loss computation in "
+        "`with torch.autocast(\"cuda\", dtype=torch.float16):` by hand.",
+        False,
+    ),
+    "AMP021": Code(
+        "scale-loss-shape-not-supported",
+        "This amp.scale_loss use is not a `with amp.scale_loss(...) as scaled:` block the "
+        "tool can rewrite (no `as` target, several context managers, __enter__ by hand).",
+        "Rewrite it as `scaler.scale(loss).backward()` by hand.",
+        False,
+    ),
+    "AMP022": Code(
+        "scaler-not-reachable",
+        "The GradScaler created for amp.initialize cannot be reached from here without "
+        "changing code in other files.",
+        "Pass the scaler to this function (or store it on an object this code can reach) "
+        "and use `scaler.scale(loss)`, `scaler.step(optimizer)`, `scaler.update()`.",
+        False,
+    ),
+    "AMP023": Code(
+        "no-initialize-in-file",
+        "amp is used here but amp.initialize is not called in this file, so there is no "
+        "scaler to use.",
+        "Migrate the file that calls amp.initialize first, then pass its GradScaler here.",
+        False,
+    ),
+    "AMP030": Code(
+        "amp-module-used-as-value",
+        "The apex amp module is stored, passed or compared as a value.",
+        "Pass the GradScaler instead (or nothing: torch.amp is always available), then "
+        "remove the apex import.",
+        False,
+    ),
+    "AMP031": Code(
+        "private-amp-state",
+        "Private Apex state (amp._amp_state, amp.scaler, ...) is used.",
+        "Use the GradScaler's public API: `scaler.get_scale()`, `scaler.state_dict()`.",
+        False,
+    ),
+    "AMP032": Code(
+        "amp-api-not-migrated",
+        "An apex.amp function without an automatic rewrite (the old amp.init API, "
+        "register_*_function, half_function, ...).",
+        "See the README's table of mappings; custom autograd Functions take "
+        "`@torch.amp.custom_fwd(device_type=\"cuda\", cast_inputs=...)`.",
+        False,
+    ),
+    "AMP040": Code(
+        "other-apex-module",
+        "An Apex module other than amp (fp16_utils, parallel, optimizers, normalization, "
+        "contrib) is used; the tool does not rewrite it.",
+        "Replace it by hand with its torch equivalent (torch DDP, torch.nn.SyncBatchNorm, "
+        "torch.optim.AdamW with an explicit weight_decay for FusedAdam, torch.nn.LayerNorm).",
+        False,
+    ),
+    "AMP050": Code(
+        "skipped-by-comment",
+        "`# ampmigrate: skip` left this construct (or the whole file) as it was.",
+        "Nothing: remove the comment to let the tool migrate it.",
+        True,
+    ),
+}
+
+
+def make_finding(code: str, line: int, column: int, message: str | None = None) -> Finding:
+    """A finding whose ``fixed`` flag comes from the code's registry entry."""
+    entry = CODES[code]
+    return Finding(code, line, column, message or entry.summary, entry.fixed)
