@@ -1,0 +1,210 @@
+"""Run CUDA-only mixed-precision training code on the CPU, in float16.
+
+``install()`` patches torch in this process so that a script written for one CUDA GPU runs
+unmodified on a machine without one:
+
+- ``torch.autocast("cuda", ...)``, ``torch.amp.autocast("cuda", ...)`` and
+  ``torch.cuda.amp.autocast(...)`` become CPU autocast with ``dtype=torch.float16`` (an explicit
+  ``dtype`` and ``enabled``/``cache_enabled`` are kept). The ops cast are then those of torch's
+  CPU autocast lists, not its CUDA lists; ``verify`` reports this.
+- ``torch.amp.GradScaler("cuda", ...)``, ``torch.GradScaler(...)`` and
+  ``torch.cuda.amp.GradScaler(...)`` become an enabled CPU GradScaler with the same arguments.
+- Tensors and modules asked to go to CUDA stay on the CPU: ``Tensor.cuda()``, ``Module.cuda()``,
+  ``.to("cuda"...)``, ``.to(torch.device("cuda"))``, factory functions with ``device="cuda"``,
+  ``.type(torch.cuda.HalfTensor)`` and ``.pin_memory()``. ``torch.device("cuda")`` itself is left
+  alone, so ``device.type == "cuda"`` still holds and such a script keeps its CUDA code path.
+- ``torch.cuda.synchronize``, ``set_device``, ``current_device``, ``get_device_name``,
+  ``reset_peak_memory_stats`` and friends become harmless; ``torch.backends.cudnn.*`` settings
+  already are on a CPU build.
+
+``torch.cuda.is_available()`` returns True and ``torch.cuda.device_count()`` returns 1 after
+``install()``. Training scripts usually pick their device with
+``"cuda" if torch.cuda.is_available() else "cpu"``; answering False would send them down their
+CPU branch (bfloat16 CPU autocast, often no scaler), which is not the code a migration has to be
+checked on. Only call ``install()`` when CUDA really is absent; it refuses otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["CPU_FLOAT16_NOTE", "install", "is_installed"]
+
+_installed = False
+_mode: TorchFunctionMode | None = None
+
+
+def is_installed() -> bool:
+    """Whether ``install()`` has patched this process."""
+    return _installed
+
+
+def _is_cuda_device(value: object) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    if isinstance(value, str):
+        return value == "cuda" or value.startswith("cuda:")
+    return False
+
+
+def _cpu_if_cuda(value: Any) -> Any:
+    return torch.device("cpu") if _is_cuda_device(value) else value
+
+
+def _cpu_type_name(value: Any) -> Any:
+    """Map ``torch.cuda.HalfTensor`` (class or name) to its CPU counterpart's name."""
+    if isinstance(value, type) and getattr(value, "__module__", "") == "torch.cuda":
+        return "torch." + value.__name__
+    if isinstance(value, str) and value.startswith("torch.cuda."):
+        return "torch." + value[len("torch.cuda.") :]
+    return value
+
+
+class _StayOnCpu(TorchFunctionMode):
+    """Rewrites CUDA placement requests to the CPU at the torch-function layer.
+
+    A mode sees every torch function and tensor method, factory functions included, so one
+    hook covers ``x.cuda()``, ``model.cuda()`` (which calls ``Tensor.cuda`` per parameter),
+    ``x.to("cuda")`` and ``torch.zeros(..., device="cuda")``.
+    """
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
+            # Returning the tensor itself mirrors ``.to()`` on a tensor already in place.
+            return args[0]
+        if func is torch.Tensor.to:
+            args = tuple(_cpu_if_cuda(a) for a in args)
+        elif func is torch.Tensor.type:
+            args = tuple(_cpu_type_name(a) for a in args)
+            if "dtype" in kwargs:
+                kwargs = {**kwargs, "dtype": _cpu_type_name(kwargs["dtype"])}
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs = {**kwargs, "device": torch.device("cpu")}
+        return func(*args, **kwargs)
+
+
+_OriginalAutocast = torch.amp.autocast_mode.autocast
+_OriginalGradScaler = torch.amp.grad_scaler.GradScaler
+
+
+class CpuAutocast(_OriginalAutocast):
+    """``torch.autocast`` whose ``"cuda"`` means CPU autocast in float16."""
+
+    def __init__(
+        self,
+        device_type: str,
+        dtype: torch.dtype | None = None,
+        enabled: bool = True,
+        cache_enabled: bool | None = None,
+    ) -> None:
+        if device_type == "cuda":
+            device_type = "cpu"
+            if dtype is None:
+                dtype = torch.float16
+        super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+class CudaAmpAutocast(CpuAutocast):
+    """Stand-in for the deprecated ``torch.cuda.amp.autocast(enabled, dtype, cache_enabled)``."""
+
+    def __init__(
+        self,
+        enabled: bool = True,
+        dtype: torch.dtype = torch.float16,
+        cache_enabled: bool = True,
+    ) -> None:
+        super().__init__("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+class CpuGradScaler(_OriginalGradScaler):
+    """``torch.amp.GradScaler`` whose ``"cuda"`` means an enabled CPU scaler."""
+
+    def __init__(self, device: str = "cuda", *args: Any, **kwargs: Any) -> None:
+        if _is_cuda_device(device):
+            device = "cpu"
+        super().__init__(device, *args, **kwargs)
+
+
+class CudaAmpGradScaler(CpuGradScaler):
+    """Stand-in for the deprecated ``torch.cuda.amp.GradScaler`` (no device argument)."""
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ) -> None:
+        super().__init__(
+            "cuda",
+            init_scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            enabled=enabled,
+        )
+
+
+def _returns(value: Any) -> Callable[..., Any]:
+    def fake(*_args: Any, **_kwargs: Any) -> Any:
+        return value
+
+    return fake
+
+
+def _patch_torch_cuda() -> None:
+    cuda = torch.cuda
+    cuda.is_available = _returns(True)
+    cuda.device_count = _returns(1)
+    cuda.current_device = _returns(0)
+    cuda.get_device_name = _returns("CPU (cuda_on_cpu shim)")
+    cuda.get_device_capability = _returns((0, 0))
+    for name in (
+        "synchronize",
+        "set_device",
+        "reset_peak_memory_stats",
+        "reset_max_memory_allocated",
+        "reset_accumulated_memory_stats",
+        "ipc_collect",
+    ):
+        setattr(cuda, name, _returns(None))
+    cuda.amp.autocast = CudaAmpAutocast  # type: ignore[misc]
+    cuda.amp.GradScaler = CudaAmpGradScaler  # type: ignore[misc]
+
+
+def install() -> None:
+    """Patch torch so CUDA-only mixed-precision code runs on the CPU in float16 (idempotent)."""
+    global _installed, _mode
+    if _installed:
+        return
+    if torch.cuda.is_available():
+        raise RuntimeError("cuda_on_cpu.install() is for machines without CUDA; CUDA is available")
+    torch.autocast = CpuAutocast  # type: ignore[misc]
+    torch.amp.autocast = CpuAutocast  # type: ignore[misc]
+    torch.GradScaler = CpuGradScaler  # type: ignore[misc]
+    torch.amp.GradScaler = CpuGradScaler  # type: ignore[misc]
+    _patch_torch_cuda()
+    _mode = _StayOnCpu()
+    # Entered for the rest of the process: the script runs inside it.
+    _mode.__enter__()
+    _installed = True
+
+
+#: One line for reports: what ran where when ``install()`` was used.
+CPU_FLOAT16_NOTE = (
+    "CUDA is not available: torch.autocast('cuda') ran as CPU autocast in float16 "
+    "(torch's CPU op lists), GradScaler('cuda') as an enabled CPU GradScaler, "
+    ".cuda()/.to('cuda') stayed on the CPU"
+)
