@@ -1,0 +1,255 @@
+"""Apply a ``Plan`` to the module in one transform.
+
+Statement edits are applied where the enclosing block is rebuilt: the block's original
+children and updated children line up one to one (no child returns a sentinel), so each
+edit keyed by an original statement finds the updated statement it belongs to. Comments
+attached to a statement that goes away move to the next statement emitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+from migrate.rules._context import Plan
+
+
+def _is_import(statement: cst.CSTNode) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    )
+
+
+def _is_future_import(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and isinstance(statement.body[0], cst.ImportFrom)
+        and isinstance(statement.body[0].module, cst.Name)
+        and statement.body[0].module.value == "__future__"
+    )
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _with_leading_lines(
+    statement: cst.BaseStatement, lines: Sequence[cst.EmptyLine]
+) -> cst.BaseStatement:
+    if not lines:
+        return statement
+    return statement.with_changes(leading_lines=[*lines, *statement.leading_lines])
+
+
+class PlanApplier(cst.CSTTransformer):
+    def __init__(self, plan: Plan) -> None:
+        super().__init__()
+        self.plan = plan
+        self._placeholders: set[cst.CSTNode] = set()
+
+    # --- generic hook: expression edits and structural edits by original node
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+        updated = super().on_leave(original_node, updated_node)
+        plan = self.plan
+        if not isinstance(updated, cst.CSTNode):
+            return updated
+        replace = plan.replace.get(original_node)
+        if replace is not None:
+            updated = replace(updated)
+        if isinstance(updated, cst.Call) and original_node in plan.new_keywords:
+            extra = [
+                cst.Arg(value=value, keyword=cst.Name(name), equal=cst.AssignEqual(
+                    whitespace_before=cst.SimpleWhitespace(""),
+                    whitespace_after=cst.SimpleWhitespace(""),
+                ))
+                for name, value in plan.new_keywords[original_node]
+            ]
+            args = list(updated.args)
+            if args and isinstance(args[-1].comma, cst.Comma):
+                # keep a trailing comma style: new arguments go after it
+                extra[-1] = extra[-1].with_changes(comma=args[-1].comma)
+                args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            updated = updated.with_changes(args=[*args, *extra])
+        if isinstance(updated, cst.FunctionDef) and original_node in plan.new_params:
+            params = list(updated.params.params)
+            for name, default in plan.new_params[original_node]:
+                params.append(
+                    cst.Param(
+                        cst.Name(name),
+                        default=default,
+                        equal=cst.AssignEqual(
+                            whitespace_before=cst.SimpleWhitespace(""),
+                            whitespace_after=cst.SimpleWhitespace(""),
+                        )
+                        if default is not None
+                        else cst.MaybeSentinel.DEFAULT,
+                    )
+                )
+            if len(params) > 1 and isinstance(params[-2].comma, cst.Comma):
+                last_comma = params[-2].comma
+                params[-2] = params[-2].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                params[-1] = params[-1].with_changes(comma=last_comma)
+            updated = updated.with_changes(params=updated.params.with_changes(params=params))
+        if isinstance(updated, cst.If) and isinstance(updated.orelse, cst.Else):
+            if self._is_placeholder_block(updated.orelse.body):
+                updated = updated.with_changes(orelse=None)
+        if isinstance(original_node, (cst.IndentedBlock, cst.Module)):
+            updated = self._rebuild_block(original_node, updated)  # type: ignore[arg-type]
+        if isinstance(updated, cst.Module):
+            updated = self._add_module_level(updated)
+        return updated
+
+    # --- blocks
+    def _is_placeholder_block(self, block: cst.BaseSuite) -> bool:
+        return (
+            isinstance(block, cst.IndentedBlock)
+            and len(block.body) == 1
+            and block.body[0] in self._placeholders
+        )
+
+    def _vacuous(self, statement: cst.CSTNode) -> bool:
+        """An `if` whose body emptied out because its only content was migrated away."""
+        return (
+            isinstance(statement, cst.If)
+            and statement.orelse is None
+            and self._is_placeholder_block(statement.body)
+        )
+
+    def _emit(
+        self, original: cst.CSTNode, updated: cst.BaseStatement
+    ) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+        """Statements that stand for ``original``, and comment lines left without a home."""
+        plan = self.plan
+        before = list(plan.before.get(original, ()))
+        after = list(plan.after.get(original, ()))
+        leading = list(updated.leading_lines)
+        if original in plan.replace_statement:
+            middle = list(plan.replace_statement[original])
+        elif original in plan.remove or self._vacuous(updated):
+            middle = []
+        elif original in plan.unwrap:
+            assert isinstance(updated, cst.With)
+            middle = list(updated.body.body)  # type: ignore[attr-defined]
+            header = updated.body.header if isinstance(updated.body, cst.IndentedBlock) else None
+            if header is not None and header.comment is not None:
+                leading.append(cst.EmptyLine(comment=header.comment))
+        else:
+            middle = [updated.with_changes(leading_lines=())]
+        emitted = [*before, *middle, *after]
+        if not emitted:
+            return [], leading
+        emitted[0] = _with_leading_lines(emitted[0], leading)
+        return emitted, []
+
+    def _rebuild_block(self, original: cst.Module | cst.IndentedBlock, updated):
+        plan = self.plan
+        originals = list(original.body)
+        updates = list(updated.body)
+        assert len(originals) == len(updates), "a child statement changed the block length"
+        touched = any(
+            o in plan.wrap
+            or o in plan.remove
+            or o in plan.unwrap
+            or o in plan.replace_statement
+            or o in plan.before
+            or o in plan.after
+            or self._vacuous(u)
+            for o, u in zip(originals, updates)
+        )
+        if not touched:
+            return updated
+        body: list[cst.BaseStatement] = []
+        pending: list[cst.EmptyLine] = []
+        index = 0
+        while index < len(originals):
+            first = originals[index]
+            if first in plan.wrap:
+                last, item = plan.wrap[first]
+                end = originals.index(last, index)  # type: ignore[arg-type]
+                inner: list[cst.BaseStatement] = []
+                orphans: list[cst.EmptyLine] = []
+                for position in range(index, end + 1):
+                    emitted, lost = self._emit(originals[position], updates[position])
+                    if emitted:
+                        emitted[0] = _with_leading_lines(emitted[0], orphans)
+                        orphans = []
+                        inner.extend(emitted)
+                    else:
+                        orphans.extend(lost)
+                if not inner:
+                    pending.extend(orphans)
+                    index = end + 1
+                    continue
+                lines = inner[0].leading_lines
+                inner[0] = inner[0].with_changes(leading_lines=())
+                emitted = [
+                    cst.With(items=[item], body=cst.IndentedBlock(body=inner), leading_lines=lines)
+                ]
+                lost = []
+                index = end + 1
+            else:
+                emitted, lost = self._emit(first, updates[index])
+                index += 1
+            if emitted:
+                emitted[0] = _with_leading_lines(emitted[0], pending)
+                pending = []
+                body.extend(emitted)
+            else:
+                pending.extend(lost)
+        if isinstance(updated, cst.IndentedBlock) and not body:
+            placeholder = cst.SimpleStatementLine([cst.Pass()], leading_lines=pending)
+            self._placeholders.add(placeholder)
+            return updated.with_changes(body=[placeholder])
+        if pending:
+            return updated.with_changes(body=body, footer=[*pending, *updated.footer])
+        return updated.with_changes(body=body)
+
+    # --- module-level additions
+    def _add_module_level(self, module: cst.Module) -> cst.Module:
+        plan = self.plan
+        if not plan.needs_torch_import and not plan.module_helpers:
+            return module
+        body = list(module.body)
+        if plan.needs_torch_import:
+            position = 0
+            while position < len(body) and (_is_docstring(body[position]) or _is_future_import(body[position])):
+                position += 1
+            statement = cst.parse_statement("import torch\n")
+            if position < len(body) and position > 0 and not _is_import(body[position]):
+                statement = statement.with_changes(leading_lines=[cst.EmptyLine()])
+            if position < len(body):
+                # keep the comments that headed the first statement above the new import
+                head = body[position]
+                statement = statement.with_changes(leading_lines=[*head.leading_lines, *statement.leading_lines])
+                body[position] = head.with_changes(leading_lines=())
+                if not _is_import(head):
+                    body[position] = body[position].with_changes(leading_lines=[cst.EmptyLine()])
+            body.insert(position, statement)
+        if plan.module_helpers:
+            position = 0
+            for index, statement in enumerate(body):
+                if _is_import(statement) or _is_docstring(statement) and index == 0:
+                    position = index + 1
+                elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                    break
+            helpers = [
+                helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+                for helper in plan.module_helpers
+            ]
+            if position < len(body):
+                following = body[position]
+                if not any(line.comment is None for line in following.leading_lines[:2]):
+                    body[position] = following.with_changes(
+                        leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *following.leading_lines]
+                    )
+            body[position:position] = helpers
+        return module.with_changes(body=body)
+
+
+def apply_plan(module: cst.Module, plan: Plan) -> cst.Module:
+    return module.visit(PlanApplier(plan))

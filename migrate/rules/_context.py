@@ -1,0 +1,429 @@
+"""What the rules share: one analysis of the module and one plan of edits.
+
+Rules never edit the tree themselves. They read the analysis (which names are bound to
+Apex, where each node sits) and record edits in the ``Plan`` keyed by *original* nodes;
+``migrate.rules._apply`` then applies the whole plan in a single transform. Keying by
+original nodes lets several rules touch one block without stepping on each other.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+
+from migrate.findings import Finding, make_finding
+from migrate.options import Options
+
+Block = cst.Module | cst.IndentedBlock
+Scope = cst.Module | cst.FunctionDef | cst.ClassDef | cst.Lambda
+
+SKIP_COMMENT = re.compile(r"#\s*ampmigrate:\s*skip\b")
+
+
+# --------------------------------------------------------------------------- bindings
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A name bound by an import of something we care about.
+
+    kind: "amp" (the apex.amp module), "apex" (the apex package), "amp_function"
+    (``from apex.amp import scale_loss``; ``target`` is the function), "other_apex"
+    (any other Apex module or object; ``target`` is its dotted path), "torch_amp"
+    (a deprecated ``torch.cuda.amp`` / ``torch.cpu.amp`` object; ``target`` is e.g.
+    ``cuda.autocast``), "torch" (the torch package).
+    """
+
+    kind: str
+    target: str
+    alias: cst.ImportAlias
+    statement: cst.Import | cst.ImportFrom
+
+
+def dotted_name(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a chain of Names and Attributes, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted_name(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    return None
+
+
+def target_names(target: cst.BaseExpression) -> Iterator[str]:
+    """Plain names bound by an assignment target (tuples and starred unpacked)."""
+    if isinstance(target, cst.Name):
+        yield target.value
+    elif isinstance(target, (cst.Tuple, cst.List)):
+        for element in target.elements:
+            yield from target_names(element.value)
+    elif isinstance(target, cst.StarredElement):
+        yield from target_names(target.value)
+
+
+def _classify_import(module_path: str, name: str) -> tuple[str, str] | None:
+    """Binding kind and target for ``from module_path import name``."""
+    full = f"{module_path}.{name}"
+    if full == "apex.amp":
+        return ("amp", "apex.amp")
+    if module_path == "apex.amp":
+        return ("amp_function", name)
+    if module_path == "apex" or module_path.startswith("apex."):
+        return ("other_apex", full)
+    if module_path in ("torch.cuda.amp", "torch.cpu.amp"):
+        return ("torch_amp", f"{module_path.split('.')[1]}.{name}")
+    if module_path in ("torch.cuda", "torch.cpu") and name == "amp":
+        return ("torch_amp_module", module_path.split(".")[1])
+    return None
+
+
+class _BindingCollector(cst.CSTVisitor):
+    """Records, per scope, import bindings of interest and every other bound name."""
+
+    def __init__(self) -> None:
+        self.imports: dict[Scope, dict[str, list[Binding]]] = defaultdict(lambda: defaultdict(list))
+        self.locals: dict[Scope, set[str]] = defaultdict(set)
+        self.scope_parent: dict[Scope, Scope | None] = {}
+        self._stack: list[Scope] = []
+
+    # scopes
+    def visit_Module(self, node: cst.Module) -> None:
+        self.scope_parent[node] = None
+        self._stack.append(node)
+
+    def _push(self, node: Scope) -> None:
+        self.scope_parent[node] = self._stack[-1]
+        self._stack.append(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.locals[self._stack[-1]].add(node.name.value)
+        self._push(node)
+        params = node.params
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+            self.locals[node].add(param.name.value)
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                self.locals[node].add(star.name.value)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._stack.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.locals[self._stack[-1]].add(node.name.value)
+        self._push(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._stack.pop()
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self._push(node)
+        for param in node.params.params:
+            self.locals[node].add(param.name.value)
+
+    def leave_Lambda(self, original_node: cst.Lambda) -> None:
+        self._stack.pop()
+
+    # bindings
+    def _bind(self, target: cst.BaseExpression) -> None:
+        self.locals[self._stack[-1]].update(target_names(target))
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._bind(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        # `with ... as x` and `except E as x`; import aliases are handled below.
+        if isinstance(node.name, (cst.Name, cst.Tuple, cst.List)):
+            self._bind(node.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target)
+
+    def visit_Import(self, node: cst.Import) -> None:
+        scope = self._stack[-1]
+        for alias in node.names:
+            path = dotted_name(alias.name) or ""
+            if alias.asname is not None:
+                bound = dotted_name(alias.asname.name) or ""  # type: ignore[arg-type]
+                if path == "apex.amp":
+                    kind, target = "amp", "apex.amp"
+                elif path == "apex" or path.startswith("apex."):
+                    kind, target = "other_apex", path
+                elif path in ("torch.cuda.amp", "torch.cpu.amp"):
+                    kind, target = "torch_amp_module", path.split(".")[1]
+                elif path == "torch":
+                    kind, target = "torch", "torch"
+                else:
+                    self.locals[scope].add(bound)
+                    continue
+            else:
+                bound = path.split(".")[0]
+                if bound == "apex":
+                    kind, target = "apex", path
+                elif bound == "torch":
+                    kind, target = "torch", "torch"
+                else:
+                    self.locals[scope].add(bound)
+                    continue
+            self.imports[scope][bound].append(Binding(kind, target, alias, node))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        scope = self._stack[-1]
+        if node.relative or node.module is None:
+            return
+        module_path = dotted_name(node.module) or ""
+        if isinstance(node.names, cst.ImportStar):
+            if module_path == "apex" or module_path.startswith("apex."):
+                self.imports[scope]["*"].append(
+                    Binding("other_apex", f"{module_path}.*", cst.ImportAlias(cst.Name("_")), node)
+                )
+            return
+        for alias in node.names:
+            name = dotted_name(alias.name) or ""
+            bound = (
+                dotted_name(alias.asname.name) or name  # type: ignore[arg-type]
+                if alias.asname is not None
+                else name
+            )
+            classified = _classify_import(module_path, name)
+            if classified is None:
+                self.locals[scope].add(bound)
+                continue
+            self.imports[scope][bound].append(Binding(*classified, alias, node))
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass
+class Plan:
+    """Edits keyed by original nodes; applied in one pass by ``_apply``."""
+
+    # expression node -> function(updated expression) -> new expression
+    replace: dict[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]] = field(default_factory=dict)
+    # statements removed (their comments move to the next statement emitted)
+    remove: set[cst.CSTNode] = field(default_factory=set)
+    # statements replaced by others
+    replace_statement: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=dict)
+    # `with` statements replaced by their own (updated) body
+    unwrap: set[cst.CSTNode] = field(default_factory=set)
+    before: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=lambda: defaultdict(list))
+    after: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=lambda: defaultdict(list))
+    # first statement -> (last statement, with item): statements first..last go in a `with`
+    wrap: dict[cst.CSTNode, tuple[cst.CSTNode, cst.WithItem]] = field(default_factory=dict)
+    # function definitions that get new parameters (name, default or None)
+    new_params: dict[cst.CSTNode, list[tuple[str, cst.BaseExpression | None]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    # calls that get new keyword arguments
+    new_keywords: dict[cst.CSTNode, list[tuple[str, cst.BaseExpression]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    # module-level statements added after the imports (helper functions)
+    module_helpers: list[cst.BaseStatement] = field(default_factory=list)
+    needs_torch_import: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.replace
+            or self.remove
+            or self.replace_statement
+            or self.unwrap
+            or self.before
+            or self.after
+            or self.wrap
+            or self.new_params
+            or self.new_keywords
+            or self.module_helpers
+        )
+
+
+# --------------------------------------------------------------------------- context
+
+
+class ModuleContext:
+    """The module, its analysis, the plan being built and the findings so far."""
+
+    def __init__(self, module: cst.Module, source: str, options: Options) -> None:
+        self.source = source
+        self.options = options
+        self.wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        self.module = self.wrapper.module
+        resolved = self.wrapper.resolve_many([PositionProvider, ParentNodeProvider])
+        self._positions = resolved[PositionProvider]
+        self._parents = resolved[ParentNodeProvider]
+        collector = _BindingCollector()
+        self.module.visit(collector)
+        self.imports = collector.imports
+        self.locals = collector.locals
+        self.scope_parent = collector.scope_parent
+        self.plan = Plan()
+        self.findings: list[Finding] = []
+        # reference nodes (Names) whose Apex use has been rewritten away
+        self.consumed: set[cst.CSTNode] = set()
+        self.skip_lines = {
+            number
+            for number, line in enumerate(source.splitlines(), start=1)
+            if SKIP_COMMENT.search(line)
+        }
+        self._all_names: set[str] | None = None
+
+    # positions and findings
+    def position(self, node: cst.CSTNode) -> tuple[int, int]:
+        start = self._positions[node].start
+        return start.line, start.column + 1
+
+    def report(self, code: str, node: cst.CSTNode, message: str | None = None) -> None:
+        line, column = self.position(node)
+        finding = make_finding(code, line, column, message)
+        if finding not in self.findings:
+            self.findings.append(finding)
+
+    def skipped(self, node: cst.CSTNode) -> bool:
+        """True (and reported) when a `# ampmigrate: skip` comment covers ``node``'s statement."""
+        if not self.skip_lines:
+            return False
+        statement = self.statement_of(node)
+        span = self._positions[statement]
+        if any(span.start.line <= line <= span.end.line for line in self.skip_lines):
+            self.report("AMP050", node)
+            return True
+        return False
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    # tree navigation
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self._parents.get(node)
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        current = self._parents.get(node)
+        while current is not None:
+            yield current
+            current = self._parents.get(current)
+
+    def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The statement (a direct child of a block) that contains ``node``."""
+        current = node
+        for parent in self.ancestors(node):
+            if isinstance(parent, (cst.Module, cst.IndentedBlock)):
+                return current
+            current = parent
+        return current
+
+    def block_of(self, statement: cst.CSTNode) -> Block:
+        parent = self.parent(statement)
+        assert isinstance(parent, (cst.Module, cst.IndentedBlock))
+        return parent
+
+    def owner_of_block(self, block: Block) -> cst.CSTNode | None:
+        """The compound statement (or clause) a block belongs to; None for the module."""
+        if isinstance(block, cst.Module):
+            return None
+        return self.parent(block)
+
+    def scope_of(self, node: cst.CSTNode) -> Scope:
+        for parent in self.ancestors(node):
+            if isinstance(parent, (cst.FunctionDef, cst.Lambda, cst.Module)):
+                return parent
+            if isinstance(parent, cst.ClassDef):
+                return parent
+        return self.module
+
+    def function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        scope = self.scope_of(node)
+        return scope if isinstance(scope, cst.FunctionDef) else None
+
+    def class_of_method(self, function: cst.FunctionDef) -> cst.ClassDef | None:
+        parent = self.parent(function)
+        if isinstance(parent, cst.IndentedBlock):
+            owner = self.parent(parent)
+            if isinstance(owner, cst.ClassDef):
+                return owner
+        return None
+
+    def self_name(self, function: cst.FunctionDef) -> str | None:
+        params = function.params.posonly_params or function.params.params
+        return params[0].name.value if params else None
+
+    # name resolution
+    def resolve(self, name: str, at: cst.CSTNode) -> Binding | None:
+        """The import binding ``name`` refers to at ``at``, if it is one we track."""
+        scope: Scope | None = self.scope_of(at)
+        first = True
+        while scope is not None:
+            # class bodies do not enclose their methods
+            if isinstance(scope, cst.ClassDef) and not first:
+                scope = self.scope_parent.get(scope)
+                continue
+            bindings = self.imports.get(scope, {}).get(name)
+            if bindings:
+                return bindings[-1]
+            if name in self.locals.get(scope, ()):
+                return None
+            first = False
+            scope = self.scope_parent.get(scope)
+        return None
+
+    def amp_api(self, func: cst.BaseExpression) -> tuple[str, cst.Name] | None:
+        """For ``amp.X`` / ``apex.amp.X`` / a name from ``apex.amp``: (X, the base Name)."""
+        if isinstance(func, cst.Attribute):
+            base = func.value
+            if isinstance(base, cst.Name):
+                binding = self.resolve(base.value, base)
+                if binding is not None and binding.kind == "amp":
+                    return func.attr.value, base
+            if (
+                isinstance(base, cst.Attribute)
+                and base.attr.value == "amp"
+                and isinstance(base.value, cst.Name)
+            ):
+                binding = self.resolve(base.value.value, base.value)
+                if binding is not None and binding.kind == "apex":
+                    return func.attr.value, base.value
+        elif isinstance(func, cst.Name):
+            binding = self.resolve(func.value, func)
+            if binding is not None and binding.kind == "amp_function":
+                return binding.target, func
+        return None
+
+    def all_names(self) -> set[str]:
+        """Every identifier in the file (names and attribute names), for clash checks."""
+        if self._all_names is None:
+            self._all_names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", self.source))
+        return self._all_names
+
+    def fresh_name(self, preferred: str) -> str:
+        names = self.all_names()
+        for candidate in (preferred, f"grad_{preferred}", f"amp_{preferred}"):
+            if candidate not in names:
+                names.add(candidate)
+                return candidate
+        counter = 1
+        while f"{preferred}_{counter}" in names:
+            counter += 1
+        names.add(f"{preferred}_{counter}")
+        return f"{preferred}_{counter}"
+
+
+def parse_expression(code: str) -> cst.BaseExpression:
+    return cst.parse_expression(code)
+
+
+def parse_statement(code: str) -> cst.BaseStatement:
+    return cst.parse_statement(code)

@@ -1,0 +1,82 @@
+"""Small builders for the code the rules write, keeping the user's layout where it can."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+NO_SPACE = cst.SimpleWhitespace("")
+ONE_SPACE = cst.SimpleWhitespace(" ")
+
+
+def string(value: str) -> cst.SimpleString:
+    return cst.SimpleString(f'"{value}"')
+
+
+def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(
+        value=value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=NO_SPACE, whitespace_after=NO_SPACE),
+    )
+
+
+def positional_to_keywords(
+    args: Sequence[cst.Arg], names: Sequence[str]
+) -> list[cst.Arg] | None:
+    """Give positional arguments their parameter names; None if that is impossible."""
+    result = []
+    for index, arg in enumerate(args):
+        if arg.star:
+            return None
+        if arg.keyword is None:
+            if index >= len(names):
+                return None
+            arg = arg.with_changes(
+                keyword=cst.Name(names[index]),
+                equal=cst.AssignEqual(whitespace_before=NO_SPACE, whitespace_after=NO_SPACE),
+            )
+        result.append(arg)
+    return result
+
+
+def prepend_args(call: cst.Call, new: Sequence[cst.Arg]) -> cst.Call:
+    """``f(a)`` -> ``f(NEW, a)``, following the call's one-line or one-per-line layout."""
+    if not new:
+        return call
+    args = list(call.args)
+    separator: cst.BaseParenthesizableWhitespace = ONE_SPACE
+    if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace) and args:
+        separator = call.whitespace_before_args
+    built = [arg.with_changes(comma=cst.Comma(whitespace_after=separator)) for arg in new]
+    if not args:
+        built[-1] = built[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return call.with_changes(args=[*built, *args])
+
+
+def call(func: str, args: Sequence[cst.Arg] = ()) -> cst.Call:
+    return cst.Call(func=cst.parse_expression(func), args=list(args))
+
+
+def attribute_call(owner: cst.BaseExpression, method: str, args: Sequence[cst.Arg] = ()) -> cst.Call:
+    return cst.Call(func=cst.Attribute(value=owner, attr=cst.Name(method)), args=list(args))
+
+
+def strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
+    if getattr(node, "lpar", None):
+        return node.with_changes(lpar=[], rpar=[])
+    return node
+
+
+def arg_value(arg: cst.Arg) -> cst.BaseExpression:
+    """An argument's value, ready to be reused in another call (no trailing layout)."""
+    return arg.value
+
+
+def expression_statement(expression: cst.BaseExpression) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine([cst.Expr(expression)])
+
+
+def assign_statement(target: cst.BaseExpression, value: cst.BaseExpression) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine([cst.Assign(targets=[cst.AssignTarget(target)], value=value)])

@@ -1,0 +1,157 @@
+"""torch_cuda_amp: the deprecated ``torch.cuda.amp`` / ``torch.cpu.amp`` forms.
+
+What it rewrites
+    ``torch.cuda.amp.autocast(...)`` and ``torch.cpu.amp.autocast(...)`` to
+    ``torch.autocast("cuda" | "cpu", ...)``; ``torch.cuda.amp.GradScaler(...)`` to
+    ``torch.amp.GradScaler("cuda", ...)``; ``custom_fwd`` / ``custom_bwd`` to their
+    ``torch.amp`` forms with ``device_type=``. Names imported with
+    ``from torch.cuda.amp import autocast, GradScaler`` keep their short form: the import
+    becomes ``from torch.amp import ...`` and each call gets its device.
+
+Before::
+
+    with torch.cuda.amp.autocast(enabled=use_amp):
+        out = model(x)
+    scaler = torch.cuda.amp.GradScaler()
+
+After::
+
+    with torch.autocast("cuda", enabled=use_amp):
+        out = model(x)
+    scaler = torch.amp.GradScaler("cuda")
+
+Not rewritten
+    Uses that are not calls or decorators (passing ``torch.cuda.amp.autocast`` around).
+
+Safety
+    Exact: the old forms are thin deprecated wrappers of the new ones (PyTorch 2.4
+    deprecated them). ``autocast``'s positional arguments are given their names, since
+    ``torch.autocast`` takes the device first.
+
+References
+    pytorch/pytorch: torch/cuda/amp/autocast_mode.py, torch/amp/autocast_mode.py,
+    torch/amp/grad_scaler.py (PRs #126062, #126527, #126531).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.rules import _syntax as syntax
+from migrate.rules._context import ModuleContext, dotted_name
+
+RULE = "torch_cuda_amp"
+
+# the parameters of the deprecated autocast, in positional order
+_AUTOCAST_PARAMETERS = ("enabled", "dtype", "cache_enabled")
+_MOVABLE = {"autocast", "GradScaler", "custom_fwd", "custom_bwd"}
+
+
+def _deprecated_target(ctx: ModuleContext, func: cst.BaseExpression) -> tuple[str, str, str] | None:
+    """(device, object name, how it is spelled) for a deprecated torch amp reference.
+
+    The spelling is "dotted" (``torch.cuda.amp.X``), "name" (``X`` from a from-import)
+    or "module" (``amp.X`` with ``from torch.cuda import amp``).
+    """
+    name = dotted_name(func)
+    if name is None:
+        return None
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "torch" and parts[1] in ("cuda", "cpu") and parts[2] == "amp":
+        binding = ctx.resolve("torch", func)
+        if binding is not None and binding.kind == "torch":
+            return parts[1], parts[3], "dotted"
+        return None
+    if len(parts) == 1:
+        binding = ctx.resolve(parts[0], func)
+        if binding is not None and binding.kind == "torch_amp" and _movable(binding.statement):
+            device, _, original = binding.target.partition(".")
+            return device, original, "name"
+    if len(parts) == 2:
+        binding = ctx.resolve(parts[0], func)
+        if binding is not None and binding.kind == "torch_amp_module":
+            return binding.target, parts[1], "module"
+    return None
+
+
+def _movable(statement: cst.Import | cst.ImportFrom) -> bool:
+    """Whether every name of this ``from torch.cuda.amp import ...`` exists in torch.amp."""
+    names = statement.names
+    return not isinstance(names, cst.ImportStar) and all(
+        dotted_name(alias.name) in _MOVABLE for alias in names  # type: ignore[union-attr]
+    )
+
+
+def _rewrite_call(device: str, obj: str, spelling: str, call: cst.Call) -> cst.Call | None:
+    device_arg = syntax.string(device)
+    if obj == "autocast":
+        args = syntax.positional_to_keywords(call.args, _AUTOCAST_PARAMETERS)
+        if args is None:
+            return None
+        call = call.with_changes(args=args)
+        func = cst.parse_expression("torch.autocast") if spelling == "dotted" else call.func
+        return syntax.prepend_args(call.with_changes(func=func), [cst.Arg(device_arg)])
+    if obj == "GradScaler":
+        if any(arg.star for arg in call.args):
+            return None
+        func = cst.parse_expression("torch.amp.GradScaler") if spelling == "dotted" else call.func
+        return syntax.prepend_args(call.with_changes(func=func), [cst.Arg(device_arg)])
+    if obj in ("custom_fwd", "custom_bwd"):
+        if any(arg.keyword is None for arg in call.args):
+            return None  # custom_fwd(fn) applied by hand: rare, left alone
+        func = cst.parse_expression(f"torch.amp.{obj}") if spelling == "dotted" else call.func
+        return syntax.prepend_args(
+            call.with_changes(func=func), [syntax.keyword("device_type", device_arg)]
+        )
+    return None
+
+
+class _Finder(cst.CSTVisitor):
+    def __init__(self, ctx: ModuleContext) -> None:
+        self.ctx = ctx
+
+    def visit_Call(self, node: cst.Call) -> None:
+        ctx = self.ctx
+        target = _deprecated_target(ctx, node.func)
+        if target is None or ctx.skipped(node):
+            return
+        device, obj, spelling = target
+        if _rewrite_call(device, obj, spelling, node) is None:
+            return
+        ctx.plan.replace[node] = lambda updated, t=target: _rewrite_call(*t, updated) or updated
+        if spelling == "dotted":
+            ctx.consumed.add(node.func)
+
+    def visit_Decorator(self, node: cst.Decorator) -> None:
+        ctx = self.ctx
+        expression = node.decorator
+        if isinstance(expression, cst.Call):
+            return  # handled as a call
+        target = _deprecated_target(ctx, expression)
+        if target is None or target[1] not in ("custom_fwd", "custom_bwd") or ctx.skipped(node):
+            return
+        device, obj, spelling = target
+
+        def decorate(updated: cst.CSTNode, target=target) -> cst.CSTNode:
+            assert isinstance(updated, cst.Decorator)
+            as_call = cst.Call(func=updated.decorator)
+            return updated.with_changes(decorator=_rewrite_call(*target, as_call))
+
+        ctx.plan.replace[node] = decorate
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        ctx = self.ctx
+        module = dotted_name(node.module) if node.module is not None else None
+        if isinstance(node.names, cst.ImportStar) or ctx.skipped(node):
+            return
+        names = [dotted_name(alias.name) for alias in node.names]
+        if module in ("torch.cuda.amp", "torch.cpu.amp") and _movable(node):
+            ctx.plan.replace[node] = lambda updated: updated.with_changes(
+                module=cst.parse_expression("torch.amp")
+            )
+        elif module in ("torch.cuda", "torch.cpu") and names == ["amp"]:
+            ctx.plan.replace[node] = lambda updated: updated.with_changes(module=cst.Name("torch"))
+
+
+def plan(ctx: ModuleContext) -> None:
+    ctx.module.visit(_Finder(ctx))
