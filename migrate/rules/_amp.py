@@ -1,0 +1,240 @@
+"""The Apex amp model of a module: every amp call, the scalers that replace
+``amp.initialize``, and how each place in the file reaches its scaler.
+
+The scaler is created where ``amp.initialize`` was called. Code elsewhere reaches it
+as the same local name (same function, or a module-level script), as ``self.<name>``
+(another method of the class whose method called ``initialize``), or through a new
+parameter threaded from the function that created it to the functions it calls.
+Where none of these works, the use is reported (AMP022) instead of guessed.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate.rules import _syntax as syntax
+from migrate.rules._context import ModuleContext, dotted_name
+
+
+@dataclass(frozen=True)
+class AmpCall:
+    """One call of an apex.amp function."""
+
+    api: str  # "initialize", "scale_loss", ...
+    call: cst.Call
+    base: cst.Name  # the Name that refers to apex (consumed when the call is rewritten)
+
+
+@dataclass
+class Scaler:
+    """A GradScaler standing in for one ``amp.initialize`` call."""
+
+    initialize: cst.Call
+    statement: cst.CSTNode
+    function: cst.FunctionDef | None  # None: created at module level
+    klass: cst.ClassDef | None  # set when the scaler is an attribute of ``self``
+    name: str
+    # the scaler's `enabled=` (None: always on; cst False literal: off)
+    enabled: cst.BaseExpression | None
+    # autocast's `enabled=` when it differs from the scaler's, "off" for no autocast
+    autocast_enabled: cst.BaseExpression | None | str
+    static_scale: float | None
+    model_names: set[str] = field(default_factory=set)
+    optimizers: set[str] = field(default_factory=set)
+
+
+def literal(node: cst.BaseExpression) -> object:
+    """The Python value of a literal expression (``2.**24`` included), else ``...``."""
+    if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[node.value]
+    try:
+        tree = ast.parse(cst.Module([]).code_for_node(node).strip(), mode="eval")
+    except SyntaxError:
+        return ...
+
+    def evaluate(expression: ast.expr) -> object:
+        if isinstance(expression, ast.Constant):
+            return expression.value
+        if isinstance(expression, ast.UnaryOp) and isinstance(expression.op, ast.USub):
+            return -evaluate(expression.operand)  # type: ignore[operator]
+        if isinstance(expression, ast.BinOp) and isinstance(
+            expression.op, (ast.Pow, ast.Mult, ast.Add, ast.Sub, ast.Div)
+        ):
+            left, right = evaluate(expression.left), evaluate(expression.right)
+            if isinstance(left, (int, float)) and isinstance(right, (int, float)):
+                operators = {
+                    ast.Pow: lambda a, b: a**b,
+                    ast.Mult: lambda a, b: a * b,
+                    ast.Add: lambda a, b: a + b,
+                    ast.Sub: lambda a, b: a - b,
+                    ast.Div: lambda a, b: a / b,
+                }
+                return operators[type(expression.op)](left, right)
+        raise ValueError
+
+    try:
+        return evaluate(tree.body)
+    except (ValueError, TypeError, ZeroDivisionError, OverflowError):
+        return ...
+
+
+def normalized(node: cst.BaseExpression) -> str:
+    """Code of ``node`` without layout, tuples and lists spelled alike."""
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return "(" + ",".join(normalized(element.value) for element in node.elements) + ")"
+    return "".join(cst.Module([]).code_for_node(node).split())
+
+
+class AmpModel:
+    """Collects amp calls once; hands out scaler access to the rules."""
+
+    def __init__(self, ctx: ModuleContext) -> None:
+        self.ctx = ctx
+        self.calls: list[AmpCall] = []
+        self.value_uses: list[cst.Name] = []  # amp names used other than as `amp.f(...)`
+        self.private_uses: list[cst.Attribute] = []
+        self.other_attributes: list[cst.Attribute] = []  # amp.X that is not called
+        self.calls_by_function_name: dict[str, list[cst.Call]] = defaultdict(list)
+        self.scalers: list[Scaler] = []
+        self._threaded: dict[tuple[int, cst.FunctionDef], bool] = {}
+        self._collect()
+
+    def _collect(self) -> None:
+        ctx = self.ctx
+        model = self
+
+        class Collector(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                found = ctx.amp_api(node.func)
+                if found is not None:
+                    model.calls.append(AmpCall(found[0], node, found[1]))
+                if isinstance(node.func, cst.Name):
+                    model.calls_by_function_name[node.func.value].append(node)
+
+            def visit_Name(self, node: cst.Name) -> None:
+                binding = ctx.resolve(node.value, node)
+                if binding is None or binding.kind not in ("amp", "amp_function"):
+                    return
+                parent = ctx.parent(node)
+                if isinstance(parent, (cst.ImportAlias, cst.AsName)):
+                    return
+                if isinstance(parent, cst.Attribute) and parent.value is node:
+                    grandparent = ctx.parent(parent)
+                    if isinstance(grandparent, cst.Call) and grandparent.func is parent:
+                        return  # an amp.f(...) call, collected above
+                    if parent.attr.value.startswith("_"):
+                        model.private_uses.append(parent)
+                    else:
+                        model.other_attributes.append(parent)
+                    return
+                if isinstance(parent, cst.Call) and parent.func is node:
+                    return
+                if _is_none_fallback(ctx, node):
+                    return
+                model.value_uses.append(node)
+
+        ctx.module.visit(Collector())
+
+    def of(self, api: str) -> list[AmpCall]:
+        return [call for call in self.calls if call.api == api]
+
+    # ------------------------------------------------------------------ scaler access
+    def scaler_for(self, node: cst.CSTNode) -> tuple[Scaler, cst.BaseExpression] | None:
+        """The scaler serving ``node`` and the expression that reaches it there."""
+        ctx = self.ctx
+        function = ctx.function_of(node)
+        candidates = sorted(self.scalers, key=lambda s: s.function is not function)
+        for scaler in candidates:
+            if scaler.klass is not None:
+                if function is not None and ctx.class_of_method(function) is scaler.klass:
+                    owner = ctx.self_name(function)
+                    if owner is not None:
+                        return scaler, cst.Attribute(cst.Name(owner), cst.Name(scaler.name))
+                continue
+            if scaler.function is function or scaler.function is None:
+                return scaler, cst.Name(scaler.name)
+        for scaler in candidates:
+            if scaler.klass is None and function is not None and self._thread(scaler, function, set()):
+                return scaler, cst.Name(scaler.name)
+        return None
+
+    def _thread(self, scaler: Scaler, function: cst.FunctionDef, visiting: set[cst.FunctionDef]) -> bool:
+        """Make ``scaler`` a parameter of ``function`` if every caller can pass it."""
+        key = (id(scaler), function)
+        if key in self._threaded:
+            return self._threaded[key]
+        ctx = self.ctx
+        if function in visiting or not isinstance(ctx.parent(function), cst.Module):
+            return False
+        params = function.params
+        if isinstance(params.star_arg, cst.Param) or params.kwonly_params or params.posonly_params:
+            self._threaded[key] = False
+            return False
+        callers = [
+            call
+            for call in self.calls_by_function_name.get(function.name.value, [])
+            if ctx.resolve(function.name.value, call) is None
+        ]
+        if not callers:
+            self._threaded[key] = False
+            return False
+        visiting = visiting | {function}
+        for call in callers:
+            caller = ctx.function_of(call)
+            if caller is scaler.function:
+                continue
+            if caller is None or not self._thread(scaler, caller, visiting):
+                self._threaded[key] = False
+                return False
+        has_defaults = any(param.default is not None for param in params.params)
+        ctx.plan.new_params[function].append(
+            (scaler.name, cst.Name("None") if has_defaults else None)
+        )
+        for call in callers:
+            ctx.plan.new_keywords[call].append((scaler.name, cst.Name(scaler.name)))
+        self._threaded[key] = True
+        return True
+
+    # ------------------------------------------------------------------ generated code
+    def autocast_item(self, scaler: Scaler, access: cst.BaseExpression, at: cst.CSTNode) -> cst.WithItem | None:
+        """``torch.autocast(...)`` for a forward pass at ``at``; None where not possible."""
+        ctx = self.ctx
+        options = ctx.options
+        args = [
+            cst.Arg(syntax.string(options.device)),
+            syntax.keyword("dtype", cst.parse_expression(f"torch.{options.dtype}")),
+        ]
+        enabled = scaler.enabled if scaler.autocast_enabled is None else scaler.autocast_enabled
+        if enabled == "off":
+            return None
+        if isinstance(enabled, cst.BaseExpression):
+            same_function = ctx.function_of(at) is scaler.function
+            simple = isinstance(enabled, (cst.Name, cst.Attribute, cst.Comparison)) or (
+                isinstance(enabled, cst.Call) and dotted_name(enabled.func) == "bool"
+            )
+            if same_function and simple:
+                args.append(syntax.keyword("enabled", enabled))
+            elif scaler.autocast_enabled is None:
+                args.append(syntax.keyword("enabled", syntax.attribute_call(access, "is_enabled")))
+            elif same_function:
+                args.append(syntax.keyword("enabled", enabled))
+            else:
+                return None
+        ctx.plan.needs_torch_import = True
+        return cst.WithItem(syntax.call("torch.autocast", args))
+
+
+def _is_none_fallback(ctx: ModuleContext, node: cst.Name) -> bool:
+    """``amp = None`` (or ``del amp``) in the except clause of an Apex import."""
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.AssignTarget):
+        assign = ctx.parent(parent)
+        if isinstance(assign, cst.Assign) and literal(assign.value) is None:
+            return any(isinstance(a, cst.ExceptHandler) for a in ctx.ancestors(assign))
+    if isinstance(parent, cst.Del):
+        return True
+    return False

@@ -1,0 +1,259 @@
+"""Finding the forward pass that feeds a loss, so that it can run under autocast.
+
+Starting from the statement that uses the loss, walk backwards through the statements
+that assign the names the loss depends on, climbing out of ``if``/``with``/``try``
+blocks but never out of the loop iteration or the function. The walk stops at a
+previous backward or optimizer step (the end of the previous phase). The forward pass
+is the earliest statement on that chain that calls one of the models passed to
+``amp.initialize`` (or, failing that, anything that computes); the span to wrap runs
+from there to the last plain statement of the chain in the same block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from migrate.rules._context import ModuleContext, dotted_name
+
+# calls that move or reshape data rather than compute a forward pass
+_DATA_METHODS = frozenset(
+    "cuda to half float double bfloat16 cpu contiguous detach view reshape long int bool "
+    "squeeze unsqueeze permute transpose flatten items keys values get size numel item "
+    "clone pin_memory type expand repeat fill_ zero_ split chunk append extend".split()
+)
+_DATA_FUNCTIONS = frozenset(
+    "tuple list dict set len zip enumerate range next iter isinstance int float str print "
+    "getattr hasattr min max sorted map filter".split()
+)
+_BOUNDARY_METHODS = frozenset({"backward", "step"})
+_AUTOCAST_NAMES = frozenset(
+    {"torch.autocast", "torch.amp.autocast", "autocast", "torch.cuda.amp.autocast", "amp.autocast"}
+)
+_TRANSPARENT = (cst.If, cst.Else, cst.With, cst.Try, cst.ExceptHandler, cst.Finally)
+
+
+def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Every node under ``node``, not descending into nested functions or classes."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        for child in current.children:
+            if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                stack.append(child)
+
+
+def _walk_all(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(current.children)
+
+
+def _references(node: cst.CSTNode) -> set[str]:
+    """Dotted names read in ``node`` (maximal ``a.b.c`` chains and plain names)."""
+    found: set[str] = set()
+    inner: set[int] = set()
+    for current in _walk(node):
+        if isinstance(current, cst.Attribute):
+            inner.add(id(current.attr))
+            name = dotted_name(current)
+            if name is not None:
+                found.add(name)
+                base = current.value
+                while isinstance(base, cst.Attribute):
+                    inner.add(id(base))
+                    base = base.value
+                inner.add(id(base))
+        elif isinstance(current, cst.Name) and id(current) not in inner:
+            found.add(current.value)
+    return found
+
+
+def _targets(node: cst.CSTNode) -> set[str]:
+    """Dotted names (re)bound or updated anywhere in ``node``."""
+    bound: set[str] = set()
+
+    def add(target: cst.BaseExpression) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                add(element.value)
+        elif isinstance(target, cst.StarredElement):
+            add(target.value)
+        elif isinstance(target, cst.Subscript):
+            add(target.value)
+        else:
+            name = dotted_name(target)
+            if name is not None:
+                bound.add(name)
+
+    for current in _walk(node):
+        if isinstance(current, cst.AssignTarget):
+            add(current.target)
+        elif isinstance(current, (cst.AugAssign, cst.AnnAssign)):
+            add(current.target)
+        elif isinstance(current, cst.NamedExpr):
+            add(current.target)
+        elif isinstance(current, cst.For):
+            add(current.target)
+        elif isinstance(current, cst.AsName) and isinstance(current.name, cst.BaseExpression):
+            add(current.name)
+    return bound
+
+
+def _matches(need: str, target: str) -> bool:
+    return need == target or need.startswith(target + ".")
+
+
+def is_autocast_with(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.With) and any(
+        isinstance(item.item, cst.Call) and dotted_name(item.item.func) in _AUTOCAST_NAMES
+        for item in node.items
+    )
+
+
+def _is_boundary(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
+    for current in _walk(statement):
+        if isinstance(current, cst.Call):
+            func = current.func
+            if isinstance(func, cst.Attribute) and func.attr.value in _BOUNDARY_METHODS:
+                return True
+            found = ctx.amp_api(func)
+            if found is not None and found[0] == "scale_loss":
+                return True
+        if is_autocast_with(current):
+            return True
+    return False
+
+
+def _calls(statement: cst.CSTNode) -> Iterator[cst.Call]:
+    for current in _walk(statement):
+        if isinstance(current, cst.Call):
+            yield current
+
+
+def _is_model_call(call: cst.Call, model_names: set[str]) -> bool:
+    name = dotted_name(call.func)
+    if name is None:
+        return False
+    parts = name.split(".")
+    if parts[-1] in model_names:
+        return True
+    return len(parts) > 1 and parts[-1] in ("forward", "module") and parts[-2] in model_names
+
+
+def _computes(call: cst.Call) -> bool:
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value in _DATA_METHODS:
+        return False
+    if isinstance(func, cst.Name) and func.value in _DATA_FUNCTIONS:
+        return False
+    return True
+
+
+def _ancestor_in(ctx: ModuleContext, statement: cst.CSTNode, block: cst.CSTNode) -> cst.CSTNode | None:
+    current = statement
+    while True:
+        parent_block = ctx.block_of(current)
+        if parent_block is block:
+            return current
+        owner = ctx.owner_of_block(parent_block)
+        if owner is None:
+            return None
+        current = ctx.statement_of(owner)
+
+
+def forward_span(
+    ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression, model_names: set[str]
+) -> tuple[cst.CSTNode, cst.CSTNode] | None:
+    """(first, last) statements computing ``loss`` before ``anchor``, in one block."""
+    needs = _references(loss)
+    chain: list[cst.CSTNode] = []
+    current = anchor
+    stopped = False
+    while not stopped:
+        block = ctx.block_of(current)
+        body = list(block.body)
+        for statement in reversed(body[: body.index(current)]):
+            if _is_boundary(ctx, statement):
+                stopped = True
+                break
+            targets = _targets(statement)
+            hit = {need for need in needs if any(_matches(need, t) for t in targets)}
+            if not hit:
+                continue
+            chain.append(statement)
+            if isinstance(statement, cst.SimpleStatementLine):
+                needs -= hit
+            needs |= _references(statement)
+        owner = ctx.owner_of_block(block)
+        if stopped or not isinstance(owner, _TRANSPARENT):
+            break
+        current = ctx.statement_of(owner)
+    if not chain:
+        return None
+
+    forward = None
+    for statement in chain:  # latest first: the last hit is the earliest statement
+        if any(_is_model_call(call, model_names) for call in _calls(statement)):
+            forward = statement
+    if forward is None:
+        for statement in chain:
+            if any(_computes(call) for call in _calls(statement)):
+                forward = statement
+    if forward is None:
+        return None
+    if any(is_autocast_with(ancestor) for ancestor in ctx.ancestors(forward)):
+        return None  # already under autocast
+
+    block = ctx.block_of(forward)
+    body = list(block.body)
+    limit = _ancestor_in(ctx, anchor, block)
+    end = body.index(limit) if limit is not None else len(body)
+    last = forward
+    members = set(chain)
+    for statement in body[body.index(forward) + 1 : end]:
+        if statement in members:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                break
+            last = statement
+        elif _is_boundary(ctx, statement):
+            break
+    return forward, last
+
+
+def parameter_callers(
+    ctx: ModuleContext, function: cst.FunctionDef, parameter: str, calls_by_name: dict[str, list[cst.Call]]
+) -> list[tuple[cst.Call, cst.BaseExpression]]:
+    """Call sites of ``function`` in this file with the argument given for ``parameter``."""
+    params = list(function.params.params)
+    names = [p.name.value for p in params]
+    if parameter not in names:
+        return []
+    index = names.index(parameter)
+    klass = ctx.class_of_method(function)
+    found: list[tuple[cst.Call, cst.BaseExpression]] = []
+    if klass is not None:
+        index -= 1  # called as self.f(...)
+        candidates = [
+            node
+            for node in _walk_all(klass)
+            if isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == function.name.value
+        ]
+    else:
+        candidates = list(calls_by_name.get(function.name.value, []))
+    for call in candidates:
+        for position, arg in enumerate(call.args):
+            if arg.star:
+                break
+            if (arg.keyword is not None and arg.keyword.value == parameter) or (
+                arg.keyword is None and position == index
+            ):
+                found.append((call, arg.value))
+                break
+    return found

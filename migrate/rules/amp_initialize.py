@@ -1,0 +1,378 @@
+"""amp_initialize: ``amp.initialize(...)`` becomes a ``torch.amp.GradScaler``.
+
+What it rewrites
+    The call goes (Apex returned the very objects it was given, list in, list out), and a
+    GradScaler is created in its place. Targets that differ from the arguments become a
+    plain assignment (``model_amp = model``). ``enabled=``, a guarding ``if`` and an
+    ``opt_level`` chosen at run time flow into the scaler's ``enabled=`` (O0 means fp32
+    with scaling off); autocast follows the scaler.
+
+Before::
+
+    if args.fp16:
+        model, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level)
+
+After::
+
+    scaler = torch.amp.GradScaler("cuda", enabled=args.fp16 and args.opt_level != "O0")
+
+Not rewritten (reported instead)
+    A call that is not a plain assignment or expression statement (AMP010);
+    ``cast_model_outputs`` or a ``loss_scale`` computed at run time (AMP005).
+
+Safety
+    O1 maps exactly onto autocast + GradScaler up to the op lists. O2/O3 have no native
+    form: autocast is the nearest recipe (AMP001). A static ``loss_scale`` is kept fixed,
+    but GradScaler skips overflowing steps that Apex applied (AMP002). ``min_loss_scale``,
+    ``max_loss_scale`` and per-loss scalers are gone (AMP003, AMP004).
+
+References
+    NVIDIA/apex@e13873d: apex/amp/frontend.py, apex/amp/_initialize.py, apex/amp/scaler.py;
+    ../shared/apex-semantics.md sections 1.1, 2, 3.3, 9.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.rules import _syntax as syntax
+from migrate.rules._amp import AmpCall, AmpModel, Scaler, literal, normalized
+from migrate.rules._context import ModuleContext, dotted_name
+
+RULE = "amp_initialize"
+
+PARAMETERS = (
+    "models",
+    "optimizers",
+    "enabled",
+    "opt_level",
+    "cast_model_type",
+    "patch_torch_functions",
+    "keep_batchnorm_fp32",
+    "master_weights",
+    "loss_scale",
+    "cast_model_outputs",
+    "num_losses",
+    "verbosity",
+    "min_loss_scale",
+    "max_loss_scale",
+)
+# settings that only describe how O2/O3 cast the model: autocast has no such knobs
+_CASTING_SETTINGS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights")
+_USES_NEEDING_SCALER = ("scale_loss", "state_dict", "load_state_dict", "master_params")
+
+
+def bind_arguments(call: cst.Call) -> dict[str, cst.Arg] | None:
+    """Map the call's arguments to amp.initialize's parameters; None if impossible."""
+    bound: dict[str, cst.Arg] = {}
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if arg.keyword is None:
+            if index >= len(PARAMETERS):
+                return None
+            bound[PARAMETERS[index]] = arg
+        elif arg.keyword.value in PARAMETERS:
+            bound[arg.keyword.value] = arg
+        else:
+            return None
+    return bound if "models" in bound else None
+
+
+def _alias_assignment(target: cst.BaseExpression, value: cst.BaseExpression) -> cst.BaseStatement | None:
+    """``target = value`` for the parts of an unpacking that do not already match."""
+    pairs: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []
+
+    def match(t: cst.BaseExpression, v: cst.BaseExpression) -> None:
+        if isinstance(t, cst.Name) and t.value == "_":
+            return
+        if normalized(t) == normalized(v):
+            return
+        if (
+            isinstance(t, (cst.Tuple, cst.List))
+            and isinstance(v, (cst.Tuple, cst.List))
+            and len(t.elements) == len(v.elements)
+            and not any(isinstance(e, cst.StarredElement) for e in t.elements)
+        ):
+            for te, ve in zip(t.elements, v.elements):
+                match(te.value, ve.value)
+            return
+        pairs.append((t, v))
+
+    match(target, value)
+    if not pairs:
+        return None
+    if len(pairs) == 1:
+        return syntax.assign_statement(syntax.strip_parens(pairs[0][0]), syntax.strip_parens(pairs[0][1]))
+    targets = cst.Tuple([cst.Element(syntax.strip_parens(t)) for t, _ in pairs], lpar=[], rpar=[])
+    values = cst.Tuple([cst.Element(syntax.strip_parens(v)) for _, v in pairs], lpar=[], rpar=[])
+    return syntax.assign_statement(targets, values)
+
+
+def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseExpression], cst.CSTNode]:
+    """Conditions of the `if`s that directly guard ``statement``, and the outermost one."""
+    conditions: list[cst.BaseExpression] = []
+    outermost = statement
+    current = statement
+    while True:
+        block = ctx.parent(current)
+        owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if isinstance(owner, cst.If) and owner.body is block:
+            # an `elif` is an If nested in another If's orelse: its guard is not just its test
+            if isinstance(ctx.parent(owner), cst.If):
+                break
+            conditions.insert(0, owner.test)
+            outermost = current = owner
+            continue
+        break
+    return conditions, outermost
+
+
+def _surely_bool(node: cst.BaseExpression) -> bool:
+    if isinstance(node, (cst.Comparison,)):
+        return True
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return True
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        return True
+    if isinstance(node, cst.BooleanOperation):
+        return _surely_bool(node.left) and _surely_bool(node.right)
+    if isinstance(node, cst.Call) and dotted_name(node.func) in ("bool", "isinstance", "hasattr"):
+        return True
+    return False
+
+
+def _conjunction(parts: list[cst.BaseExpression], level_code: str | None) -> cst.BaseExpression | None:
+    """``a and b and ...``; flags that hold an opt-level string get a ``bool()``."""
+    unique: list[cst.BaseExpression] = []
+    seen: set[str] = set()
+    for part in parts:
+        key = normalized(part)
+        if key in seen:
+            continue
+        seen.add(key)
+        if (
+            level_code is not None
+            and not _surely_bool(part)
+            and normalized(part) in level_code
+        ):
+            # `if args.fp16:` where args.fp16 holds "O1" (or "%i" of an int): autocast
+            # needs a real bool
+            part = syntax.call("bool", [cst.Arg(syntax.strip_parens(part))])
+        elif isinstance(part, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) and len(parts) > 1:
+            part = part.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        unique.append(part)
+    if not unique:
+        return None
+    result = unique[0]
+    for part in unique[1:]:
+        result = cst.BooleanOperation(left=result, operator=cst.And(), right=part)
+    return result
+
+
+def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
+    call = use.call
+    statement = ctx.statement_of(call)
+    if ctx.skipped(call):
+        return
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+    if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1:
+        target: cst.BaseExpression | None = small.targets[0].target
+    elif isinstance(small, cst.Expr) and small.value is call:
+        target = None
+    else:
+        ctx.report("AMP010", call)
+        return
+    bound = bind_arguments(call)
+    if bound is None:
+        ctx.report("AMP010", call, "amp.initialize with *args/**kwargs or unknown keywords: migrate it by hand")
+        return
+
+    models = bound["models"].value
+    optimizers = bound["optimizers"].value if "optimizers" in bound else None
+    inference_only = optimizers is None or literal(optimizers) is None or (
+        isinstance(optimizers, (cst.List, cst.Tuple)) and not optimizers.elements
+    )
+    result = (
+        models
+        if optimizers is None or literal(optimizers) is None
+        else cst.Tuple([cst.Element(models), cst.Element(optimizers)])
+    )
+    alias = _alias_assignment(target, result) if target is not None else None
+
+    # what the call asked for
+    level_arg = bound.get("opt_level")
+    level: str | None = "O1"
+    level_expression: cst.BaseExpression | None = None
+    if level_arg is not None:
+        value = literal(level_arg.value)
+        if isinstance(value, str) and value in ("O0", "O1", "O2", "O3"):
+            level = value
+        elif value is ...:
+            level, level_expression = None, level_arg.value
+        else:
+            ctx.report("AMP005", level_arg, f"opt_level={value!r} is not one of O0-O3 (Apex raised at run time)")
+            return
+    enabled_parts: list[cst.BaseExpression] = []
+    disabled = level == "O0"
+    enabled_arg = bound.get("enabled")
+    if enabled_arg is not None:
+        value = literal(enabled_arg.value)
+        if enabled_arg.keyword is None and isinstance(value, str):
+            ctx.report(
+                "AMP005",
+                enabled_arg,
+                f"the third positional argument of amp.initialize is `enabled`, not opt_level: "
+                f"{value!r} meant enabled={bool(value)} at opt_level {level}; check the intent",
+            )
+        if value is ...:
+            enabled_parts.append(enabled_arg.value)
+        elif not value:
+            disabled = True
+    guards, outermost = _guards(ctx, statement)
+    enabled_parts[:0] = guards
+    if level_expression is not None:
+        enabled_parts.append(
+            cst.Comparison(
+                left=syntax.strip_parens(level_expression)
+                if not isinstance(level_expression, cst.BinaryOperation)
+                else level_expression.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
+                comparisons=[cst.ComparisonTarget(cst.NotEqual(), syntax.string("O0"))],
+            )
+        )
+
+    # loss scale
+    static_scale: float | None = None
+    scaling_off = False
+    loss_scale_arg = bound.get("loss_scale")
+    if loss_scale_arg is not None:
+        value = literal(loss_scale_arg.value)
+        try:
+            number = None if value == "dynamic" else float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            ctx.report(
+                "AMP005",
+                loss_scale_arg,
+                "loss_scale is computed at run time: migrated as dynamic scaling; if it can be a "
+                "number, hold the scale with `scaler.update(new_scale=...)`",
+            )
+            number = None
+        if number == 1.0:
+            scaling_off = True
+        elif number is not None:
+            static_scale = number
+            ctx.report("AMP002", loss_scale_arg)
+    for name in ("min_loss_scale", "max_loss_scale"):
+        if name in bound and literal(bound[name].value) is not None:
+            ctx.report("AMP003", bound[name])
+    if "num_losses" in bound and literal(bound["num_losses"].value) != 1:
+        ctx.report("AMP004", bound["num_losses"])
+    if "cast_model_outputs" in bound and literal(bound["cast_model_outputs"].value) is not None:
+        ctx.report(
+            "AMP005",
+            bound["cast_model_outputs"],
+            "cast_model_outputs has no autocast equivalent: cast the model outputs with .to(dtype) by hand",
+        )
+        return
+    if level in ("O2", "O3") or level_expression is not None or any(
+        name in bound and literal(bound[name].value) is not None for name in _CASTING_SETTINGS
+    ):
+        if not disabled:
+            ctx.report("AMP001", call)
+    elif level == "O1" and not disabled:
+        ctx.report("AMP012", call)
+
+    # the statement itself
+    ctx.consumed.add(use.base)
+    if inference_only:
+        ctx.report("AMP011", call)
+        if alias is not None:
+            ctx.plan.replace_statement[statement] = [alias]
+        else:
+            ctx.plan.remove.add(statement)
+        return
+
+    function = ctx.function_of(call)
+    klass = None
+    if function is not None:
+        owner = ctx.class_of_method(function)
+        if owner is not None and any(
+            other.api in _USES_NEEDING_SCALER
+            and ctx.function_of(other.call) is not function
+            and (f := ctx.function_of(other.call)) is not None
+            and ctx.class_of_method(f) is owner
+            for other in model.calls
+        ):
+            klass = owner
+    if klass is not None:
+        attributes = {scaler.name for scaler in model.scalers if scaler.klass is klass}
+        name = ctx.options.scaler_name if ctx.options.scaler_name in attributes else ctx.fresh_name(ctx.options.scaler_name)
+    else:
+        same_scope = [s for s in model.scalers if s.function is function and s.klass is None]
+        if same_scope:
+            ctx.report("AMP010", call, "a second amp.initialize in the same function: it shares the first one's GradScaler")
+            if alias is not None:
+                ctx.plan.replace_statement[statement] = [alias]
+            else:
+                ctx.plan.remove.add(statement)
+            return
+        name = ctx.fresh_name(ctx.options.scaler_name)
+
+    scaler_enabled = None if not enabled_parts else _conjunction(enabled_parts, normalized(level_expression) if level_expression is not None else None)
+    if disabled:
+        scaler_enabled = cst.Name("False")
+    autocast_enabled: cst.BaseExpression | None | str = None
+    if disabled:
+        autocast_enabled = "off"
+    elif scaling_off:
+        autocast_enabled = scaler_enabled
+        scaler_enabled = cst.Name("False")
+
+    scaler = Scaler(
+        initialize=call,
+        statement=statement,
+        function=function,
+        klass=klass,
+        name=name,
+        enabled=scaler_enabled,
+        autocast_enabled=autocast_enabled,
+        static_scale=static_scale,
+    )
+    for element in models.elements if isinstance(models, (cst.List, cst.Tuple)) else [models]:
+        value = element.value if isinstance(element, cst.BaseElement) else element
+        dotted = dotted_name(value)
+        if dotted is not None:
+            scaler.model_names.add(dotted.split(".")[-1])
+    model.scalers.append(scaler)
+
+    # GradScaler("cuda", init_scale=..., enabled=...)
+    args = [cst.Arg(syntax.string(ctx.options.device))]
+    if static_scale is not None:
+        args.append(syntax.keyword("init_scale", cst.Float(repr(float(static_scale)))))
+    if scaler_enabled is not None:
+        args.append(syntax.keyword("enabled", scaler_enabled))
+    constructor = syntax.call("torch.amp.GradScaler", args)
+    if klass is not None:
+        assert function is not None
+        owner_name = ctx.self_name(function) or "self"
+        scaler_target: cst.BaseExpression = cst.Attribute(cst.Name(owner_name), cst.Name(name))
+    else:
+        scaler_target = cst.Name(name)
+    creation = syntax.assign_statement(scaler_target, constructor)
+    ctx.plan.needs_torch_import = True
+
+    replacement = [alias] if alias is not None else []
+    if outermost is statement:
+        ctx.plan.replace_statement[statement] = [*replacement, creation]
+    else:
+        ctx.plan.before[outermost].append(creation)
+        if replacement:
+            ctx.plan.replace_statement[statement] = replacement
+        else:
+            ctx.plan.remove.add(statement)
+
+
+def plan(ctx: ModuleContext) -> None:
+    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    for use in model.of("initialize"):
+        _plan_one(ctx, model, use)

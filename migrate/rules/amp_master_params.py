@@ -1,0 +1,163 @@
+"""amp_master_params: ``amp.master_params(optimizer)``.
+
+What it rewrites
+    Inside gradient clipping (``clip_grad_norm_``, ``clip_grad_value_`` or a function
+    whose name says it measures a gradient norm), ``scaler.unscale_(optimizer)`` goes just
+    before the clip and the clip takes that optimizer's parameters. Apex had already
+    unscaled the gradients when ``scale_loss`` exited; GradScaler unscales only when told,
+    so without ``unscale_`` the clip threshold would act on gradients ~65536 times too
+    large. Everywhere else the call becomes an expression over ``optimizer.param_groups``.
+    An ``if``/``else`` that clips ``amp.master_params(opt)`` on one side and the same
+    clip of other parameters on the other collapses into ``unscale_`` + that clip:
+    ``unscale_`` is a no-op while the scaler is disabled.
+
+Before::
+
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), max_norm)
+    optimizer.step()
+
+After::
+
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(
+        (p for group in optimizer.param_groups for p in group["params"]), max_norm
+    )
+    scaler.step(optimizer)
+    scaler.update()
+
+Not rewritten (reported instead)
+    A clip where no GradScaler is reachable (AMP022, AMP023).
+
+Safety
+    Exact for O1. Under O2 the master params were fp32 copies; natively the optimizer
+    holds the model's own fp32 parameters, which are what it steps.
+
+References
+    NVIDIA/apex@e13873d: apex/amp/_amp_state.py, docs/source/advanced.rst;
+    pytorch/pytorch: docs/source/notes/amp_examples.rst (gradient clipping).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.rules import _syntax as syntax
+from migrate.rules._amp import AmpCall, AmpModel, normalized
+from migrate.rules._context import ModuleContext, dotted_name
+
+RULE = "amp_master_params"
+
+
+def _is_clip(func: cst.BaseExpression) -> bool:
+    name = dotted_name(func)
+    if name is None:
+        return False
+    last = name.split(".")[-1]
+    return last.startswith("clip_grad") or "grad_norm" in last
+
+
+def _parameters_of(optimizer: cst.BaseExpression, as_list: bool = False) -> cst.BaseExpression:
+    code = f'p for group in {cst.Module([]).code_for_node(optimizer)}.param_groups for p in group["params"]'
+    return cst.parse_expression(f"[{code}]" if as_list else f"({code})")
+
+
+def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode, clip: cst.Call) -> cst.CSTNode | None:
+    """The `if` around ``statement`` when its `else` is the same clip of other parameters."""
+    block = ctx.parent(statement)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not (isinstance(owner, cst.If) and owner.body is block and len(block.body) == 1):
+        return None
+    if not isinstance(owner.orelse, cst.Else) or isinstance(ctx.parent(owner), cst.If):
+        return None
+    other_body = owner.orelse.body
+    if not (isinstance(other_body, cst.IndentedBlock) and len(other_body.body) == 1):
+        return None
+    other = other_body.body[0]
+    mine = statement
+    if not (isinstance(other, cst.SimpleStatementLine) and isinstance(mine, cst.SimpleStatementLine)):
+        return None
+    # the two statements must differ only in the clip's first argument
+    def shape(line: cst.SimpleStatementLine) -> str | None:
+        calls = [n for n in _calls_in(line) if _is_clip(n.func)]
+        if len(calls) != 1 or not calls[0].args:
+            return None
+        code = ctx.code(line) if line is mine else cst.Module([]).code_for_node(line)
+        first = calls[0].args[0].value
+        return "".join(code.replace(cst.Module([]).code_for_node(first), "@", 1).split())
+
+    if shape(mine) is None or shape(mine) != shape(other):
+        return None
+    return owner
+
+
+def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    found = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Call):
+            found.append(current)
+        stack.extend(current.children)
+    return found
+
+
+def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[tuple[int, str]]) -> None:
+    call = use.call
+    if ctx.skipped(call):
+        return
+    if len(call.args) != 1 or call.args[0].star or (
+        call.args[0].keyword is not None and call.args[0].keyword.value != "optimizer"
+    ):
+        ctx.report("AMP032", call, "amp.master_params with unexpected arguments: migrate it by hand")
+        return
+    optimizer = syntax.strip_parens(call.args[0].value)
+    argument = ctx.parent(call)
+    outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
+    if isinstance(outer, cst.Call) and _is_clip(outer.func):
+        found = model.scaler_for(call)
+        if found is None:
+            ctx.report("AMP023" if not model.scalers else "AMP022", call)
+            return
+        _, access = found
+        statement = ctx.statement_of(call)
+        unscale = syntax.expression_statement(
+            syntax.attribute_call(access, "unscale_", [cst.Arg(optimizer.deep_clone())])
+        )
+        collapsible = _collapsible_else(ctx, statement, outer)
+        if collapsible is not None:
+            other = collapsible.orelse.body.body[0]  # type: ignore[union-attr]
+            ctx.plan.replace_statement[collapsible] = [unscale, other.with_changes(leading_lines=())]
+            ctx.consumed.add(use.base)
+            return
+        key = (id(ctx.block_of(statement)), normalized(optimizer))
+        if key not in unscaled:
+            unscaled.add(key)
+            ctx.plan.before[statement].append(unscale)
+        only_argument = len(outer.args) == 1
+        replacement = _parameters_of(optimizer)
+        if only_argument:
+            replacement = replacement.with_changes(lpar=[], rpar=[])
+        ctx.plan.replace[call] = lambda _, r=replacement: r
+    elif (
+        isinstance(outer, cst.Call)
+        and dotted_name(outer.func) == "list"
+        and len(outer.args) == 1
+    ):
+        ctx.plan.replace[outer] = lambda _, o=optimizer: _parameters_of(o, as_list=True)
+    else:
+        lone_argument = isinstance(outer, cst.Call) and len(outer.args) == 1
+        replacement = _parameters_of(optimizer)
+        if lone_argument:
+            replacement = replacement.with_changes(lpar=[], rpar=[])
+        ctx.plan.replace[call] = lambda _, r=replacement: r
+    ctx.consumed.add(use.base)
+
+
+def plan(ctx: ModuleContext) -> None:
+    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    unscaled: set[tuple[int, str]] = set()
+    for use in model.of("master_params"):
+        _plan_one(ctx, model, use, unscaled)

@@ -1,0 +1,264 @@
+"""amp_scale_loss: ``with amp.scale_loss(...) as scaled: scaled.backward()``.
+
+What it rewrites
+    The ``with`` block goes and every use of the scaled loss becomes
+    ``scaler.scale(loss)``, keeping backward's arguments. The forward pass and loss
+    computation feeding the loss move under ``torch.autocast`` (found by following the
+    loss back to the model call, also across a ``backward(self, loss)`` helper). Each
+    ``step()`` of an optimizer passed to ``scale_loss`` becomes ``scaler.step(opt)``,
+    followed by one ``scaler.update()`` after the last step of the iteration.
+    ``delay_unscale`` (gradient accumulation), ``loss_id`` and ``model`` go: the steps the
+    code already guards are the accumulation boundary, and one scaler serves all losses.
+
+Before::
+
+    output = model(images)
+    loss = criterion(output, target)
+    optimizer.zero_grad()
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+
+After::
+
+    with torch.autocast("cuda", dtype=torch.float16):
+        output = model(images)
+        loss = criterion(output, target)
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+
+Not rewritten (reported instead)
+    ``scale_loss`` entered by hand or combined with other context managers (AMP021); a
+    file without ``amp.initialize`` (AMP023); a scaler out of reach (AMP022). A forward
+    pass that cannot be found is reported (AMP020) and the rest is still migrated.
+
+Safety
+    Apex updated the scale once per backward pass; GradScaler once per ``update()``, i.e.
+    per iteration. With one backward per step they agree; with several (GANs, multiple
+    losses) GradScaler's growth is slower and an overflow skips every optimizer's step.
+
+References
+    NVIDIA/apex@e13873d: apex/amp/handle.py; pytorch/pytorch: docs/source/notes/amp_examples.rst;
+    ../shared/apex-semantics.md sections 1.2, 6, 8.6, 10.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import libcst as cst
+
+from migrate.rules import _syntax as syntax
+from migrate.rules._amp import AmpCall, AmpModel, Scaler, normalized
+from migrate.rules._context import ModuleContext
+from migrate.rules._forward import forward_span, parameter_callers
+
+RULE = "amp_scale_loss"
+
+
+def _argument(call: cst.Call, index: int, name: str) -> cst.Arg | None:
+    for position, arg in enumerate(call.args):
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg
+        if arg.keyword is None and not arg.star and position == index:
+            return arg
+    return None
+
+
+def _optimizer_keys(ctx: ModuleContext, expression: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
+    """Normalised optimizer expressions, with the method's own ``self`` spelled ``self``."""
+    elements = (
+        [element.value for element in expression.elements]
+        if isinstance(expression, (cst.List, cst.Tuple))
+        else [expression]
+    )
+    return {_self_normalized(ctx, element, at) for element in elements}
+
+
+def _self_normalized(ctx: ModuleContext, expression: cst.BaseExpression, at: cst.CSTNode) -> str:
+    key = normalized(expression)
+    function = ctx.function_of(at)
+    if function is not None and ctx.class_of_method(function) is not None:
+        owner = ctx.self_name(function)
+        if owner and (key == owner or key.startswith(owner + ".")):
+            key = "self" + key[len(owner) :]
+    return key
+
+
+def _scaled_loss_names(with_node: cst.With, name: str) -> list[cst.Name]:
+    """Name nodes in the block that refer to the ``as`` target."""
+    found: list[cst.Name] = []
+    attribute_names: set[int] = set()
+    stack: list[cst.CSTNode] = [with_node.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Attribute):
+            attribute_names.add(id(node.attr))
+        if isinstance(node, cst.Name) and node.value == name and id(node) not in attribute_names:
+            found.append(node)
+        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            stack.extend(node.children)
+    return found
+
+
+def _plan_autocast(
+    ctx: ModuleContext, model: AmpModel, scaler: Scaler, access: cst.BaseExpression, anchor: cst.CSTNode,
+    loss: cst.BaseExpression, report_at: cst.CSTNode,
+) -> None:
+    span = forward_span(ctx, anchor, loss, scaler.model_names)
+    if span is None:
+        # the loss may be a parameter: `def backward(self, loss)` called as `self.backward(loss)`
+        function = ctx.function_of(anchor)
+        root = loss
+        while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):
+            root = root.value if not isinstance(root, cst.Call) else root.func
+        if function is not None and isinstance(root, cst.Name):
+            for caller, argument in parameter_callers(ctx, function, root.value, model.calls_by_function_name):
+                span = forward_span(ctx, ctx.statement_of(caller), argument, scaler.model_names)
+                if span is not None:
+                    break
+    if span is None:
+        if scaler.autocast_enabled != "off":
+            ctx.report("AMP020", report_at)
+        return
+    first, last = span
+    if first in ctx.plan.wrap:
+        return
+    if any(first in covered or last in covered for covered in _covered(ctx)):
+        return
+    item = model.autocast_item(scaler, access, first)
+    if item is None:
+        if scaler.autocast_enabled != "off":
+            ctx.report("AMP022", report_at, "autocast's `enabled` flag is not reachable here: add torch.autocast by hand")
+        return
+    ctx.plan.wrap[first] = (last, item)
+
+
+def _covered(ctx: ModuleContext) -> list[set[cst.CSTNode]]:
+    """The statements already inside a planned autocast span."""
+    spans = []
+    for first, (last, _) in ctx.plan.wrap.items():
+        body = list(ctx.block_of(first).body)
+        spans.append(set(body[body.index(first) : body.index(last) + 1]))
+    return spans
+
+
+def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[int, set[str]],
+              sites: dict[int, list[cst.CSTNode]]) -> None:
+    call = use.call
+    if ctx.skipped(call):
+        return
+    item = ctx.parent(call)
+    with_node = ctx.parent(item) if isinstance(item, cst.WithItem) else None
+    if (
+        not isinstance(with_node, cst.With)
+        or len(with_node.items) != 1
+        or with_node.items[0].asname is None
+        or not isinstance(with_node.items[0].asname.name, cst.Name)
+        or with_node.asynchronous is not None
+    ):
+        ctx.report("AMP021", call)
+        return
+    loss_arg = _argument(call, 0, "loss")
+    optimizers_arg = _argument(call, 1, "optimizers")
+    if loss_arg is None or optimizers_arg is None:
+        ctx.report("AMP021", call)
+        return
+    found = model.scaler_for(call)
+    if found is None:
+        ctx.report("AMP023" if not model.scalers else "AMP022", call)
+        return
+    scaler, access = found
+    if _argument(call, 2, "loss_id") is not None:
+        ctx.report("AMP004", call)
+
+    loss = syntax.strip_parens(loss_arg.value)
+    asname = with_node.items[0].asname.name.value  # type: ignore[union-attr]
+    for name in _scaled_loss_names(with_node, asname):
+        ctx.plan.replace[name] = lambda _, loss=loss, access=access: syntax.attribute_call(
+            access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())]
+        )
+    ctx.plan.unwrap.add(with_node)
+    ctx.consumed.add(use.base)
+    managed[id(scaler)] |= _optimizer_keys(ctx, optimizers_arg.value, call)
+    sites[id(scaler)].append(call)
+    _plan_autocast(ctx, model, scaler, access, with_node, loss, call)
+
+
+def _innermost_loop(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode | None:
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.For, cst.While)):
+            return ancestor
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
+            return ancestor
+    return None
+
+
+def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[str],
+                sites: list[cst.CSTNode]) -> None:
+    """``opt.step()`` -> ``scaler.step(opt)``, then one ``scaler.update()`` per loop."""
+    functions = {ctx.function_of(site) for site in sites}
+    if scaler.klass is not None:
+        functions |= {
+            node for node in scaler.klass.body.body if isinstance(node, cst.FunctionDef)
+        }
+    functions.add(scaler.function)
+    steps: list[tuple[cst.Call, cst.BaseExpression]] = []
+
+    class StepFinder(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
+                return
+            if ctx.function_of(node) not in functions:
+                return
+            if _self_normalized(ctx, func.value, node) not in keys:
+                return
+            steps.append((node, func.value))
+
+    ctx.module.visit(StepFinder())
+    if not steps:
+        ctx.report(
+            "AMP022",
+            sites[0],
+            "no step() of the optimizer passed to amp.scale_loss was found where the GradScaler is "
+            "reachable: call scaler.step(optimizer) and scaler.update() there",
+        )
+        return
+    last_step: dict[cst.CSTNode | None, cst.CSTNode] = {}
+    for step, optimizer in steps:
+        if step.args:
+            ctx.report("AMP021", step, "optimizer.step(closure): GradScaler does not support closures")
+            continue
+        found = model.scaler_for(step)
+        if found is None:
+            ctx.report("AMP022", step)
+            continue
+        _, access = found
+        ctx.plan.replace[step] = lambda _, access=access, optimizer=optimizer: syntax.attribute_call(
+            access.deep_clone(), "step", [cst.Arg(syntax.strip_parens(optimizer).deep_clone())]
+        )
+        statement = ctx.statement_of(step)
+        last_step[_innermost_loop(ctx, step)] = statement
+    for statement in last_step.values():
+        found = model.scaler_for(statement)
+        assert found is not None
+        _, access = found
+        update_args = []
+        if scaler.static_scale is not None:
+            update_args.append(syntax.keyword("new_scale", cst.Float(repr(float(scaler.static_scale)))))
+        update = syntax.expression_statement(syntax.attribute_call(access.deep_clone(), "update", update_args))
+        ctx.plan.after[statement].append(update)
+
+
+def plan(ctx: ModuleContext) -> None:
+    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    managed: dict[int, set[str]] = defaultdict(set)
+    sites: dict[int, list[cst.CSTNode]] = defaultdict(list)
+    for use in model.of("scale_loss"):
+        _plan_one(ctx, model, use, managed, sites)
+    for scaler in model.scalers:
+        if sites.get(id(scaler)):
+            _plan_steps(ctx, model, scaler, managed[id(scaler)], sites[id(scaler)])
