@@ -1,0 +1,336 @@
+"""``apex.optimizers`` in plain PyTorch: the update rules of Apex's fused kernels, unfused.
+
+Math is done in fp32 and written back in the param's dtype, as the kernels do. Defaults follow
+Apex, notably ``FusedAdam(adam_w_mode=True)``: decoupled weight decay (AdamW), not L2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+
+class _FusedBase(Optimizer):
+    """``zero_grad()`` takes no arguments and honours ``set_grad_none``, as in Apex."""
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], set_grad_none: bool) -> None:
+        super().__init__(params, defaults)
+        self.set_grad_none = set_grad_none
+
+    def zero_grad(self) -> None:  # type: ignore[override]
+        super().zero_grad(set_to_none=self.set_grad_none)
+
+    @staticmethod
+    def _closure_loss(closure: Callable[[], Any] | None) -> Any:
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
+
+class FusedAdam(_FusedBase):
+    """Adam/AdamW; ``adam_w_mode=True`` (default) decays weights decoupled, like AdamW."""
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        adam_w_mode: bool = True,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        set_grad_none: bool = True,
+        capturable: bool = False,
+        master_weights: bool = False,
+    ) -> None:
+        if amsgrad:
+            raise RuntimeError("FusedAdam does not support AMSGrad")
+        if master_weights and not capturable:
+            raise RuntimeError("FusedAdam master_weights requires capturable=True")
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
+                        weight_decay=weight_decay)  # fmt: skip
+        super().__init__(params, defaults, set_grad_none)
+        self.adam_w_mode = adam_w_mode
+        self.capturable = capturable
+        self.master_weights = master_weights
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = self._closure_loss(closure)
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            group["step"] = group.get("step", 0) + 1
+            step = group["step"]
+            bc1 = 1 - beta1**step if group["bias_correction"] else 1.0
+            bc2 = 1 - beta2**step if group["bias_correction"] else 1.0
+            decay = group["weight_decay"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if param.grad.is_sparse:
+                    raise RuntimeError("FusedAdam does not support sparse gradients")
+                state = self.state[param]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(param)
+                    state["exp_avg_sq"] = torch.zeros_like(param)
+                grad = param.grad.float()
+                weight = param.float()
+                exp_avg = state["exp_avg"].float()
+                exp_avg_sq = state["exp_avg_sq"].float()
+                if not self.adam_w_mode and decay != 0:
+                    grad = grad + decay * weight
+                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                update = (exp_avg / bc1) / ((exp_avg_sq / bc2).sqrt() + group["eps"])
+                if self.adam_w_mode and decay != 0:
+                    update = update + decay * weight
+                weight.add_(update, alpha=-group["lr"])
+                param.copy_(weight)
+                state["exp_avg"].copy_(exp_avg)
+                state["exp_avg_sq"].copy_(exp_avg_sq)
+        return loss
+
+
+class FusedSGD(_FusedBase):
+    """SGD with momentum, dampening, Nesterov and L2 decay (before or after momentum)."""
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        wd_after_momentum: bool = False,
+        materialize_master_grads: bool = True,
+        set_grad_none: bool = False,
+    ) -> None:
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov)  # fmt: skip
+        super().__init__(params, defaults, set_grad_none)
+        self.wd_after_momentum = wd_after_momentum
+        self.materialize_master_grads = materialize_master_grads
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = self._closure_loss(closure)
+        for group in self.param_groups:
+            momentum, dampening = group["momentum"], group["dampening"]
+            decay, nesterov = group["weight_decay"], group["nesterov"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad.float()
+                weight = param.float()
+                if decay != 0 and not self.wd_after_momentum:
+                    grad = grad + decay * weight
+                if momentum != 0:
+                    state = self.state[param]
+                    if "momentum_buffer" not in state:
+                        # First step: the buffer is the gradient itself (no dampening).
+                        buffer = grad.clone()
+                        state["momentum_buffer"] = buffer
+                    else:
+                        buffer = state["momentum_buffer"]
+                        buffer.mul_(momentum).add_(grad, alpha=1 - dampening)
+                    grad = grad + momentum * buffer if nesterov else buffer
+                if decay != 0 and self.wd_after_momentum:
+                    grad = grad + decay * weight
+                weight.add_(grad, alpha=-group["lr"])
+                param.copy_(weight)
+        return loss
+
+
+class FusedAdagrad(_FusedBase):
+    """Adagrad with L2 (``adagrad_w_mode=False``) or decoupled weight decay."""
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-2,
+        eps: float = 1e-10,
+        weight_decay: float = 0.0,
+        set_grad_none: bool = True,
+        adagrad_w_mode: bool = False,
+    ) -> None:
+        super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay), set_grad_none)
+        self.adagrad_w_mode = adagrad_w_mode
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = self._closure_loss(closure)
+        for group in self.param_groups:
+            decay = group["weight_decay"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if not state:
+                    state["sum"] = torch.zeros_like(param, dtype=torch.float32)
+                grad = param.grad.float()
+                weight = param.float()
+                if decay != 0 and not self.adagrad_w_mode:
+                    grad = grad + decay * weight
+                state["sum"].addcmul_(grad, grad)
+                update = grad / (state["sum"].sqrt() + group["eps"])
+                if decay != 0 and self.adagrad_w_mode:
+                    update = update + decay * weight
+                weight.add_(update, alpha=-group["lr"])
+                param.copy_(weight)
+        return loss
+
+
+class FusedLAMB(_FusedBase):
+    """LAMB: global grad-norm clipping, Adam moments, per-tensor trust ratio."""
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        amsgrad: bool = False,
+        adam_w_mode: bool = True,
+        grad_averaging: bool = True,
+        set_grad_none: bool = True,
+        max_grad_norm: float = 1.0,
+        use_nvlamb: bool = False,
+    ) -> None:
+        if amsgrad:
+            raise RuntimeError("FusedLAMB does not support AMSGrad")
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
+                        weight_decay=weight_decay, grad_averaging=grad_averaging,
+                        max_grad_norm=max_grad_norm)  # fmt: skip
+        super().__init__(params, defaults, set_grad_none)
+        self.adam_w_mode = adam_w_mode
+        self.use_nvlamb = use_nvlamb
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = self._closure_loss(closure)
+        grads = [p.grad.float() for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return loss
+        global_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            beta3 = 1 - beta1 if group["grad_averaging"] else 1.0
+            group["step"] = group.get("step", 0) + 1
+            step = group["step"]
+            bc1 = 1 - beta1**step if group["bias_correction"] else 1.0
+            bc2 = 1 - beta2**step if group["bias_correction"] else 1.0
+            max_norm, decay = group["max_grad_norm"], group["weight_decay"]
+            clip = (global_norm / max_norm).clamp(min=1.0) if max_norm > 0 else torch.ones(())
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
+                grad = param.grad.float() / clip
+                weight = param.float()
+                if not self.adam_w_mode and decay != 0:
+                    grad = grad + decay * weight
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(grad, alpha=beta3)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                update = (exp_avg / bc1) / ((exp_avg_sq / bc2).sqrt() + group["eps"])
+                if self.adam_w_mode and decay != 0:
+                    update = update + decay * weight
+                ratio = 1.0
+                if self.use_nvlamb or decay != 0:
+                    weight_norm = float(torch.linalg.vector_norm(weight))
+                    update_norm = float(torch.linalg.vector_norm(update))
+                    if weight_norm > 0 and update_norm > 0:
+                        ratio = weight_norm / update_norm
+                weight.add_(update, alpha=-group["lr"] * ratio)
+                param.copy_(weight)
+        return loss
+
+
+class FusedNovoGrad(_FusedBase):
+    """NovoGrad: per-tensor second moment of the gradient norm."""
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        reg_inside_moment: bool = False,
+        grad_averaging: bool = True,
+        norm_type: int = 2,
+        init_zero: bool = False,
+        set_grad_none: bool = True,
+    ) -> None:
+        if amsgrad:
+            raise RuntimeError("FusedNovoGrad does not support AMSGrad")
+        if norm_type not in (0, 2):
+            raise RuntimeError("FusedNovoGrad supports norm_type 0 (max) and 2 only")
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
+                        weight_decay=weight_decay, grad_averaging=grad_averaging)  # fmt: skip
+        super().__init__(params, defaults, set_grad_none)
+        self.reg_inside_moment = reg_inside_moment
+        self.norm_type = norm_type
+        self.init_zero = init_zero
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = self._closure_loss(closure)
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            beta3 = 1 - beta1 if group["grad_averaging"] else 1.0
+            group["step"] = group.get("step", 0) + 1
+            step = group["step"]
+            bc1 = 1 - beta1**step if group["bias_correction"] else 1.0
+            bc2 = math.sqrt(1 - beta2**step) if group["bias_correction"] else 1.0
+            decay = group["weight_decay"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad.float()
+                weight = param.float()
+                norm = grad.abs().max() if self.norm_type == 0 else torch.linalg.vector_norm(grad)
+                norm_sq = norm * norm
+                state = self.state[param]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros((), dtype=torch.float32) if self.init_zero else norm_sq.clone()
+                else:
+                    state["exp_avg_sq"].mul_(beta2).add_(norm_sq, alpha=1 - beta2)
+                denom = state["exp_avg_sq"].sqrt() / bc2 + group["eps"]
+                normalized = grad / denom
+                if self.reg_inside_moment and decay != 0:
+                    normalized = normalized + decay * weight
+                state["exp_avg"].mul_(beta1).add_(normalized, alpha=beta3)
+                update = state["exp_avg"] / bc1
+                if not self.reg_inside_moment and decay != 0:
+                    update = update + decay * weight
+                weight.add_(update, alpha=-group["lr"])
+                param.copy_(weight)
+        return loss
+
+
+class FusedMixedPrecisionLamb(FusedLAMB):
+    """LAMB that keeps its moments in fp32 for low-precision params (as FusedLAMB here does)."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, step: int = 0, **kwargs: Any) -> None:
+        kwargs.pop("reduced_precision_dtype", None)
+        super().__init__(params, lr=lr, **kwargs)
+        for group in self.param_groups:
+            group["step"] = step
