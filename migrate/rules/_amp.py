@@ -122,6 +122,10 @@ class AmpModel:
                 parent = ctx.parent(node)
                 if isinstance(parent, (cst.ImportAlias, cst.AsName)):
                     return
+                if isinstance(parent, cst.Attribute) and parent.attr is node:
+                    return
+                if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):
+                    return
                 if isinstance(parent, cst.Attribute) and parent.value is node:
                     grandparent = ctx.parent(parent)
                     if isinstance(grandparent, cst.Call) and grandparent.func is parent:
@@ -145,22 +149,41 @@ class AmpModel:
     # ------------------------------------------------------------------ scaler access
     def scaler_for(self, node: cst.CSTNode) -> tuple[Scaler, cst.BaseExpression] | None:
         """The scaler serving ``node`` and the expression that reaches it there."""
-        ctx = self.ctx
-        function = ctx.function_of(node)
+        function = self.ctx.function_of(node)
         candidates = sorted(self.scalers, key=lambda s: s.function is not function)
         for scaler in candidates:
-            if scaler.klass is not None:
-                if function is not None and ctx.class_of_method(function) is scaler.klass:
-                    owner = ctx.self_name(function)
-                    if owner is not None:
-                        return scaler, cst.Attribute(cst.Name(owner), cst.Name(scaler.name))
-                continue
-            if scaler.function is function or scaler.function is None:
-                return scaler, cst.Name(scaler.name)
+            access = self._reach(scaler, function)
+            if access is not None:
+                return scaler, access
         for scaler in candidates:
-            if scaler.klass is None and function is not None and self._thread(scaler, function, set()):
+            if function is not None and self._thread(scaler, function, set()):
                 return scaler, cst.Name(scaler.name)
         return None
+
+    def _reach(self, scaler: Scaler, function: cst.FunctionDef | None) -> cst.BaseExpression | None:
+        """The scaler's expression inside ``function`` without new parameters, if any."""
+        ctx = self.ctx
+        if scaler.klass is not None:
+            if function is not None and ctx.class_of_method(function) is scaler.klass:
+                owner = ctx.self_name(function)
+                if owner is not None:
+                    return cst.Attribute(cst.Name(owner), cst.Name(scaler.name))
+            return None
+        if scaler.function is function or scaler.function is None:
+            return cst.Name(scaler.name)
+        return None
+
+    def threadable(self, source: cst.FunctionDef, function: cst.FunctionDef | None, seen: frozenset = frozenset()) -> bool:
+        """Whether every call chain into ``function`` starts in ``source`` (no edits)."""
+        ctx = self.ctx
+        if function is source:
+            return True
+        if function is None or function in seen or not isinstance(ctx.parent(function), cst.Module):
+            return False
+        callers = self.calls_by_function_name.get(function.name.value, [])
+        return bool(callers) and all(
+            self.threadable(source, ctx.function_of(call), seen | {function}) for call in callers
+        )
 
     def _thread(self, scaler: Scaler, function: cst.FunctionDef, visiting: set[cst.FunctionDef]) -> bool:
         """Make ``scaler`` a parameter of ``function`` if every caller can pass it."""
@@ -171,31 +194,24 @@ class AmpModel:
         if function in visiting or not isinstance(ctx.parent(function), cst.Module):
             return False
         params = function.params
-        if isinstance(params.star_arg, cst.Param) or params.kwonly_params or params.posonly_params:
+        callers = self.calls_by_function_name.get(function.name.value, [])
+        if isinstance(params.star_arg, cst.Param) or params.kwonly_params or params.posonly_params or not callers:
             self._threaded[key] = False
             return False
-        callers = [
-            call
-            for call in self.calls_by_function_name.get(function.name.value, [])
-            if ctx.resolve(function.name.value, call) is None
-        ]
-        if not callers:
-            self._threaded[key] = False
-            return False
-        visiting = visiting | {function}
+        passed: list[tuple[cst.Call, cst.BaseExpression]] = []
         for call in callers:
             caller = ctx.function_of(call)
-            if caller is scaler.function:
-                continue
-            if caller is None or not self._thread(scaler, caller, visiting):
+            access = self._reach(scaler, caller)
+            if access is None and caller is not None and self._thread(scaler, caller, visiting | {function}):
+                access = cst.Name(scaler.name)
+            if access is None:
                 self._threaded[key] = False
                 return False
+            passed.append((call, access))
         has_defaults = any(param.default is not None for param in params.params)
-        ctx.plan.new_params[function].append(
-            (scaler.name, cst.Name("None") if has_defaults else None)
-        )
-        for call in callers:
-            ctx.plan.new_keywords[call].append((scaler.name, cst.Name(scaler.name)))
+        ctx.plan.new_params[function].append((scaler.name, cst.Name("None") if has_defaults else None))
+        for call, access in passed:
+            ctx.plan.new_keywords[call].append((scaler.name, access))
         self._threaded[key] = True
         return True
 

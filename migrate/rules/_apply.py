@@ -212,7 +212,7 @@ class PlanApplier(cst.CSTTransformer):
     # --- module-level additions
     def _add_module_level(self, module: cst.Module) -> cst.Module:
         plan = self.plan
-        if not plan.needs_torch_import and not plan.module_helpers:
+        if not (plan.needs_torch_import or plan.module_helpers or plan.module_globals):
             return module
         body = list(module.body)
         if plan.needs_torch_import:
@@ -230,6 +230,16 @@ class PlanApplier(cst.CSTTransformer):
                 if not _is_import(head):
                     body[position] = body[position].with_changes(leading_lines=[cst.EmptyLine()])
             body.insert(position, statement)
+        if plan.module_globals:
+            position = 0
+            for index, statement in enumerate(body):
+                if _is_import(statement) or (_is_docstring(statement) and index == 0):
+                    position = index + 1
+                elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                    break
+            shared = list(plan.module_globals)
+            shared[0] = shared[0].with_changes(leading_lines=[cst.EmptyLine()])
+            body[position:position] = shared
         if plan.module_helpers:
             position = 0
             for index, statement in enumerate(body):

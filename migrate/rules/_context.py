@@ -232,7 +232,9 @@ class Plan:
     new_keywords: dict[cst.CSTNode, list[tuple[str, cst.BaseExpression]]] = field(
         default_factory=lambda: defaultdict(list)
     )
-    # module-level statements added after the imports (helper functions)
+    # module-level statements added right after the imports (a scaler shared by functions)
+    module_globals: list[cst.BaseStatement] = field(default_factory=list)
+    # module-level helper functions added after the imports
     module_helpers: list[cst.BaseStatement] = field(default_factory=list)
     needs_torch_import: bool = False
 
@@ -249,6 +251,7 @@ class Plan:
             or self.new_params
             or self.new_keywords
             or self.module_helpers
+            or self.module_globals
         )
 
 
@@ -405,7 +408,14 @@ class ModuleContext:
     def all_names(self) -> set[str]:
         """Every identifier in the file (names and attribute names), for clash checks."""
         if self._all_names is None:
-            self._all_names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", self.source))
+            names: set[str] = set()
+
+            class Names(cst.CSTVisitor):
+                def visit_Name(self, node: cst.Name) -> None:
+                    names.add(node.value)
+
+            self.module.visit(Names())
+            self._all_names = names
         return self._all_names
 
     def fresh_name(self, preferred: str) -> str:

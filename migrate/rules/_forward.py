@@ -171,39 +171,46 @@ def forward_span(
 ) -> tuple[cst.CSTNode, cst.CSTNode] | None:
     """(first, last) statements computing ``loss`` before ``anchor``, in one block."""
     needs = _references(loss)
-    chain: list[cst.CSTNode] = []
+    # (statement, found before any earlier backward/step was crossed)
+    chain: list[tuple[cst.CSTNode, bool]] = []
     current = anchor
-    stopped = False
-    while not stopped:
+    in_phase = True
+    while True:
         block = ctx.block_of(current)
         body = list(block.body)
         for statement in reversed(body[: body.index(current)]):
             if _is_boundary(ctx, statement):
-                stopped = True
-                break
+                # an earlier backward or step: what comes before belongs to the previous
+                # phase, but a loss computed there may still feed this one
+                in_phase = False
+                continue
             targets = _targets(statement)
             hit = {need for need in needs if any(_matches(need, t) for t in targets)}
             if not hit:
                 continue
-            chain.append(statement)
+            chain.append((statement, in_phase))
             if isinstance(statement, cst.SimpleStatementLine):
                 needs -= hit
             needs |= _references(statement)
         owner = ctx.owner_of_block(block)
-        if stopped or not isinstance(owner, _TRANSPARENT):
+        if not isinstance(owner, _TRANSPARENT):
             break
         current = ctx.statement_of(owner)
     if not chain:
         return None
 
     forward = None
-    for statement in chain:  # latest first: the last hit is the earliest statement
-        if any(_is_model_call(call, model_names) for call in _calls(statement)):
-            forward = statement
-    if forward is None:
-        for statement in chain:
-            if any(_computes(call) for call in _calls(statement)):
+    for wanted in (True, False):
+        candidates = [statement for statement, phase in chain if phase or not wanted]
+        for statement in candidates:  # latest first: the last hit is the earliest statement
+            if any(_is_model_call(call, model_names) for call in _calls(statement)):
                 forward = statement
+        if forward is None:
+            for statement in candidates:
+                if any(_computes(call) for call in _calls(statement)):
+                    forward = statement
+        if forward is not None:
+            break
     if forward is None:
         return None
     if any(is_autocast_with(ancestor) for ancestor in ctx.ancestors(forward)):
@@ -214,7 +221,7 @@ def forward_span(
     limit = _ancestor_in(ctx, anchor, block)
     end = body.index(limit) if limit is not None else len(body)
     last = forward
-    members = set(chain)
+    members = {statement for statement, _ in chain}
     for statement in body[body.index(forward) + 1 : end]:
         if statement in members:
             if not isinstance(statement, cst.SimpleStatementLine):

@@ -33,6 +33,8 @@ References
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
@@ -154,7 +156,7 @@ def _conjunction(parts: list[cst.BaseExpression], level_code: str | None) -> cst
         if (
             level_code is not None
             and not _surely_bool(part)
-            and normalized(part) in level_code
+            and re.search(rf"(?<![\w.]){re.escape(normalized(part))}(?![\w.])", level_code)
         ):
             # `if args.fp16:` where args.fp16 holds "O1" (or "%i" of an int): autocast
             # needs a real bool
@@ -274,14 +276,6 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             "cast_model_outputs has no autocast equivalent: cast the model outputs with .to(dtype) by hand",
         )
         return
-    if level in ("O2", "O3") or level_expression is not None or any(
-        name in bound and literal(bound[name].value) is not None for name in _CASTING_SETTINGS
-    ):
-        if not disabled:
-            ctx.report("AMP001", call)
-    elif level == "O1" and not disabled:
-        ctx.report("AMP012", call)
-
     # the statement itself
     ctx.consumed.add(use.base)
     if inference_only:
@@ -292,18 +286,30 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             ctx.plan.remove.add(statement)
         return
 
+    if level in ("O2", "O3") or level_expression is not None or any(
+        name in bound and literal(bound[name].value) is not None for name in _CASTING_SETTINGS
+    ):
+        if not disabled:
+            ctx.report("AMP001", call)
+    elif level == "O1" and not disabled:
+        ctx.report("AMP012", call)
+
     function = ctx.function_of(call)
     klass = None
-    if function is not None:
-        owner = ctx.class_of_method(function)
-        if owner is not None and any(
-            other.api in _USES_NEEDING_SCALER
-            and ctx.function_of(other.call) is not function
-            and (f := ctx.function_of(other.call)) is not None
-            and ctx.class_of_method(f) is owner
-            for other in model.calls
-        ):
-            klass = owner
+    elsewhere = [
+        other for other in model.calls
+        if other.api in _USES_NEEDING_SCALER and ctx.function_of(other.call) is not function
+    ]
+    if function is not None and elsewhere:
+        klass = ctx.class_of_method(function)
+        constant = not enabled_parts
+        unreachable = klass is None and any(
+            not model.threadable(function, ctx.function_of(other.call)) for other in elsewhere
+        )
+        if unreachable and constant and isinstance(ctx.parent(function), cst.Module):
+            # a factory function: a scaler with a fixed configuration can live at module
+            # level, where every function of the file reaches it
+            function = None
     if klass is not None:
         attributes = {scaler.name for scaler in model.scalers if scaler.klass is klass}
         name = ctx.options.scaler_name if ctx.options.scaler_name in attributes else ctx.fresh_name(ctx.options.scaler_name)
@@ -362,7 +368,13 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     ctx.plan.needs_torch_import = True
 
     replacement = [alias] if alias is not None else []
-    if outermost is statement:
+    if function is None and ctx.function_of(call) is not None:
+        ctx.plan.module_globals.append(creation)
+        if replacement:
+            ctx.plan.replace_statement[statement] = replacement
+        else:
+            ctx.plan.remove.add(statement)
+    elif outermost is statement:
         ctx.plan.replace_statement[statement] = [*replacement, creation]
     else:
         ctx.plan.before[outermost].append(creation)

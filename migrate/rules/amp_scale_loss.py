@@ -124,10 +124,17 @@ def _plan_autocast(
             ctx.report("AMP020", report_at)
         return
     first, last = span
-    if first in ctx.plan.wrap:
-        return
-    if any(first in covered or last in covered for covered in _covered(ctx)):
-        return
+    block = list(ctx.block_of(first).body)
+    # merge with a span already planned in the same block when they overlap
+    for other_first, (other_last, _) in list(ctx.plan.wrap.items()):
+        if ctx.block_of(other_first) is not ctx.block_of(first):
+            continue
+        a, b = block.index(first), block.index(last)
+        c, d = block.index(other_first), block.index(other_last)
+        if a <= d and c <= b:
+            item = ctx.plan.wrap.pop(other_first)[1]
+            ctx.plan.wrap[block[min(a, c)]] = (block[max(b, d)], item)
+            return
     item = model.autocast_item(scaler, access, first)
     if item is None:
         if scaler.autocast_enabled != "off":
@@ -136,13 +143,32 @@ def _plan_autocast(
     ctx.plan.wrap[first] = (last, item)
 
 
-def _covered(ctx: ModuleContext) -> list[set[cst.CSTNode]]:
-    """The statements already inside a planned autocast span."""
-    spans = []
-    for first, (last, _) in ctx.plan.wrap.items():
-        body = list(ctx.block_of(first).body)
-        spans.append(set(body[body.index(first) : body.index(last) + 1]))
-    return spans
+def _fp32_branch(
+    ctx: ModuleContext, with_node: cst.With, asname: str, loss: cst.BaseExpression
+) -> tuple[cst.If, cst.SimpleStatementLine] | None:
+    """The `if`/`else` around ``with_node`` whose else is the same backward, unscaled."""
+    block = ctx.parent(with_node)
+    branch = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not (isinstance(branch, cst.If) and branch.body is block and len(block.body) == 1):
+        return None
+    if isinstance(ctx.parent(branch), cst.If) or not isinstance(branch.orelse, cst.Else):
+        return None
+    body = with_node.body.body if isinstance(with_node.body, cst.IndentedBlock) else ()
+    other = branch.orelse.body.body if isinstance(branch.orelse.body, cst.IndentedBlock) else ()
+    if len(body) != 1 or len(other) != 1:
+        return None
+    scaled_line, fp32_line = body[0], other[0]
+    if not (isinstance(scaled_line, cst.SimpleStatementLine) and isinstance(fp32_line, cst.SimpleStatementLine)):
+        return None
+    code = cst.Module([]).code_for_node
+    scaled_code = "".join(code(scaled_line.with_changes(leading_lines=())).split())
+    fp32_code = "".join(code(fp32_line.with_changes(leading_lines=())).split())
+    loss_code = normalized(loss)
+    if not scaled_code.startswith(f"{asname}.backward(") or "#" in scaled_code:
+        return None
+    if fp32_code != loss_code + scaled_code[len(asname):] and fp32_code.split("#")[0] != loss_code + scaled_code[len(asname):]:
+        return None
+    return branch, fp32_line
 
 
 def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[int, set[str]],
@@ -180,9 +206,28 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[i
         ctx.plan.replace[name] = lambda _, loss=loss, access=access: syntax.attribute_call(
             access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())]
         )
+    collapsible = _fp32_branch(ctx, with_node, asname, loss)
+    if collapsible is not None:
+        # `if fp16: <scaled backward> else: loss.backward()`: a disabled GradScaler's
+        # scale() is the identity, so one line serves both paths
+        branch, fp32_line = collapsible
+        backward = fp32_line.body[0].value  # type: ignore[attr-defined]
+        scaled = backward.with_changes(
+            func=backward.func.with_changes(
+                value=syntax.attribute_call(access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())])
+            )
+        )
+        merged = fp32_line.with_changes(body=[fp32_line.body[0].with_changes(value=scaled)], leading_lines=())
+        ctx.plan.replace_statement[branch] = [merged]
     ctx.plan.unwrap.add(with_node)
     ctx.consumed.add(use.base)
     managed[id(scaler)] |= _optimizer_keys(ctx, optimizers_arg.value, call)
+    function = ctx.function_of(call)
+    root = optimizers_arg.value
+    if function is not None and isinstance(root, cst.Name):
+        # `def backward(loss, optimizer)`: the steps are of what the callers pass
+        for caller, argument in parameter_callers(ctx, function, root.value, model.calls_by_function_name):
+            managed[id(scaler)] |= _optimizer_keys(ctx, argument, caller)
     sites[id(scaler)].append(call)
     _plan_autocast(ctx, model, scaler, access, with_node, loss, call)
 
@@ -214,9 +259,21 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
                 return
             if ctx.function_of(node) not in functions:
                 return
-            if _self_normalized(ctx, func.value, node) not in keys:
+            if _self_normalized(ctx, func.value, node) not in keys and not _iterated_from(node, func.value):
                 return
             steps.append((node, func.value))
+
+    def _iterated_from(node: cst.CSTNode, optimizer: cst.BaseExpression) -> bool:
+        """`for opt in optimizers: opt.step()` where `optimizers` went to scale_loss."""
+        if not isinstance(optimizer, cst.Name):
+            return False
+        return any(
+            isinstance(loop, cst.For)
+            and isinstance(loop.target, cst.Name)
+            and loop.target.value == optimizer.value
+            and _self_normalized(ctx, loop.iter, node) in keys
+            for loop in ctx.ancestors(node)
+        )
 
     ctx.module.visit(StepFinder())
     if not steps:
@@ -227,7 +284,7 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
             "reachable: call scaler.step(optimizer) and scaler.update() there",
         )
         return
-    last_step: dict[cst.CSTNode | None, cst.CSTNode] = {}
+    per_loop: dict[cst.CSTNode | None, list[cst.CSTNode]] = defaultdict(list)
     for step, optimizer in steps:
         if step.args:
             ctx.report("AMP021", step, "optimizer.step(closure): GradScaler does not support closures")
@@ -241,16 +298,81 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
             access.deep_clone(), "step", [cst.Arg(syntax.strip_parens(optimizer).deep_clone())]
         )
         statement = ctx.statement_of(step)
-        last_step[_innermost_loop(ctx, step)] = statement
-    for statement in last_step.values():
-        found = model.scaler_for(statement)
-        assert found is not None
-        _, access = found
-        update_args = []
-        if scaler.static_scale is not None:
-            update_args.append(syntax.keyword("new_scale", cst.Float(repr(float(scaler.static_scale)))))
-        update = syntax.expression_statement(syntax.attribute_call(access.deep_clone(), "update", update_args))
-        ctx.plan.after[statement].append(update)
+        loop = _innermost_loop(ctx, step)
+        if (
+            isinstance(loop, cst.For)
+            and isinstance(loop.target, cst.Name)
+            and isinstance(optimizer, cst.Name)
+            and loop.target.value == optimizer.value
+        ):
+            # `for opt in optimizers: opt.step()`: one update after the whole loop
+            statement = ctx.statement_of(loop)
+            loop = _innermost_loop(ctx, loop)
+        per_loop[loop].append(statement)
+    for statements in per_loop.values():
+        for anchor in _update_anchors(ctx, statements):
+            found = model.scaler_for(anchor)
+            assert found is not None
+            _, access = found
+            update_args = []
+            if scaler.static_scale is not None:
+                update_args.append(syntax.keyword("new_scale", cst.Float(repr(float(scaler.static_scale)))))
+            update = syntax.expression_statement(syntax.attribute_call(access.deep_clone(), "update", update_args))
+            ctx.plan.after[anchor].append(update)
+
+
+def _branch_path(ctx: ModuleContext, statement: cst.CSTNode) -> list[tuple[cst.If, bool]]:
+    """The `if`s around ``statement`` (outermost first) and whether it is in their body."""
+    path = []
+    child: cst.CSTNode = statement
+    for ancestor in ctx.ancestors(statement):
+        if isinstance(ancestor, (cst.For, cst.While, cst.FunctionDef)):
+            break
+        if isinstance(ancestor, cst.If):
+            path.append((ancestor, ancestor.body is child))
+        child = ancestor
+    return path[::-1]
+
+
+def _update_anchors(ctx: ModuleContext, statements: list[cst.CSTNode]) -> list[cst.CSTNode]:
+    """Where ``scaler.update()`` goes: once after the last step of one iteration.
+
+    Steps in exclusive branches of an `if` each get their own update; otherwise the
+    update follows the statement (in the innermost block holding every step) that
+    contains the last step.
+    """
+    paths = {statement: _branch_path(ctx, statement) for statement in statements}
+    depth = 0
+    while True:
+        at_depth = {path[depth] for path in paths.values() if len(path) > depth}
+        nodes = {node for node, _ in at_depth}
+        if len(at_depth) != len(nodes) or any(len(p) <= depth for p in paths.values()) or len(nodes) != 1:
+            break
+        depth += 1
+    # an `if` at which the steps split into body and else
+    for node in {p[depth][0] for p in paths.values() if len(p) > depth}:
+        sides = {p[depth][1] for p in paths.values() if len(p) > depth and p[depth][0] is node}
+        if len(sides) == 2 and all(len(p) > depth and p[depth][0] is node for p in paths.values()):
+            anchors = []
+            for side in (True, False):
+                group = [s for s, p in paths.items() if p[depth][1] is side]
+                anchors.extend(_update_anchors(ctx, group))
+            return anchors
+    last = statements[-1]
+    blocks = [set(map(id, _blocks(ctx, s))) for s in statements]
+    common = set.intersection(*blocks)
+    for block in _blocks(ctx, last):  # innermost first
+        if id(block) in common:
+            current = last
+            while ctx.block_of(current) is not block:
+                current = ctx.statement_of(ctx.owner_of_block(ctx.block_of(current)))  # type: ignore[arg-type]
+            return [current]
+    return [last]
+
+
+def _blocks(ctx: ModuleContext, statement: cst.CSTNode) -> list[cst.CSTNode]:
+    """The blocks containing ``statement``, innermost first."""
+    return [a for a in ctx.ancestors(statement) if isinstance(a, (cst.IndentedBlock, cst.Module))]
 
 
 def plan(ctx: ModuleContext) -> None:
