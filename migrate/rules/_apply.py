@@ -43,7 +43,15 @@ def _with_leading_lines(
 ) -> cst.BaseStatement:
     if not lines:
         return statement
-    return statement.with_changes(leading_lines=[*lines, *statement.leading_lines])
+    existing = list(statement.leading_lines)
+    if all(line.comment is None for line in lines):
+        # blank lines of a removed statement: keep the spacing, do not add to it
+        blank = 0
+        while blank < len(existing) and existing[blank].comment is None:
+            blank += 1
+        missing = max(0, len(lines) - blank)
+        return statement.with_changes(leading_lines=[*lines[:missing], *existing])
+    return statement.with_changes(leading_lines=[*lines, *existing])
 
 
 class PlanApplier(cst.CSTTransformer):

@@ -62,6 +62,7 @@ REPLACEMENTS = {
     "apex.fp16_utils.FP16_Optimizer": "torch.autocast + torch.amp.GradScaler on the fp32 model",
     "apex.fp16_utils": "torch.autocast + torch.amp.GradScaler on the fp32 model",
     "apex.parallel": "torch.nn.parallel.DistributedDataParallel / torch.nn.SyncBatchNorm",
+    "apex.amp": "the GradScaler's public API (scaler.get_scale(), scaler.state_dict())",
 }
 
 

@@ -40,6 +40,7 @@ import libcst as cst
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, Scaler, literal, normalized
 from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules.amp_master_params import in_clip
 
 RULE = "amp_initialize"
 
@@ -128,6 +129,33 @@ def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseEx
             continue
         break
     return conditions, outermost
+
+
+def _apex_free_conjuncts(ctx: ModuleContext, guard: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The parts of ``a and b and ...`` that are not "is Apex installed?" checks.
+
+    torch.amp is always there, so ``amp is not None`` (or a bare ``amp``) in a guard is
+    simply true after the migration; the amp name it used is then no longer needed.
+    """
+    if isinstance(guard, cst.BooleanOperation) and isinstance(guard.operator, cst.And) and not guard.lpar:
+        return _apex_free_conjuncts(ctx, guard.left) + _apex_free_conjuncts(ctx, guard.right)
+    inner = guard.with_changes(lpar=[], rpar=[]) if getattr(guard, "lpar", None) else guard
+    if isinstance(inner, cst.BooleanOperation) and isinstance(inner.operator, cst.And):
+        return _apex_free_conjuncts(ctx, inner)
+    probe = inner
+    if (
+        isinstance(probe, cst.Comparison)
+        and len(probe.comparisons) == 1
+        and isinstance(probe.comparisons[0].operator, cst.IsNot)
+        and literal(probe.comparisons[0].comparator) is None
+    ):
+        probe = probe.left
+    if isinstance(probe, cst.Name):
+        binding = ctx.resolve(probe.value, probe)
+        if binding is not None and binding.kind == "amp":
+            ctx.consumed.add(probe)
+            return []
+    return [guard]
 
 
 def _surely_bool(node: cst.BaseExpression) -> bool:
@@ -232,7 +260,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         elif not value:
             disabled = True
     guards, outermost = _guards(ctx, statement)
-    enabled_parts[:0] = guards
+    enabled_parts[:0] = [part for guard in guards for part in _apex_free_conjuncts(ctx, guard)]
     if level_expression is not None:
         enabled_parts.append(
             cst.Comparison(
@@ -298,7 +326,9 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     klass = None
     elsewhere = [
         other for other in model.calls
-        if other.api in _USES_NEEDING_SCALER and ctx.function_of(other.call) is not function
+        if other.api in _USES_NEEDING_SCALER
+        and ctx.function_of(other.call) is not function
+        and (other.api != "master_params" or in_clip(ctx, other.call))
     ]
     if function is not None and elsewhere:
         klass = ctx.class_of_method(function)

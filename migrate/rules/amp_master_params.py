@@ -59,6 +59,13 @@ def _is_clip(func: cst.BaseExpression) -> bool:
     return last.startswith("clip_grad") or "grad_norm" in last
 
 
+def in_clip(ctx: ModuleContext, call: cst.Call) -> bool:
+    """Whether this ``amp.master_params(...)`` call is an argument of a gradient clip."""
+    argument = ctx.parent(call)
+    outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
+    return isinstance(outer, cst.Call) and _is_clip(outer.func)
+
+
 def _parameters_of(optimizer: cst.BaseExpression, as_list: bool = False) -> cst.BaseExpression:
     code = f'p for group in {cst.Module([]).code_for_node(optimizer)}.param_groups for p in group["params"]'
     return cst.parse_expression(f"[{code}]" if as_list else f"({code})")
