@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate.findings import Finding
+from migrate.findings import Finding, make_finding
 from migrate.options import Options
+from migrate.rules._context import SKIP_COMMENT
 
 
 class SourceSyntaxError(Exception):
@@ -46,11 +47,28 @@ def parse(source: str) -> cst.Module:
         raise SourceSyntaxError(error.message, error.raw_line, error.raw_column + 1) from None
 
 
+def _file_skip_line(source: str) -> int | None:
+    """The line of a `# ampmigrate: skip` comment heading the file, if any."""
+    for number, line in enumerate(source.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if not stripped.startswith("#"):
+            return None
+        if SKIP_COMMENT.search(stripped):
+            return number
+    return None
+
+
 def migrate_source(source: str, options: Options = Options()) -> MigrationResult:
     """Migrate one module's source text. Raises SourceSyntaxError or InternalError."""
     from migrate.rules import run_rules  # noqa: PLC0415 - keeps the import graph one-way
 
     module = parse(source)
+    skip_line = _file_skip_line(source)
+    if skip_line is not None:
+        note = make_finding("AMP050", skip_line, 1, "`# ampmigrate: skip` at the top: the whole file was left as it was")
+        return MigrationResult(source, False, (note,), skipped=True)
     new_module, findings = run_rules(module, source, options)
     new_source = new_module.code if new_module is not module else source
     if new_source != source:
