@@ -3,4 +3,4 @@
 from migrate.cli import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main(prog_name="ampmigrate")

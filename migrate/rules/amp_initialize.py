@@ -127,6 +127,17 @@ def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseEx
             conditions.insert(0, owner.test)
             outermost = current = owner
             continue
+        if isinstance(owner, cst.Else) and isinstance(ctx.parent(owner), cst.If):
+            branch = ctx.parent(owner)
+            assert isinstance(branch, cst.If)
+            if isinstance(ctx.parent(branch), cst.If):
+                break
+            test = branch.test
+            if isinstance(test, (cst.BooleanOperation, cst.IfExp, cst.Lambda)):
+                test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            conditions.insert(0, cst.UnaryOperation(cst.Not(), test))
+            outermost = current = branch
+            continue
         break
     return conditions, outermost
 

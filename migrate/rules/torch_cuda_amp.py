@@ -130,7 +130,6 @@ class _Finder(cst.CSTVisitor):
         target = _deprecated_target(ctx, expression)
         if target is None or target[1] not in ("custom_fwd", "custom_bwd") or ctx.skipped(node):
             return
-        device, obj, spelling = target
 
         def decorate(updated: cst.CSTNode, target=target) -> cst.CSTNode:
             assert isinstance(updated, cst.Decorator)
