@@ -105,43 +105,42 @@ class AmpModel:
 
     def _collect(self) -> None:
         ctx = self.ctx
-        model = self
+        for node in ctx.nodes_of(cst.Call):
+            found = ctx.amp_api(node.func)
+            if found is not None:
+                self.calls.append(AmpCall(found[0], node, found[1]))
+            if isinstance(node.func, cst.Name):
+                self.calls_by_function_name[node.func.value].append(node)
+        for name in ctx.nodes_of(cst.Name):
+            self._classify_reference(name)
 
-        class Collector(cst.CSTVisitor):
-            def visit_Call(self, node: cst.Call) -> None:
-                found = ctx.amp_api(node.func)
-                if found is not None:
-                    model.calls.append(AmpCall(found[0], node, found[1]))
-                if isinstance(node.func, cst.Name):
-                    model.calls_by_function_name[node.func.value].append(node)
-
-            def visit_Name(self, node: cst.Name) -> None:
-                binding = ctx.resolve(node.value, node)
-                if binding is None or binding.kind not in ("amp", "amp_function"):
-                    return
-                parent = ctx.parent(node)
-                if isinstance(parent, (cst.ImportAlias, cst.AsName)):
-                    return
-                if isinstance(parent, cst.Attribute) and parent.attr is node:
-                    return
-                if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):
-                    return
-                if isinstance(parent, cst.Attribute) and parent.value is node:
-                    grandparent = ctx.parent(parent)
-                    if isinstance(grandparent, cst.Call) and grandparent.func is parent:
-                        return  # an amp.f(...) call, collected above
-                    if parent.attr.value.startswith("_"):
-                        model.private_uses.append(parent)
-                    else:
-                        model.other_attributes.append(parent)
-                    return
-                if isinstance(parent, cst.Call) and parent.func is node:
-                    return
-                if _is_none_fallback(ctx, node):
-                    return
-                model.value_uses.append(node)
-
-        ctx.module.visit(Collector())
+    def _classify_reference(self, node: cst.Name) -> None:
+        """Sort a Name bound to apex.amp: a call base, a private use, or a value use."""
+        ctx = self.ctx
+        binding = ctx.resolve(node.value, node)
+        if binding is None or binding.kind not in ("amp", "amp_function"):
+            return
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.ImportAlias, cst.AsName)):
+            return
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            return
+        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):
+            return
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            grandparent = ctx.parent(parent)
+            if isinstance(grandparent, cst.Call) and grandparent.func is parent:
+                return  # an amp.f(...) call, collected above
+            if parent.attr.value.startswith("_"):
+                self.private_uses.append(parent)
+            else:
+                self.other_attributes.append(parent)
+            return
+        if isinstance(parent, cst.Call) and parent.func is node:
+            return
+        if _is_none_fallback(ctx, node):
+            return
+        self.value_uses.append(node)
 
     def of(self, api: str) -> list[AmpCall]:
         return [call for call in self.calls if call.api == api]

@@ -12,13 +12,15 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from migrate.findings import Finding, make_finding
 from migrate.options import Options
 
+_N = TypeVar("_N", bound=cst.CSTNode)
 Block = cst.Module | cst.IndentedBlock
 Scope = cst.Module | cst.FunctionDef | cst.ClassDef | cst.Lambda
 
@@ -82,14 +84,38 @@ def _classify_import(module_path: str, name: str) -> tuple[str, str] | None:
     return None
 
 
-class _BindingCollector(cst.CSTVisitor):
-    """Records, per scope, import bindings of interest and every other bound name."""
+class _Indexer(cst.CSTVisitor):
+    """One pass over the tree: parents, children, nodes by type, and bindings per scope.
+
+    The rules query this index instead of visiting the tree again: every libcst visit
+    rebuilds the nodes it passes, which costs far more than a dictionary look-up.
+    """
+
+    INDEXED = (cst.Call, cst.Name, cst.Decorator, cst.ImportFrom, cst.With)
 
     def __init__(self) -> None:
         self.imports: dict[Scope, dict[str, list[Binding]]] = defaultdict(lambda: defaultdict(list))
         self.locals: dict[Scope, set[str]] = defaultdict(set)
         self.scope_parent: dict[Scope, Scope | None] = {}
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.children: dict[cst.CSTNode, list[cst.CSTNode]] = defaultdict(list)
+        self.nodes: dict[type, list[cst.CSTNode]] = defaultdict(list)
         self._stack: list[Scope] = []
+        self._path: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self._path:
+            parent = self._path[-1]
+            self.parents[node] = parent
+            self.children[parent].append(node)
+        self._path.append(node)
+        if isinstance(node, self.INDEXED):
+            self.nodes[type(node)].append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        self._path.pop()
 
     # scopes
     def visit_Module(self, node: cst.Module) -> None:
@@ -264,16 +290,16 @@ class ModuleContext:
     def __init__(self, module: cst.Module, source: str, options: Options) -> None:
         self.source = source
         self.options = options
-        self.wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        self.module = self.wrapper.module
-        resolved = self.wrapper.resolve_many([PositionProvider, ParentNodeProvider])
-        self._positions = resolved[PositionProvider]
-        self._parents = resolved[ParentNodeProvider]
-        collector = _BindingCollector()
-        self.module.visit(collector)
-        self.imports = collector.imports
-        self.locals = collector.locals
-        self.scope_parent = collector.scope_parent
+        self.module = module
+        index = _Indexer()
+        module.visit(index)
+        self.imports = index.imports
+        self.locals = index.locals
+        self.scope_parent = index.scope_parent
+        self._parents = index.parents
+        self._children = index.children
+        self._nodes = index.nodes
+        self._positions: dict[cst.CSTNode, object] | None = None
         self.plan = Plan()
         self.findings: list[Finding] = []
         # reference nodes (Names) whose Apex use has been rewritten away
@@ -286,8 +312,21 @@ class ModuleContext:
         self._all_names: set[str] | None = None
 
     # positions and findings
+    def _span(self, node: cst.CSTNode):  # type: ignore[no-untyped-def]
+        # positions cost a full code-generation pass: only files with findings pay it
+        if self._positions is None:
+            provider = PositionProvider()
+            try:
+                # the provider's own code-generation pass, without the metadata wrapper's
+                # dependency machinery (2-3x cheaper)
+                provider._gen_impl(self.module)
+                self._positions = dict(provider._computed)
+            except AttributeError:  # a libcst without these internals
+                self._positions = dict(MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider))
+        return self._positions[node]
+
     def position(self, node: cst.CSTNode) -> tuple[int, int]:
-        start = self._positions[node].start
+        start = self._span(node).start
         return start.line, start.column + 1
 
     def report(self, code: str, node: cst.CSTNode, message: str | None = None) -> None:
@@ -301,7 +340,7 @@ class ModuleContext:
         if not self.skip_lines:
             return False
         statement = self.statement_of(node)
-        span = self._positions[statement]
+        span = self._span(statement)
         if any(span.start.line <= line <= span.end.line for line in self.skip_lines):
             self.report("AMP050", node)
             return True
@@ -313,6 +352,23 @@ class ModuleContext:
     # tree navigation
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self._parents.get(node)
+
+    def nodes_of(self, kind: type[_N]) -> list[_N]:
+        """Every node of one indexed type (Call, Name, Decorator, ImportFrom, With), in source order."""
+        return self._nodes.get(kind, [])  # type: ignore[return-value]
+
+    def children(self, node: cst.CSTNode) -> list[cst.CSTNode]:
+        return self._children.get(node, [])
+
+    def walk(self, node: cst.CSTNode, into_definitions: bool = True) -> Iterator[cst.CSTNode]:
+        """``node`` and everything under it (optionally not entering nested defs)."""
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            yield current
+            for child in self._children.get(current, ()):
+                if into_definitions or not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                    stack.append(child)
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         current = self._parents.get(node)
@@ -408,14 +464,7 @@ class ModuleContext:
     def all_names(self) -> set[str]:
         """Every identifier in the file (names and attribute names), for clash checks."""
         if self._all_names is None:
-            names: set[str] = set()
-
-            class Names(cst.CSTVisitor):
-                def visit_Name(self, node: cst.Name) -> None:
-                    names.add(node.value)
-
-            self.module.visit(Names())
-            self._all_names = names
+            self._all_names = {name.value for name in self.nodes_of(cst.Name)}
         return self._all_names
 
     def fresh_name(self, preferred: str) -> str:

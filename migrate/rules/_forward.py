@@ -34,30 +34,11 @@ _AUTOCAST_NAMES = frozenset(
 _TRANSPARENT = (cst.If, cst.Else, cst.With, cst.Try, cst.ExceptHandler, cst.Finally)
 
 
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """Every node under ``node``, not descending into nested functions or classes."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        for child in current.children:
-            if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-                stack.append(child)
-
-
-def _walk_all(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(current.children)
-
-
-def _references(node: cst.CSTNode) -> set[str]:
+def _references(ctx: ModuleContext, node: cst.CSTNode) -> set[str]:
     """Dotted names read in ``node`` (maximal ``a.b.c`` chains and plain names)."""
     found: set[str] = set()
     inner: set[int] = set()
-    for current in _walk(node):
+    for current in ctx.walk(node, into_definitions=False):
         if isinstance(current, cst.Attribute):
             inner.add(id(current.attr))
             name = dotted_name(current)
@@ -73,7 +54,7 @@ def _references(node: cst.CSTNode) -> set[str]:
     return found
 
 
-def _targets(node: cst.CSTNode) -> set[str]:
+def _targets(ctx: ModuleContext, node: cst.CSTNode) -> set[str]:
     """Dotted names (re)bound or updated anywhere in ``node``."""
     bound: set[str] = set()
 
@@ -90,7 +71,7 @@ def _targets(node: cst.CSTNode) -> set[str]:
             if name is not None:
                 bound.add(name)
 
-    for current in _walk(node):
+    for current in ctx.walk(node, into_definitions=False):
         if isinstance(current, cst.AssignTarget):
             add(current.target)
         elif isinstance(current, (cst.AugAssign, cst.AnnAssign)):
@@ -116,7 +97,7 @@ def is_autocast_with(node: cst.CSTNode) -> bool:
 
 
 def _is_boundary(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
-    for current in _walk(statement):
+    for current in ctx.walk(statement, into_definitions=False):
         if isinstance(current, cst.Call):
             func = current.func
             if isinstance(func, cst.Attribute) and func.attr.value in _BOUNDARY_METHODS:
@@ -129,8 +110,8 @@ def _is_boundary(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
     return False
 
 
-def _calls(statement: cst.CSTNode) -> Iterator[cst.Call]:
-    for current in _walk(statement):
+def _calls(ctx: ModuleContext, statement: cst.CSTNode) -> Iterator[cst.Call]:
+    for current in ctx.walk(statement, into_definitions=False):
         if isinstance(current, cst.Call):
             yield current
 
@@ -170,7 +151,7 @@ def forward_span(
     ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression, model_names: set[str]
 ) -> tuple[cst.CSTNode, cst.CSTNode] | None:
     """(first, last) statements computing ``loss`` before ``anchor``, in one block."""
-    needs = _references(loss)
+    needs = _references(ctx, loss)
     # (statement, found before any earlier backward/step was crossed)
     chain: list[tuple[cst.CSTNode, bool]] = []
     current = anchor
@@ -184,14 +165,14 @@ def forward_span(
                 # phase, but a loss computed there may still feed this one
                 in_phase = False
                 continue
-            targets = _targets(statement)
+            targets = _targets(ctx, statement)
             hit = {need for need in needs if any(_matches(need, t) for t in targets)}
             if not hit:
                 continue
             chain.append((statement, in_phase))
             if isinstance(statement, cst.SimpleStatementLine):
                 needs -= hit
-            needs |= _references(statement)
+            needs |= _references(ctx, statement)
         owner = ctx.owner_of_block(block)
         if not isinstance(owner, _TRANSPARENT):
             break
@@ -203,11 +184,11 @@ def forward_span(
     for wanted in (True, False):
         candidates = [statement for statement, phase in chain if phase or not wanted]
         for statement in candidates:  # latest first: the last hit is the earliest statement
-            if any(_is_model_call(call, model_names) for call in _calls(statement)):
+            if any(_is_model_call(call, model_names) for call in _calls(ctx, statement)):
                 forward = statement
         if forward is None:
             for statement in candidates:
-                if any(_computes(call) for call in _calls(statement)):
+                if any(_computes(call) for call in _calls(ctx, statement)):
                     forward = statement
         if forward is not None:
             break
@@ -247,7 +228,7 @@ def parameter_callers(
         index -= 1  # called as self.f(...)
         candidates = [
             node
-            for node in _walk_all(klass)
+            for node in ctx.walk(klass)
             if isinstance(node, cst.Call)
             and isinstance(node.func, cst.Attribute)
             and node.func.attr.value == function.name.value

@@ -77,19 +77,15 @@ def _replacement(path: str) -> str:
 def _references(ctx: ModuleContext) -> dict[cst.ImportAlias, list[cst.Name]]:
     """Every Name that refers to an Apex binding, grouped by the import alias."""
     found: dict[cst.ImportAlias, list[cst.Name]] = {}
-
-    class Finder(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            parent = ctx.parent(node)
-            if isinstance(parent, (cst.ImportAlias, cst.AsName)):
-                return
-            if isinstance(parent, cst.Attribute) and parent.attr is node:
-                return
-            binding = ctx.resolve(node.value, node)
-            if binding is not None and binding.kind in ("amp", "apex", "amp_function", "other_apex"):
-                found.setdefault(binding.alias, []).append(node)
-
-    ctx.module.visit(Finder())
+    for node in ctx.nodes_of(cst.Name):
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.ImportAlias, cst.AsName)):
+            continue
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            continue
+        binding = ctx.resolve(node.value, node)
+        if binding is not None and binding.kind in ("amp", "apex", "amp_function", "other_apex"):
+            found.setdefault(binding.alias, []).append(node)
     return found
 
 

@@ -88,27 +88,15 @@ def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode, clip: cst.Call
         return None
     # the two statements must differ only in the clip's first argument
     def shape(line: cst.SimpleStatementLine) -> str | None:
-        calls = [n for n in _calls_in(line) if _is_clip(n.func)]
+        calls = [n for n in ctx.walk(line) if isinstance(n, cst.Call) and _is_clip(n.func)]
         if len(calls) != 1 or not calls[0].args:
             return None
-        code = ctx.code(line) if line is mine else cst.Module([]).code_for_node(line)
-        first = calls[0].args[0].value
-        return "".join(code.replace(cst.Module([]).code_for_node(first), "@", 1).split())
+        blanked = line.deep_replace(calls[0].args[0].value, cst.Name("_"))
+        return "".join(cst.Module([]).code_for_node(blanked.with_changes(leading_lines=())).split())
 
     if shape(mine) is None or shape(mine) != shape(other):
         return None
     return owner
-
-
-def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    found = []
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Call):
-            found.append(current)
-        stack.extend(current.children)
-    return found
 
 
 def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[tuple[int, str]]) -> None:

@@ -87,20 +87,15 @@ def _self_normalized(ctx: ModuleContext, expression: cst.BaseExpression, at: cst
     return key
 
 
-def _scaled_loss_names(with_node: cst.With, name: str) -> list[cst.Name]:
+def _scaled_loss_names(ctx: ModuleContext, with_node: cst.With, name: str) -> list[cst.Name]:
     """Name nodes in the block that refer to the ``as`` target."""
-    found: list[cst.Name] = []
-    attribute_names: set[int] = set()
-    stack: list[cst.CSTNode] = [with_node.body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Attribute):
-            attribute_names.add(id(node.attr))
-        if isinstance(node, cst.Name) and node.value == name and id(node) not in attribute_names:
-            found.append(node)
-        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            stack.extend(node.children)
-    return found
+    return [
+        node
+        for node in ctx.walk(with_node.body, into_definitions=False)
+        if isinstance(node, cst.Name)
+        and node.value == name
+        and not (isinstance(ctx.parent(node), cst.Attribute) and ctx.parent(node).attr is node)  # type: ignore[union-attr]
+    ]
 
 
 def _plan_autocast(
@@ -202,7 +197,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[i
 
     loss = syntax.strip_parens(loss_arg.value)
     asname = with_node.items[0].asname.name.value  # type: ignore[union-attr]
-    for name in _scaled_loss_names(with_node, asname):
+    for name in _scaled_loss_names(ctx, with_node, asname):
         ctx.plan.replace[name] = lambda _, loss=loss, access=access: syntax.attribute_call(
             access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())]
         )
@@ -252,17 +247,6 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
     functions.add(scaler.function)
     steps: list[tuple[cst.Call, cst.BaseExpression]] = []
 
-    class StepFinder(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            func = node.func
-            if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
-                return
-            if ctx.function_of(node) not in functions:
-                return
-            if _self_normalized(ctx, func.value, node) not in keys and not _iterated_from(node, func.value):
-                return
-            steps.append((node, func.value))
-
     def _iterated_from(node: cst.CSTNode, optimizer: cst.BaseExpression) -> bool:
         """`for opt in optimizers: opt.step()` where `optimizers` went to scale_loss."""
         if not isinstance(optimizer, cst.Name):
@@ -275,7 +259,15 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
             for loop in ctx.ancestors(node)
         )
 
-    ctx.module.visit(StepFinder())
+    for node in ctx.nodes_of(cst.Call):
+        func = node.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
+            continue
+        if ctx.function_of(node) not in functions:
+            continue
+        if _self_normalized(ctx, func.value, node) not in keys and not _iterated_from(node, func.value):
+            continue
+        steps.append((node, func.value))
     if not steps:
         ctx.report(
             "AMP022",

@@ -106,7 +106,7 @@ def _rewrite_call(device: str, obj: str, spelling: str, call: cst.Call) -> cst.C
     return None
 
 
-class _Finder(cst.CSTVisitor):
+class _Finder:
     def __init__(self, ctx: ModuleContext) -> None:
         self.ctx = ctx
 
@@ -153,4 +153,10 @@ class _Finder(cst.CSTVisitor):
 
 
 def plan(ctx: ModuleContext) -> None:
-    ctx.module.visit(_Finder(ctx))
+    finder = _Finder(ctx)
+    for call in ctx.nodes_of(cst.Call):
+        finder.visit_Call(call)
+    for decorator in ctx.nodes_of(cst.Decorator):
+        finder.visit_Decorator(decorator)
+    for statement in ctx.nodes_of(cst.ImportFrom):
+        finder.visit_ImportFrom(statement)
