@@ -1,11 +1,14 @@
-"""End-to-end: migrate whole Apex training scripts, run them on the CPU, compare with fp32.
+"""End-to-end: migrate whole Apex training scripts, run them on the CPU, compare with the original.
 
 Each script in ``fixtures/e2e/`` is Apex code as users wrote it. The test migrates it in-process
-with ``migrate_source``, runs the result with ``python -m migrate.shim --native`` (CUDA autocast
-and GradScaler mapped to the CPU in float16), and runs it again with the fp32 switch of the
-script (``--opt-level O0``, or without ``--fp16``/``--amp``) as the reference. The scripts write
-what is checked into the ``--out`` JSON: per-step losses, the dtype of the model output inside
-the forward pass, the norm returned by ``clip_grad_norm_`` and the loss-scaler state.
+with ``migrate_source`` and runs the result with ``python -m migrate.shim --native`` (CUDA
+autocast and GradScaler mapped to the CPU in float16), once mixed and once with the script's
+fp32 switch (``--opt-level O0``, or without ``--fp16``/``--amp``). The original script runs too,
+under the Apex shim (``python -m migrate.shim``), with the same options: its fp32 run is the
+reference the migrated script must reproduce, its mixed run the one it must train like. The
+scripts write what is checked into the ``--out`` JSON: per-step losses, the dtype of the model
+output inside the forward pass, the norm returned by ``clip_grad_norm_`` and the loss-scaler
+state.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +35,18 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 E2E_FIXTURES = REPO / "fixtures" / "e2e"
 RUN_TIMEOUT_S = 120
+# Two runs at a time, one thread each: the models are tiny, so a run is mostly interpreter and
+# torch start-up, and two single-threaded runs use both CI cores better than one at a time.
+PARALLEL_RUNS = 2
 
 # How far the mixed-precision run may end from the fp32 run: |mixed - fp32| <= ABS + REL * fp32,
 # on the mean loss of the last five steps. With the same seed both runs start from the same
 # weights and data, so the only difference is fp16 rounding in the forward pass (about 5e-4
 # relative per op). On hand-migrated copies of these scripts the final losses differed by less
-# than 1e-3; the bound is ten times wider than that and still fails a migration that stops
-# training, trains on wrongly scaled gradients or keeps skipping steps.
+# than 1e-3, and the original under the Apex shim's O1 emulation (Apex's casting lists instead
+# of autocast's) less than 1e-3 from them; the bound is ten times wider than that and still
+# fails a migration that stops training, trains on wrongly scaled gradients or keeps skipping
+# steps.
 FINAL_LOSS_ABS_TOL = 0.02
 FINAL_LOSS_REL_TOL = 0.10
 # The first clipped-gradient norm is taken on identical weights and data, so it may differ from
@@ -45,6 +54,9 @@ FINAL_LOSS_REL_TOL = 0.10
 FIRST_GRAD_NORM_REL_TOL = 0.02
 GRAD_NORM_RATIO_BOUNDS = (0.5, 2.0)
 DEFAULT_INIT_SCALE = 2.0**16
+# Both fp32 runs do the same float32 arithmetic on the same data; only the order of reductions
+# inside the two programs may differ.
+FP32_LOSS_REL_TOL = 1e-4
 
 
 @dataclass(frozen=True)
@@ -81,13 +93,16 @@ def apex_imports(source: str) -> list[str]:
     return found
 
 
+Job = tuple[str, tuple[str, ...], bool]  # script name, its options, run the original?
+
+
 class Runner:
     """Migrates each e2e script once and caches every run, so the module stays fast."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self._migrated: dict[str, Path] = {}
-        self._runs: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+        self._done: dict[Job, tuple[subprocess.CompletedProcess[str], Path, Path]] = {}
 
     def migrated(self, name: str) -> Path:
         if name not in self._migrated:
@@ -97,28 +112,52 @@ class Runner:
             self._migrated[name] = path
         return self._migrated[name]
 
-    def run(self, name: str, args: tuple[str, ...]) -> dict[str, Any]:
-        """Run the migrated script with ``args`` plus ``--out``; return its metrics."""
-        key = (name, args)
-        if key not in self._runs:
-            script = self.migrated(name)
-            out = self.workdir / f"{name}-{len(self._runs)}.json"
-            command = [sys.executable, "-m", "migrate.shim", "--native", str(script), *args, "--out", str(out)]
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-            done = subprocess.run(
-                command, cwd=self.workdir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-            )
-            assert done.returncode == 0, (
-                f"migrated {name} failed (exit {done.returncode}) with {' '.join(args) or 'no options'}; "
-                f"migrated source: {script}\n{done.stderr[-3000:]}"
-            )
-            self._runs[key] = json.loads(out.read_text())
-        return self._runs[key]
+    def _execute(self, job: Job, script: Path, out: Path) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+        name, args, original = job
+        mode = [] if original else ["--native"]
+        command = [sys.executable, "-m", "migrate.shim", *mode, str(script), *args, "--out", str(out)]
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        )
+        done = subprocess.run(command, cwd=self.workdir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        return done, script, out
+
+    def prefetch(self, jobs: list[Job]) -> None:
+        """Run independent jobs, two at a time; failures are reported by ``run``."""
+        todo = []
+        for job in dict.fromkeys(jobs):
+            if job not in self._done:
+                name, _, original = job
+                script = E2E_FIXTURES / f"{name}.in.py" if original else self.migrated(name)
+                todo.append((job, script, self.workdir / f"{name}-{len(self._done) + len(todo)}.json"))
+        with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
+            for (job, _, _), result in zip(todo, pool.map(lambda item: self._execute(*item), todo)):
+                self._done[job] = result
+
+    def run(self, name: str, args: tuple[str, ...], *, original: bool = False) -> dict[str, Any]:
+        """Metrics of the migrated (or, with ``original``, the Apex) script run with ``args``."""
+        job = (name, args, original)
+        self.prefetch([job])
+        done, script, out = self._done[job]
+        which = "original (under the Apex shim)" if original else "migrated"
+        assert done.returncode == 0, (
+            f"{which} {name} failed (exit {done.returncode}) with {' '.join(args) or 'no options'}; "
+            f"script: {script}\n{done.stderr[-3000:]}"
+        )
+        metrics: dict[str, Any] = json.loads(out.read_text())
+        return metrics
 
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> Runner:
-    return Runner(tmp_path_factory.mktemp("e2e"))
+    runner = Runner(tmp_path_factory.mktemp("e2e"))
+    runner.prefetch(
+        [(case.name, args, original) for case in CASES for args in (case.mixed_args, case.fp32_args)
+         for original in (False, True)]
+    )
+    return runner
 
 
 def mean(values: list[float]) -> float:
@@ -153,6 +192,30 @@ def test_trains_like_fp32(case: Case, runner: Runner) -> None:
         allowed = FINAL_LOSS_ABS_TOL + FINAL_LOSS_REL_TOL * abs(final_fp32)
         assert abs(final_mixed - final_fp32) <= allowed, (
             f"{key}: mixed precision ends at {final_mixed:.4f}, fp32 at {final_fp32:.4f} (allowed {allowed:.4f})"
+        )
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_fp32_switch_reproduces_the_original_fp32_run(case: Case, runner: Runner) -> None:
+    migrated = runner.run(case.name, case.fp32_args)
+    original = runner.run(case.name, case.fp32_args, original=True)
+    for key in case.loss_keys:
+        assert migrated[key] == pytest.approx(original[key], rel=FP32_LOSS_REL_TOL, abs=1e-7), (
+            f"{key}: the migrated fp32 path does not train like the original fp32 run"
+        )
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_trains_like_the_original_in_mixed_precision(case: Case, runner: Runner) -> None:
+    migrated = runner.run(case.name, case.mixed_args)
+    original = runner.run(case.name, case.mixed_args, original=True)
+    assert set(original["output_dtype"]) == {"torch.float16"}, "the Apex shim did not run the original in fp16"
+    for key in case.loss_keys:
+        final_migrated, final_original = mean(migrated[key][-5:]), mean(original[key][-5:])
+        allowed = FINAL_LOSS_ABS_TOL + FINAL_LOSS_REL_TOL * abs(final_original)
+        assert abs(final_migrated - final_original) <= allowed, (
+            f"{key}: migrated ends at {final_migrated:.4f}, the Apex original at {final_original:.4f} "
+            f"(allowed {allowed:.4f})"
         )
 
 
