@@ -1,0 +1,210 @@
+"""The ``ampmigrate`` command line: a thin click layer over config, runner and report.
+
+``ampmigrate PATH...`` is the default command (migrate); ``ampmigrate verify`` runs an
+original and a migrated training script side by side. Exit codes: 0 nothing left to
+do, 1 ``--check`` found work, 2 usage error or a file could not be read or parsed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from migrate import __version__
+from migrate.config import ConfigError, OutputFormat, build_config
+
+DEFAULT_COMMAND = "migrate"
+# A progress bar is worth drawing only when this many files need parsing.
+_PROGRESS_MIN_FILES = 200
+
+
+class DefaultGroup(click.Group):
+    """A group whose first argument, unless it names a subcommand, goes to ``migrate``.
+
+    So ``ampmigrate src/ --check`` and ``ampmigrate verify a.py b.py`` both work; a
+    folder literally named ``verify`` is given as ``./verify``.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = [DEFAULT_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[OPTIONS] PATH...")
+        formatter.write_usage(ctx.command_path, "verify [OPTIONS] ORIGINAL MIGRATED [-- SCRIPT_ARGS...]", prefix="       ")
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # The default command's options are the ones people need: show them here.
+        migrate_command = self.commands[DEFAULT_COMMAND]
+        sub_ctx = click.Context(migrate_command, info_name=ctx.info_name, **CONTEXT)  # type: ignore[arg-type]
+        params = [*migrate_command.get_params(sub_ctx), *(p for p in self.params if p.name == "version")]
+        records = [record for param in params if (record := param.get_help_record(sub_ctx))]
+        with formatter.section("Options"):
+            formatter.write_dl(records)
+        self.format_commands(ctx, formatter)
+
+
+CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group("ampmigrate", cls=DefaultGroup, context_settings=CONTEXT, no_args_is_help=True)
+@click.version_option(__version__, "--version", prog_name="ampmigrate")
+def main() -> None:
+    """Migrate NVIDIA Apex mixed precision (apex.amp) to native torch.amp.
+
+    With no subcommand, PATH... (files and folders, searched for *.py and *.ipynb)
+    are migrated: by default a unified diff of what would change is printed and
+    nothing is written. Add --write to rewrite the files, or --check to fail (exit 1)
+    when something would change or needs manual review.
+
+    `ampmigrate verify ORIGINAL MIGRATED` runs a few training steps of a script before
+    and after migration and compares the two (needs torch).
+
+    Exit codes: 0 nothing left to do, 1 --check found work, 2 usage error or a file
+    could not be read or parsed.
+    """
+
+
+@main.command(DEFAULT_COMMAND, context_settings=CONTEXT)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--diff", "diff", flag_value=True, default=None, help="Print a unified diff of the changes (the default).")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 if a file would change or needs review.")
+@click.option("--write", is_flag=True, help="Rewrite the files in place (atomically).")
+@click.option(
+    "--output-format",
+    type=click.Choice([fmt.value for fmt in OutputFormat]),
+    default=OutputFormat.TEXT.value,
+    show_default=True,
+    help="text: diffs and findings; json; github: workflow annotations; sarif: SARIF 2.1.0.",
+)
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write a Markdown summary for a pull request to this file.")
+@click.option("-j", "--jobs", type=int, default=None, help="Parallel processes (default: all cores).")
+@click.option("--color/--no-color", default=None, help="Colour the diff (default: when stdout is a terminal).")
+@click.option("--device", default=None, help="Device type of the generated torch.autocast / GradScaler [default: cuda].")
+@click.option("--dtype", default=None, help="Autocast dtype: float16 or bfloat16 [default: float16].")
+@click.option("--scaler-name", default=None, help="Variable name of the generated GradScaler [default: scaler].")
+@click.option("--select", default=None, help="Comma-separated rule names to run (default: all).")
+@click.option("--exclude", multiple=True, help="Gitignore-style pattern to skip, replacing the default excludes (repeatable).")
+@click.option("--extend-exclude", multiple=True, help="Gitignore-style pattern to skip, in addition to the excludes (repeatable).")
+@click.option("--respect-gitignore/--no-respect-gitignore", default=None, help="Skip files .gitignore ignores [default: respect].")
+def migrate_command(
+    paths: tuple[Path, ...],
+    diff: bool | None,
+    check: bool,
+    write: bool,
+    output_format: str,
+    report_path: Path | None,
+    jobs: int | None,
+    color: bool | None,
+    device: str | None,
+    dtype: str | None,
+    scaler_name: str | None,
+    select: str | None,
+    exclude: tuple[str, ...],
+    extend_exclude: tuple[str, ...],
+    respect_gitignore: bool | None,
+) -> None:
+    """Migrate PATH... (files and folders) from Apex amp to torch.amp."""
+    from migrate.report import Report, dumps_json  # noqa: PLC0415 - keeps --help fast
+    from migrate.runner import run  # noqa: PLC0415
+
+    try:
+        config = build_config(
+            list(paths),
+            write=write,
+            check=check,
+            diff=diff,
+            output_format=OutputFormat(output_format),
+            jobs=jobs,
+            color=color,
+            report_path=report_path,
+            device=device,
+            dtype=dtype,
+            scaler_name=scaler_name,
+            select=frozenset(name.strip() for name in select.split(",") if name.strip()) if select is not None else None,
+            exclude=exclude or None,
+            extend_exclude=extend_exclude,
+            respect_gitignore=respect_gitignore,
+        )
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from None
+
+    results = run(list(paths), config, progress=_progress_bar)
+    report = Report(results, config)
+    if config.output_format is OutputFormat.TEXT:
+        for text, to_stderr in report.text_lines(config.color):
+            click.echo(text, nl=not text.endswith("\n"), err=to_stderr, color=None if to_stderr else config.color)
+    elif config.output_format is OutputFormat.JSON:
+        click.echo(dumps_json(report.to_json()), nl=False)
+    elif config.output_format is OutputFormat.SARIF:
+        click.echo(dumps_json(report.to_sarif()), nl=False)
+    else:
+        for line in report.github_lines():
+            click.echo(line)
+    if config.report_path is not None:
+        try:
+            config.report_path.write_text(report.markdown(), encoding="utf-8")
+        except OSError as error:
+            click.echo(f"error: cannot write report {config.report_path}: {error.strerror or error}", err=True)
+            sys.exit(2)
+    click.echo(report.summary(), err=True)
+    sys.exit(report.return_code)
+
+
+
+
+def _progress_bar(total: int) -> Iterator[None]:
+    """A bar on stderr for long runs on a terminal; nothing in pipes or CI logs."""
+    if total < _PROGRESS_MIN_FILES or not sys.stderr.isatty() or os.environ.get("CI"):
+        return iter(())
+    return _BarTicks(total)
+
+
+class _BarTicks:
+    """An iterator advancing a click progress bar; closes the bar at the last tick."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.bar: Any = click.progressbar(length=total, label="ampmigrate", file=sys.stderr)
+        self.bar.__enter__()
+
+    def __iter__(self) -> _BarTicks:
+        return self
+
+    def __next__(self) -> None:
+        self.bar.update(1)
+        self.done += 1
+        if self.done >= self.total:
+            self.bar.__exit__(None, None, None)
+        return None
+
+
+@main.command("verify", context_settings=CONTEXT)
+@click.argument("original", type=click.Path(exists=True, dir_okay=False))
+@click.argument("migrated", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Training steps to run each script.")
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cuda", "cpu"]),
+    default="auto",
+    show_default=True,
+    help="Where to run both scripts (auto: cuda when available).",
+)
+def verify_command(original: str, migrated: str, script_args: Sequence[str], steps: int, device: str) -> None:
+    """Run ORIGINAL (under the Apex shim) and MIGRATED for a few steps and compare them.
+
+    Arguments after `--` are passed to both scripts. Needs torch.
+    """
+    try:
+        from migrate.verify import run_cli  # noqa: PLC0415 - torch is imported only here
+    except ImportError as error:
+        raise click.UsageError(f"`ampmigrate verify` needs torch: {error}") from None
+    sys.exit(run_cli(original, migrated, steps, device, tuple(script_args)))
