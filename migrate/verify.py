@@ -9,8 +9,10 @@ calibrates the tolerance: two correct mixed-precision runs may differ by about a
 differs from fp32, so the per-step tolerance is ``FACTOR`` times the largest original-vs-fp32
 difference seen so far (never below a floor).
 
-Verdict: match (exit 0) when losses and param norms stay within tolerance, the skipped steps
-agree (when both scale once per step) and both ran their matmuls in the same precision;
+Verdict: match (exit 0) when losses and param norms stay within tolerance, the loss scales and
+skipped steps agree (when both scale once per step: Apex updates per backward pass, GradScaler
+per step, so with several losses per step only the losses are judged) and both ran their
+matmuls in the same precision;
 diverge (exit 1) otherwise; error (exit 2) when a script fails.
 
 This module does not import torch: everything torch-related runs in the subprocesses.
@@ -287,6 +289,20 @@ def _judge(
             note += (
                 f". Not judged: {text}; the original scales several losses per step, and Apex "
                 "updates its scales per backward pass while GradScaler updates once per step"
+            )
+    if same_cadence:
+        scale_mismatch = [
+            index for index in range(count)
+            if None not in (original.steps[index]["scale"], migrated.steps[index]["scale"])
+            and original.steps[index]["scale"] != migrated.steps[index]["scale"]
+        ]  # fmt: skip
+        if scale_mismatch:
+            first = scale_mismatch[0]
+            reasons.append(
+                f"loss scale differs at {len(scale_mismatch)} steps, first at step {first}: "
+                f"{_fmt_scale(original.steps[first]['scale'])} vs "
+                f"{_fmt_scale(migrated.steps[first]['scale'])} (scaler state lost or updated "
+                "at the wrong time?)"
             )
     share_left, share_right = original.low_precision_share, migrated.low_precision_share
     if share_left is not None and share_right is not None:

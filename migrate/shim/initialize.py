@@ -215,6 +215,7 @@ def initialize(
         optimizer_list = [optimizers]
         optimizers_was_list = False
     else:
+        _check_optimizers([optimizers])  # an FP16_Optimizer gets its own explanation
         raise TypeError("optimizers must be an optimizer or a list of optimizers")
 
     if isinstance(models, torch.nn.Module):
@@ -249,6 +250,11 @@ def initialize(
         process_optimizer(optimizer, properties)
 
     if properties.patch_torch_functions:
+        previous = getattr(_amp_state, "handle", None)
+        if previous is not None:
+            # A second initialize (a resume that rebuilds model and optimizer) re-patches from
+            # a clean torch instead of stacking a second layer of wrappers.
+            previous._deactivate()
         _amp_state.handle = casting.init(
             loss_scale=properties.loss_scale, verbose=_amp_state.verbosity == 2
         )
