@@ -156,6 +156,23 @@ CODES: dict[str, Code] = {
         "torch.optim.AdamW with an explicit weight_decay for FusedAdam, torch.nn.LayerNorm).",
         False,
     ),
+    "AMP041": Code(
+        "apex-module-replaced",
+        "An Apex fused optimizer, norm layer or SyncBatchNorm helper was replaced by its torch "
+        "equivalent.",
+        "Nothing, usually: the equations are the same. Rounding can differ in the last digits "
+        "(fused kernels), and under autocast torch's LayerNorm returns float32 where Apex's "
+        "FusedLayerNorm returned float16.",
+        True,
+    ),
+    "AMP042": Code(
+        "apex-argument-without-equivalent",
+        "This Apex optimizer or layer is called with an argument torch has no equivalent for "
+        "(bias_correction=False, wd_after_momentum=True, adagrad_w_mode=True, channel_last=True, "
+        "capturable/master_weights, a mode chosen at run time); the call was left as it was.",
+        "Keep apex.optimizers for this call, or rewrite the update rule by hand.",
+        False,
+    ),
     "AMP050": Code(
         "skipped-by-comment",
         "`# ampmigrate: skip` left this construct (or the whole file) as it was.",

@@ -16,6 +16,9 @@ from migrate.findings import Finding
 from migrate.options import Options
 from migrate.rules import (
     amp_disable_casts,
+    apex_normalization,
+    apex_optimizers,
+    apex_syncbn,
     amp_import,
     amp_initialize,
     amp_master_params,
@@ -33,6 +36,9 @@ RULES = (
     amp_master_params,
     amp_state_dict,
     amp_disable_casts,
+    apex_optimizers,
+    apex_normalization,
+    apex_syncbn,
     amp_import,
     torch_cuda_amp,
 )

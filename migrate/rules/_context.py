@@ -461,6 +461,24 @@ class ModuleContext:
                 return binding.target, func
         return None
 
+    def apex_path(self, expression: cst.BaseExpression) -> tuple[str, cst.Name] | None:
+        """``apex.optimizers.FusedAdam`` for any spelling that reaches an Apex object."""
+        rest: list[str] = []
+        node = expression
+        while isinstance(node, cst.Attribute):
+            rest.insert(0, node.attr.value)
+            node = node.value
+        if not isinstance(node, cst.Name):
+            return None
+        binding = self.resolve(node.value, node)
+        if binding is None:
+            return None
+        if binding.kind == "apex":
+            return ".".join(["apex", *rest]), node
+        if binding.kind == "other_apex":
+            return ".".join([binding.target, *rest]), node
+        return None
+
     def all_names(self) -> set[str]:
         """Every identifier in the file (names and attribute names), for clash checks."""
         if self._all_names is None:

@@ -80,3 +80,27 @@ def expression_statement(expression: cst.BaseExpression) -> cst.SimpleStatementL
 
 def assign_statement(target: cst.BaseExpression, value: cst.BaseExpression) -> cst.SimpleStatementLine:
     return cst.SimpleStatementLine([cst.Assign(targets=[cst.AssignTarget(target)], value=value)])
+
+
+def bind_arguments(call: cst.Call, parameters: Sequence[str]) -> dict[str, cst.Arg] | None:
+    """Map a call's arguments to parameter names; None for */** or unknown keywords."""
+    bound: dict[str, cst.Arg] = {}
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if arg.keyword is None:
+            if index >= len(parameters):
+                return None
+            bound[parameters[index]] = arg
+        elif arg.keyword.value in parameters:
+            bound[arg.keyword.value] = arg
+        else:
+            return None
+    return bound
+
+
+def rebuild_call(func: str, positional: Sequence[cst.BaseExpression], keywords: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:
+    """``func(a, b, k=v)`` from expressions (layout of the old call is not kept)."""
+    args = [cst.Arg(value) for value in positional]
+    args += [keyword(name, value) for name, value in keywords]
+    return call(func, args)

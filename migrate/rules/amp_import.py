@@ -67,11 +67,13 @@ REPLACEMENTS = {
 
 
 def _replacement(path: str) -> str:
+    """What to do instead of ``path``, as a phrase."""
     while path:
         if path in REPLACEMENTS:
-            return REPLACEMENTS[path]
+            advice = REPLACEMENTS[path]
+            return advice if advice.startswith("no ") else f"use {advice}"
         path = path.rpartition(".")[0]
-    return "its torch equivalent"
+    return "use its torch equivalent"
 
 
 def _references(ctx: ModuleContext) -> dict[cst.ImportAlias, list[cst.Name]]:
@@ -84,8 +86,11 @@ def _references(ctx: ModuleContext) -> dict[cst.ImportAlias, list[cst.Name]]:
         if isinstance(parent, cst.Attribute) and parent.attr is node:
             continue
         binding = ctx.resolve(node.value, node)
-        if binding is not None and binding.kind in ("amp", "apex", "amp_function", "other_apex"):
-            found.setdefault(binding.alias, []).append(node)
+        if binding is None or binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
+            continue
+        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):
+            continue
+        found.setdefault(binding.alias, []).append(node)
     return found
 
 
@@ -136,13 +141,13 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
     for scope_imports in ctx.imports.values():
         for bindings in scope_imports.values():
             for binding in bindings:
-                if binding.kind not in ("amp", "apex", "amp_function"):
+                if binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
                     continue
                 uses = references.get(binding.alias, [])
                 if any(name not in ctx.consumed and not _is_fallback(ctx, name) for name in uses):
                     continue  # still used: keep it so that code keeps running with Apex
-                if binding.kind == "apex" and not any(name in ctx.consumed for name in uses):
-                    continue  # `import apex` that never served apex.amp
+                if binding.kind in ("apex", "other_apex") and not any(name in ctx.consumed for name in uses):
+                    continue  # an Apex import this run did not migrate anything of
                 removable.setdefault(binding.statement, set()).add(binding.alias)
     for statement, aliases in removable.items():
         names = statement.names
@@ -184,7 +189,9 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
             for binding in bindings:
                 if binding.kind == "other_apex" and id(binding.alias) not in reported:
                     reported.add(id(binding.alias))
-                    ctx.report("AMP040", binding.alias, f"{binding.target}: use {_replacement(binding.target)}")
+                    uses = references.get(binding.alias, [])
+                    if any(name not in ctx.consumed for name in uses) or not uses:
+                        ctx.report("AMP040", binding.alias, f"{binding.target}: {_replacement(binding.target)}")
                 elif binding.kind == "apex":
                     _report_apex_package_uses(ctx, binding, references)
 
@@ -200,7 +207,7 @@ def _report_apex_package_uses(ctx: ModuleContext, binding: Binding, references: 
             attribute = ctx.parent(attribute)
         if path.startswith("apex.amp"):
             continue  # reported by the amp rules
-        ctx.report("AMP040", name, f"{path}: use {_replacement(path)}")
+        ctx.report("AMP040", name, f"{path}: {_replacement(path)}")
 
 
 def plan(ctx: ModuleContext) -> None:

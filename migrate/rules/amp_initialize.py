@@ -67,19 +67,8 @@ _USES_NEEDING_SCALER = ("scale_loss", "state_dict", "load_state_dict", "master_p
 
 def bind_arguments(call: cst.Call) -> dict[str, cst.Arg] | None:
     """Map the call's arguments to amp.initialize's parameters; None if impossible."""
-    bound: dict[str, cst.Arg] = {}
-    for index, arg in enumerate(call.args):
-        if arg.star:
-            return None
-        if arg.keyword is None:
-            if index >= len(PARAMETERS):
-                return None
-            bound[PARAMETERS[index]] = arg
-        elif arg.keyword.value in PARAMETERS:
-            bound[arg.keyword.value] = arg
-        else:
-            return None
-    return bound if "models" in bound else None
+    bound = syntax.bind_arguments(call, PARAMETERS)
+    return bound if bound is not None and "models" in bound else None
 
 
 def _alias_assignment(target: cst.BaseExpression, value: cst.BaseExpression) -> cst.BaseStatement | None:
