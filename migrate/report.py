@@ -9,7 +9,6 @@ Markdown summary for a pull request's description.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -160,7 +159,7 @@ class Report:
                 yield _workflow_command("error", result.error, file=result.path, title="ampmigrate")
                 continue
             if result.status is Status.CHANGED and not result.written:
-                line = None if result.notebook else first_changed_line(result.diff)
+                line = result.first_change
                 yield _workflow_command("warning", PENDING_MESSAGE, file=result.path, line=line, title="ampmigrate")
             for d in result.diagnostics:
                 level = "notice" if d.fixed else "warning"
@@ -197,7 +196,7 @@ class Report:
                 )
                 continue
             if result.status is Status.CHANGED and not result.written:
-                line = None if result.notebook else first_changed_line(result.diff)
+                line = result.first_change
                 results.append(
                     _sarif_result(PENDING_RULE, rule_ids.index(PENDING_RULE), "warning", PENDING_MESSAGE, result.path, line)
                 )
@@ -317,22 +316,6 @@ def colorize_diff(diff: str) -> str:
         else:
             out.append(line)
     return "".join(out)
-
-
-_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@", re.MULTILINE)
-
-
-def first_changed_line(diff: str) -> int | None:
-    """The first line of the original that the diff changes (1-based), if any."""
-    match = _HUNK.search(diff)
-    if match is None:
-        return None
-    line = int(match.group(1))
-    for text in diff[match.end() :].splitlines()[1:]:
-        if text.startswith(("-", "+")):
-            return max(line, 1)
-        line += 1
-    return max(line, 1)
 
 
 def _escape_data(text: str) -> str:

@@ -71,6 +71,7 @@ class FileResult:
     error: str = ""
     written: bool = False
     notebook: bool = False
+    first_change: int | None = None  # first line of the original that changes (Python files)
 
     @property
     def needs_review(self) -> bool:
@@ -206,7 +207,9 @@ def _migrate_python(task: _Task) -> FileResult:
     diff = unified_diff(text, result.source, candidate.display) if task.want_diff else ""
     if task.write:
         write_atomic(candidate.path, new_data, task.file_stat)
-    return FileResult(candidate.display, Status.CHANGED, diagnostics, diff, written=task.write)
+    return FileResult(
+        candidate.display, Status.CHANGED, diagnostics, diff, written=task.write, first_change=_first_change(text, result.source)
+    )
 
 
 def _syntax_error_position(text: str, line: int, column: int, message: str) -> tuple[int, int, str]:
@@ -289,6 +292,14 @@ def _migrate_notebook(task: _Task) -> FileResult:
     if task.write:
         write_atomic(candidate.path, new_data, task.file_stat)
     return FileResult(candidate.display, Status.CHANGED, found, diff, written=task.write, notebook=True)
+
+
+def _first_change(old: str, new: str) -> int:
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    for number, (before, after) in enumerate(zip(old_lines, new_lines), start=1):
+        if before != after:
+            return number
+    return min(len(old_lines), len(new_lines)) + 1
 
 
 def unified_diff(old: str, new: str, name: str) -> str:

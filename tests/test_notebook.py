@@ -1,0 +1,134 @@
+"""Notebooks: all code cells as one program, magics and JSON layout kept, cell positions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from migrate import notebook as nb
+from migrate.cli import main
+
+
+def code(source: str | list[str], **extra: Any) -> dict[str, Any]:
+    return {"cell_type": "code", "execution_count": 1, "metadata": {}, "outputs": [], "source": source, **extra}
+
+
+def markdown(source: str) -> dict[str, Any]:
+    return {"cell_type": "markdown", "metadata": {}, "source": source}
+
+
+def notebook_json(cells: list[dict[str, Any]], indent: int | None = 1) -> str:
+    document = {
+        "cells": cells,
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    # nbformat's own layout: indent 1, no ASCII escaping, final newline.
+    return json.dumps(document, indent=indent, ensure_ascii=False) + "\n"
+
+
+OUTPUT = {"output_type": "stream", "name": "stdout", "text": ["déjà vu\n"]}
+CELLS = [
+    markdown("# Training with *amp*"),
+    code(["%matplotlib inline\n", "import torch\n", "!nvidia-smi"]),
+    code("files = !ls\nmodel = torch.nn.Linear(2, 2)", outputs=[OUTPUT]),
+    code("%%time\nwith torch.cuda.amp.autocast():\n    y = 1"),
+    code(["with torch.cuda.amp.autocast():\n", "    out = model(torch.ones(2))\n", "torch.ones?"]),
+]
+
+
+def run_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
+    monkeypatch.chdir(tmp_path)
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_program_joins_code_cells_and_hides_magics() -> None:
+    notebook = nb.load(notebook_json(CELLS).encode())
+    program = nb.to_program(notebook)
+    assert program is not None
+    # The import in cell 2 and the use in cell 5 are one module; the %%time cell is left out.
+    compile(program.text, "<notebook>", "exec")
+    assert "import torch" in program.text and "out = model(" in program.text
+    assert "%%time" not in program.text and "%matplotlib" not in program.text
+    assert program.magics == ("%matplotlib inline", "!nvidia-smi", "files = !ls", "torch.ones?")
+    assert program.locate(2) == (2, 2)  # `import torch`: cell 2, line 2
+    assert program.locate(program.text.splitlines().index("    out = model(torch.ones(2))") + 1) == (5, 2)
+
+
+def test_unchanged_program_round_trips_to_no_changed_cells() -> None:
+    notebook = nb.load(notebook_json(CELLS).encode())
+    program = nb.to_program(notebook)
+    assert program is not None
+    assert nb.from_program(notebook, program, program.text) == {}
+
+
+def test_lost_cell_marker_refuses_to_split() -> None:
+    notebook = nb.load(notebook_json(CELLS).encode())
+    program = nb.to_program(notebook)
+    assert program is not None
+    broken = program.text.replace("__ampmigrate_cell__(4)\n", "")
+    with pytest.raises(nb.NotebookError, match="split back"):
+        nb.from_program(notebook, program, broken)
+
+
+def test_write_migrates_only_the_changed_cell_and_keeps_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = notebook_json(CELLS)
+    (tmp_path / "train.ipynb").write_text(original, encoding="utf-8")
+    result = run_cli(tmp_path, monkeypatch, "--write", "train.ipynb")
+    assert result.exit_code == 0, result.output
+    written = (tmp_path / "train.ipynb").read_text(encoding="utf-8")
+    expected_cells = json.loads(original)["cells"]
+    expected_cells[4]["source"] = ['with torch.autocast("cuda"):\n', "    out = model(torch.ones(2))\n", "torch.ones?"]
+    assert json.loads(written)["cells"] == expected_cells  # magics, outputs, %%time cell untouched
+    # Nothing but the one source line differs in the file itself.
+    changed = [line for line in written.splitlines() if line not in original.splitlines()]
+    assert changed == ['    "with torch.autocast(\\"cuda\\"):\\n",']
+
+
+def test_diff_and_findings_point_at_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cells = [
+        code("import torch\nfrom apex import amp"),
+        markdown("text"),
+        code('x = 1\namp.register_half_function(torch, "mm")'),
+        code("with torch.cuda.amp.autocast():\n    pass"),
+    ]
+    (tmp_path / "nb.ipynb").write_text(notebook_json(cells), encoding="utf-8")
+    result = run_cli(tmp_path, monkeypatch, "nb.ipynb")
+    assert "--- a/nb.ipynb:cell 4\n+++ b/nb.ipynb:cell 4\n" in result.stdout
+    assert "nb.ipynb:cell 3:2:1: AMP032 " in result.stdout
+
+
+def test_syntax_error_names_the_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cells = [code("from apex import amp"), code("x = 1\nif x\n    pass")]
+    (tmp_path / "nb.ipynb").write_text(notebook_json(cells), encoding="utf-8")
+    result = run_cli(tmp_path, monkeypatch, "--check", "nb.ipynb")
+    assert result.exit_code == 2
+    assert "error: nb.ipynb: cannot parse: cell 2, line 2" in result.stderr
+
+
+def test_unusual_json_layout_is_not_rewritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cells = [code("import torch\nwith torch.cuda.amp.autocast():\n    pass")]
+    odd = notebook_json(cells, indent=3).replace("\n", "\r\n")  # a layout json.dumps cannot reproduce
+    (tmp_path / "nb.ipynb").write_bytes(odd.encode())
+    result = run_cli(tmp_path, monkeypatch, "--write", "nb.ipynb")
+    assert result.exit_code == 2
+    assert "JSON layout" in result.stderr
+    assert (tmp_path / "nb.ipynb").read_bytes() == odd.encode()
+
+
+def test_non_python_kernel_and_invalid_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    r_notebook = json.loads(notebook_json([code("apex <- 1")]))
+    r_notebook["metadata"] = {"kernelspec": {"language": "R", "name": "ir"}}
+    (tmp_path / "r.ipynb").write_text(json.dumps(r_notebook, indent=1) + "\n")
+    (tmp_path / "torn.ipynb").write_text('{"cells": [{"source": "from apex import amp"')
+    result = run_cli(tmp_path, monkeypatch, "--check", ".")
+    assert result.exit_code == 2
+    assert "error: torn.ipynb: not a readable notebook" in result.stderr
+    assert "r.ipynb" not in result.output
