@@ -159,6 +159,13 @@ class AmpModel:
                 return scaler, cst.Name(scaler.name)
         return None
 
+    def reach(self, node: cst.CSTNode) -> tuple[Scaler, cst.BaseExpression] | None:
+        """``scaler_for``, reporting AMP023 (no initialize) or AMP022 (out of reach) on failure."""
+        found = self.scaler_for(node)
+        if found is None:
+            self.ctx.report("AMP023" if not self.scalers else "AMP022", node)
+        return found
+
     def _reach(self, scaler: Scaler, function: cst.FunctionDef | None) -> cst.BaseExpression | None:
         """The scaler's expression inside ``function`` without new parameters, if any."""
         ctx = self.ctx

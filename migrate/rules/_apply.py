@@ -38,6 +38,17 @@ def _is_docstring(statement: cst.CSTNode) -> bool:
     )
 
 
+def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
+    """Index just after the module's imports (and docstring), before its first definition."""
+    position = 0
+    for index, statement in enumerate(body):
+        if _is_import(statement) or (_is_docstring(statement) and index == 0):
+            position = index + 1
+        elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            break
+    return position
+
+
 def _with_leading_lines(
     statement: cst.BaseStatement, lines: Sequence[cst.EmptyLine]
 ) -> cst.BaseStatement:
@@ -154,6 +165,21 @@ class PlanApplier(cst.CSTTransformer):
         emitted[0] = _with_leading_lines(emitted[0], leading)
         return emitted, []
 
+    def _emit_run(
+        self, pairs: list[tuple[cst.CSTNode, cst.BaseStatement]], pending: list[cst.EmptyLine]
+    ) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+        """Emit consecutive statements; comments of removed ones move to the next one kept."""
+        body: list[cst.BaseStatement] = []
+        for original, updated in pairs:
+            emitted, lost = self._emit(original, updated)
+            if emitted:
+                emitted[0] = _with_leading_lines(emitted[0], pending)
+                pending = []
+                body.extend(emitted)
+            else:
+                pending = [*pending, *lost]
+        return body, pending
+
     def _rebuild_block(self, original: cst.Module | cst.IndentedBlock, updated):
         plan = self.plan
         originals = list(original.body)
@@ -176,39 +202,23 @@ class PlanApplier(cst.CSTTransformer):
         index = 0
         while index < len(originals):
             first = originals[index]
-            if first in plan.wrap:
-                last, item = plan.wrap[first]
-                end = originals.index(last, index)  # type: ignore[arg-type]
-                inner: list[cst.BaseStatement] = []
-                orphans: list[cst.EmptyLine] = []
-                for position in range(index, end + 1):
-                    emitted, lost = self._emit(originals[position], updates[position])
-                    if emitted:
-                        emitted[0] = _with_leading_lines(emitted[0], orphans)
-                        orphans = []
-                        inner.extend(emitted)
-                    else:
-                        orphans.extend(lost)
-                if not inner:
-                    pending.extend(orphans)
-                    index = end + 1
-                    continue
-                lines = inner[0].leading_lines
-                inner[0] = inner[0].with_changes(leading_lines=())
-                emitted = [
-                    cst.With(items=[item], body=cst.IndentedBlock(body=inner), leading_lines=lines)
-                ]
-                lost = []
-                index = end + 1
-            else:
-                emitted, lost = self._emit(first, updates[index])
-                index += 1
-            if emitted:
-                emitted[0] = _with_leading_lines(emitted[0], pending)
-                pending = []
+            if first not in plan.wrap:
+                emitted, pending = self._emit_run([(first, updates[index])], pending)
                 body.extend(emitted)
-            else:
-                pending.extend(lost)
+                index += 1
+                continue
+            last, item = plan.wrap[first]
+            end = originals.index(last, index)  # type: ignore[arg-type]
+            inner, orphans = self._emit_run(list(zip(originals[index : end + 1], updates[index : end + 1])), [])
+            index = end + 1
+            if not inner:
+                pending = [*pending, *orphans]
+                continue
+            lines = inner[0].leading_lines
+            inner[0] = inner[0].with_changes(leading_lines=())
+            wrapped = cst.With(items=[item], body=cst.IndentedBlock(body=inner), leading_lines=lines)
+            body.append(_with_leading_lines(wrapped, pending))
+            pending = orphans
         if isinstance(updated, cst.IndentedBlock) and not body:
             placeholder = cst.SimpleStatementLine([cst.Pass()], leading_lines=pending)
             self._placeholders.add(placeholder)
@@ -239,22 +249,12 @@ class PlanApplier(cst.CSTTransformer):
                     body[position] = body[position].with_changes(leading_lines=[cst.EmptyLine()])
             body.insert(position, statement)
         if plan.module_globals:
-            position = 0
-            for index, statement in enumerate(body):
-                if _is_import(statement) or (_is_docstring(statement) and index == 0):
-                    position = index + 1
-                elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-                    break
+            position = _after_imports(body)
             shared = list(plan.module_globals)
             shared[0] = shared[0].with_changes(leading_lines=[cst.EmptyLine()])
             body[position:position] = shared
         if plan.module_helpers:
-            position = 0
-            for index, statement in enumerate(body):
-                if _is_import(statement) or _is_docstring(statement) and index == 0:
-                    position = index + 1
-                elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-                    break
+            position = _after_imports(body)
             helpers = [
                 helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
                 for helper in plan.module_helpers

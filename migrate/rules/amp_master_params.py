@@ -112,9 +112,8 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
     argument = ctx.parent(call)
     outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
     if isinstance(outer, cst.Call) and _is_clip(outer.func):
-        found = model.scaler_for(call)
+        found = model.reach(call)
         if found is None:
-            ctx.report("AMP023" if not model.scalers else "AMP022", call)
             return
         _, access = found
         statement = ctx.statement_of(call)

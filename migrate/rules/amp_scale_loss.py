@@ -187,9 +187,8 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[i
     if loss_arg is None or optimizers_arg is None:
         ctx.report("AMP021", call)
         return
-    found = model.scaler_for(call)
+    found = model.reach(call)
     if found is None:
-        ctx.report("AMP023" if not model.scalers else "AMP022", call)
         return
     scaler, access = found
     if _argument(call, 2, "loss_id") is not None:

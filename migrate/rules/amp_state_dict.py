@@ -66,9 +66,8 @@ def plan(ctx: ModuleContext) -> None:
         call = use.call
         if ctx.skipped(call):
             continue
-        found = model.scaler_for(call)
+        found = model.reach(call)
         if found is None:
-            ctx.report("AMP023" if not model.scalers else "AMP022", call)
             continue
         _, access = found
         if use.api == "state_dict":
