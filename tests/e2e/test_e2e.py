@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
+from migrate.engine import migrate_source
 
-from migrate.engine import migrate_source  # noqa: E402  (after the torch skip)
+pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
@@ -67,19 +67,38 @@ class Case:
     mixed_args: tuple[str, ...]
     fp32_args: tuple[str, ...]
     loss_keys: tuple[str, ...]
-    optimizer_steps: int  # iterations that end in an optimizer step (one scaler update each)
+    # iterations that end in an optimizer step (one scaler update each)
+    optimizer_steps: int
     converges: bool = True  # a GAN's losses need not go down
     clips: bool = False  # records the norm returned by clip_grad_norm_
 
 
 CASES = [
-    Case("imagenet_clip", ("--opt-level", "O1"), ("--opt-level", "O0"), ("loss",), 30, clips=True),
+    Case(
+        "imagenet_clip",
+        ("--opt-level", "O1"),
+        ("--opt-level", "O0"),
+        ("loss",),
+        30,
+        clips=True,
+    ),
     # 192 examples / batch 8 = 24 micro-batches per epoch, 2 per optimizer step, 3 epochs.
     Case("hf_glue_accumulation", ("--fp16",), (), ("loss",), 36, clips=True),
-    Case("dcgan_two_optimizers", ("--opt_level", "O1"), ("--opt_level", "O0"), ("errD", "errG"), 25, converges=False),
+    Case(
+        "dcgan_two_optimizers",
+        ("--opt_level", "O1"),
+        ("--opt_level", "O0"),
+        ("errD", "errG"),
+        25,
+        converges=False,
+    ),
     Case("trainer_class", ("--amp",), (), ("loss",), 40),
 ]
 CASE_IDS = [case.name for case in CASES]
+
+CHECKPOINT = "checkpoint_resume"
+FIRST_LEG_STEPS = 10
+APEX_LEG_STEPS = 3
 
 
 def apex_imports(source: str) -> list[str]:
@@ -87,13 +106,41 @@ def apex_imports(source: str) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names if alias.name.split(".")[0] == "apex"]
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "apex":
+            found += [
+                alias.name for alias in node.names if alias.name.split(".")[0] == "apex"
+            ]
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").split(".")[0] == "apex"
+        ):
             found.append(node.module or "")
     return found
 
 
 Job = tuple[str, tuple[str, ...], bool]  # script name, its options, run the original?
+
+
+def first_leg(workdir: Path) -> Job:
+    """Train the migrated checkpoint script and save a checkpoint."""
+    return (
+        CHECKPOINT,
+        ("--steps", str(FIRST_LEG_STEPS), "--save", str(workdir / "leg1.pt")),
+        False,
+    )
+
+
+def straight_run() -> Job:
+    """Train the migrated checkpoint script as long as both legs, without stopping."""
+    return (CHECKPOINT, ("--steps", str(2 * FIRST_LEG_STEPS)), False)
+
+
+def apex_leg(workdir: Path) -> Job:
+    """Train the original checkpoint script under the Apex shim and save a checkpoint."""
+    return (
+        CHECKPOINT,
+        ("--steps", str(APEX_LEG_STEPS), "--save", str(workdir / "written-by-apex.pt")),
+        True,
+    )
 
 
 class Runner:
@@ -112,31 +159,64 @@ class Runner:
             self._migrated[name] = path
         return self._migrated[name]
 
-    def _execute(self, job: Job, script: Path, out: Path) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
-        name, args, original = job
+    def _execute(
+        self, job: Job, script: Path, out: Path
+    ) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+        _, args, original = job
         mode = [] if original else ["--native"]
-        command = [sys.executable, "-m", "migrate.shim", *mode, str(script), *args, "--out", str(out)]
+        command = [
+            sys.executable,
+            "-m",
+            "migrate.shim",
+            *mode,
+            str(script),
+            *args,
+            "--out",
+            str(out),
+        ]
         env = dict(
             os.environ,
             OMP_NUM_THREADS="1",
-            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+            ),
         )
-        done = subprocess.run(command, cwd=self.workdir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        done = subprocess.run(
+            command,
+            check=False,
+            cwd=self.workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+        )
         return done, script, out
 
     def prefetch(self, jobs: list[Job]) -> None:
         """Run independent jobs, two at a time; failures are reported by ``run``."""
-        todo = []
+        todo: list[tuple[Job, Path, Path]] = []
         for job in dict.fromkeys(jobs):
             if job not in self._done:
                 name, _, original = job
-                script = E2E_FIXTURES / f"{name}.in.py" if original else self.migrated(name)
-                todo.append((job, script, self.workdir / f"{name}-{len(self._done) + len(todo)}.json"))
+                script = (
+                    E2E_FIXTURES / f"{name}.in.py" if original else self.migrated(name)
+                )
+                todo.append(
+                    (
+                        job,
+                        script,
+                        self.workdir / f"{name}-{len(self._done) + len(todo)}.json",
+                    )
+                )
         with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
-            for (job, _, _), result in zip(todo, pool.map(lambda item: self._execute(*item), todo)):
+            for (job, _, _), result in zip(
+                todo, pool.map(lambda item: self._execute(*item), todo)
+            ):
                 self._done[job] = result
 
-    def run(self, name: str, args: tuple[str, ...], *, original: bool = False) -> dict[str, Any]:
+    def run(
+        self, name: str, args: tuple[str, ...], *, original: bool = False
+    ) -> dict[str, Any]:
         """Metrics of the migrated (or, with ``original``, the Apex) script run with ``args``."""
         job = (name, args, original)
         self.prefetch([job])
@@ -153,9 +233,19 @@ class Runner:
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> Runner:
     runner = Runner(tmp_path_factory.mktemp("e2e"))
+    independent = [
+        (case.name, args, original)
+        for case in CASES
+        for args in (case.mixed_args, case.fp32_args)
+        for original in (False, True)
+    ]
     runner.prefetch(
-        [(case.name, args, original) for case in CASES for args in (case.mixed_args, case.fp32_args)
-         for original in (False, True)]
+        [
+            *independent,
+            first_leg(runner.workdir),
+            straight_run(),
+            apex_leg(runner.workdir),
+        ]
     )
     return runner
 
@@ -176,7 +266,9 @@ def scaler_scale(state: dict[str, Any] | None) -> float | None:
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_migrated_script_no_longer_imports_apex(case: Case, runner: Runner) -> None:
     source = runner.migrated(case.name).read_text(encoding="utf-8")
-    assert apex_imports(source) == [], f"{case.name}: the migrated script still imports apex"
+    assert apex_imports(source) == [], (
+        f"{case.name}: the migrated script still imports apex"
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -185,9 +277,13 @@ def test_trains_like_fp32(case: Case, runner: Runner) -> None:
     fp32 = runner.run(case.name, case.fp32_args)
     for key in case.loss_keys:
         assert len(mixed[key]) == len(fp32[key]) > 5
-        assert all(math.isfinite(value) for value in mixed[key]), f"{key}: non-finite loss {mixed[key]}"
+        assert all(math.isfinite(value) for value in mixed[key]), (
+            f"{key}: non-finite loss {mixed[key]}"
+        )
         if case.converges:
-            assert mean(mixed[key][-5:]) < 0.5 * mean(mixed[key][:5]), f"{key} did not go down: {mixed[key]}"
+            assert mean(mixed[key][-5:]) < 0.5 * mean(mixed[key][:5]), (
+                f"{key} did not go down: {mixed[key]}"
+            )
         final_mixed, final_fp32 = mean(mixed[key][-5:]), mean(fp32[key][-5:])
         allowed = FINAL_LOSS_ABS_TOL + FINAL_LOSS_REL_TOL * abs(final_fp32)
         assert abs(final_mixed - final_fp32) <= allowed, (
@@ -196,22 +292,31 @@ def test_trains_like_fp32(case: Case, runner: Runner) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_fp32_switch_reproduces_the_original_fp32_run(case: Case, runner: Runner) -> None:
+def test_fp32_switch_reproduces_the_original_fp32_run(
+    case: Case, runner: Runner
+) -> None:
     migrated = runner.run(case.name, case.fp32_args)
     original = runner.run(case.name, case.fp32_args, original=True)
     for key in case.loss_keys:
-        assert migrated[key] == pytest.approx(original[key], rel=FP32_LOSS_REL_TOL, abs=1e-7), (
-            f"{key}: the migrated fp32 path does not train like the original fp32 run"
-        )
+        assert migrated[key] == pytest.approx(
+            original[key], rel=FP32_LOSS_REL_TOL, abs=1e-7
+        ), f"{key}: the migrated fp32 path does not train like the original fp32 run"
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_trains_like_the_original_in_mixed_precision(case: Case, runner: Runner) -> None:
+def test_trains_like_the_original_in_mixed_precision(
+    case: Case, runner: Runner
+) -> None:
     migrated = runner.run(case.name, case.mixed_args)
     original = runner.run(case.name, case.mixed_args, original=True)
-    assert set(original["output_dtype"]) == {"torch.float16"}, "the Apex shim did not run the original in fp16"
+    assert set(original["output_dtype"]) == {"torch.float16"}, (
+        "the Apex shim did not run the original in fp16"
+    )
     for key in case.loss_keys:
-        final_migrated, final_original = mean(migrated[key][-5:]), mean(original[key][-5:])
+        final_migrated, final_original = (
+            mean(migrated[key][-5:]),
+            mean(original[key][-5:]),
+        )
         allowed = FINAL_LOSS_ABS_TOL + FINAL_LOSS_REL_TOL * abs(final_original)
         assert abs(final_migrated - final_original) <= allowed, (
             f"{key}: migrated ends at {final_migrated:.4f}, the Apex original at {final_original:.4f} "
@@ -223,8 +328,12 @@ def test_trains_like_the_original_in_mixed_precision(case: Case, runner: Runner)
 def test_runs_in_half_precision_and_o0_in_fp32(case: Case, runner: Runner) -> None:
     mixed = runner.run(case.name, case.mixed_args)
     fp32 = runner.run(case.name, case.fp32_args)
-    assert set(mixed["output_dtype"]) == {"torch.float16"}, "the forward pass did not run under fp16 autocast"
-    assert set(fp32["output_dtype"]) == {"torch.float32"}, "the fp32 switch no longer gives an fp32 forward pass"
+    assert set(mixed["output_dtype"]) == {"torch.float16"}, (
+        "the forward pass did not run under fp16 autocast"
+    )
+    assert set(fp32["output_dtype"]) == {"torch.float32"}, (
+        "the fp32 switch no longer gives an fp32 forward pass"
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -232,12 +341,16 @@ def test_dynamic_scaler_updates_once_per_iteration(case: Case, runner: Runner) -
     state = runner.run(case.name, case.mixed_args)["amp_state"]
     scale = scaler_scale(state)
     assert scale is not None, "loss scaling is off in the mixed-precision run"
-    assert scale >= 1.0 and math.log2(scale).is_integer(), f"not a dynamic scale: {scale}"
+    assert scale >= 1.0 and math.log2(scale).is_integer(), (
+        f"not a dynamic scale: {scale}"
+    )
     tracker = state["_growth_tracker"]
     # Without an overflow the scale stays at its initial 2**16 and the tracker counts updates:
     # exactly one per optimizer step (not per micro-batch, not per loss).
     if scale == DEFAULT_INIT_SCALE:
-        assert tracker == case.optimizer_steps, f"{tracker} scaler updates for {case.optimizer_steps} steps"
+        assert tracker == case.optimizer_steps, (
+            f"{tracker} scaler updates for {case.optimizer_steps} steps"
+        )
     else:
         assert tracker < case.optimizer_steps
 
@@ -247,7 +360,9 @@ def test_fp32_switch_turns_scaling_off(case: Case, runner: Runner) -> None:
     assert scaler_scale(runner.run(case.name, case.fp32_args).get("amp_state")) is None
 
 
-@pytest.mark.parametrize("case", [case for case in CASES if case.clips], ids=lambda case: case.name)
+@pytest.mark.parametrize(
+    "case", [case for case in CASES if case.clips], ids=lambda case: case.name
+)
 def test_unscales_before_clipping(case: Case, runner: Runner) -> None:
     mixed = runner.run(case.name, case.mixed_args)["grad_norm"]
     fp32 = runner.run(case.name, case.fp32_args)["grad_norm"]
@@ -257,40 +372,52 @@ def test_unscales_before_clipping(case: Case, runner: Runner) -> None:
     )
     low, high = GRAD_NORM_RATIO_BOUNDS
     ratios = [m / f for m, f in zip(mixed, fp32)]
-    assert all(low <= ratio <= high for ratio in ratios), f"clipped-norm ratios to fp32: {ratios}"
-
-
-CHECKPOINT = "checkpoint_resume"
-FIRST_LEG_STEPS = 10
+    assert all(low <= ratio <= high for ratio in ratios), (
+        f"clipped-norm ratios to fp32: {ratios}"
+    )
 
 
 def test_checkpoint_resume_restores_scaler_state(runner: Runner) -> None:
-    ckpt = runner.workdir / "leg1.pt"
-    first = runner.run(CHECKPOINT, ("--steps", str(FIRST_LEG_STEPS), "--save", str(ckpt)))
-    second = runner.run(CHECKPOINT, ("--steps", str(FIRST_LEG_STEPS), "--resume", str(ckpt)))
-    straight = runner.run(CHECKPOINT, ("--steps", str(2 * FIRST_LEG_STEPS)))
+    name, args, _ = first_leg(runner.workdir)
+    first = runner.run(name, args)
+    second = runner.run(
+        CHECKPOINT,
+        ("--steps", str(FIRST_LEG_STEPS), "--resume", str(runner.workdir / "leg1.pt")),
+    )
+    straight = runner.run(*straight_run()[:2])
 
     saved = first["saved_amp_state"]
     assert scaler_scale(saved) is not None, "the checkpoint holds no loss-scaler state"
     assert second["restored_amp_state"] == saved
     assert set(first["output_dtype"] + second["output_dtype"]) == {"torch.float16"}
     # The data depends only on the step, so the resumed leg repeats the uninterrupted run.
-    assert second["loss"] == pytest.approx(straight["loss"][FIRST_LEG_STEPS:], rel=1e-3, abs=1e-5)
+    assert second["loss"] == pytest.approx(
+        straight["loss"][FIRST_LEG_STEPS:], rel=1e-3, abs=1e-5
+    )
 
 
-def test_resume_from_apex_checkpoint(runner: Runner) -> None:
+def test_resume_from_checkpoints_written_by_apex(runner: Runner) -> None:
     import torch
 
-    ckpt = runner.workdir / "leg1-for-apex.pt"
-    runner.run(CHECKPOINT, ("--steps", "3", "--save", str(ckpt)))
-    checkpoint = torch.load(ckpt, map_location="cpu")
-    # What amp.state_dict() returned under Apex (one loss scaler, not its default values).
-    checkpoint["amp"] = {"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 7}}
-    apex_ckpt = runner.workdir / "apex-written.pt"
-    torch.save(checkpoint, apex_ckpt)
-
+    # The original script under the Apex shim writes amp.state_dict() in Apex's own format.
+    name, args, _ = apex_leg(runner.workdir)
+    runner.run(name, args, original=True)
+    apex_ckpt = runner.workdir / "written-by-apex.pt"
+    checkpoint = torch.load(apex_ckpt, map_location="cpu")
+    assert checkpoint["amp"] == {
+        "loss_scaler0": {"loss_scale": DEFAULT_INIT_SCALE, "unskipped": APEX_LEG_STEPS}
+    }
     resumed = runner.run(CHECKPOINT, ("--steps", "2", "--resume", str(apex_ckpt)))
-    restored = resumed["restored_amp_state"]
-    assert scaler_scale(restored) == 1024.0
-    assert restored.get("_growth_tracker", restored.get("loss_scaler0", {}).get("unskipped")) == 7
+    assert scaler_scale(resumed["restored_amp_state"]) == DEFAULT_INIT_SCALE
+    assert resumed["restored_amp_state"]["_growth_tracker"] == APEX_LEG_STEPS
     assert all(math.isfinite(loss) for loss in resumed["loss"])
+
+    # The same checkpoint after Apex had backed off: the scale must come back exactly.
+    checkpoint["amp"] = {"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 7}}
+    backed_off = runner.workdir / "written-by-apex-backed-off.pt"
+    torch.save(checkpoint, backed_off)
+    restored = runner.run(CHECKPOINT, ("--steps", "2", "--resume", str(backed_off)))[
+        "restored_amp_state"
+    ]
+    assert scaler_scale(restored) == 1024.0
+    assert restored["_growth_tracker"] == 7
