@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 
@@ -22,6 +21,8 @@ def write_atomic(path: Path, data: bytes, expected_stat: os.stat_result | None =
     followed so the link stays a link. With ``expected_stat`` (taken when the file
     was read), a file modified since is left alone and StaleFileError is raised.
     """
+    import tempfile  # noqa: PLC0415 - only runs that write pay for it
+
     target = Path(os.path.realpath(path))
     current = os.stat(target)
     if expected_stat is not None and (

@@ -17,11 +17,6 @@ from typing import Any
 
 from migrate.options import DEFAULT_SCALER_NAME, Options
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
 # Folders no one wants migrated: VCS metadata, virtual environments, caches, builds.
 # Gitignore-style patterns, so a bare name matches at any depth.
 DEFAULT_EXCLUDE: tuple[str, ...] = (
@@ -146,6 +141,10 @@ def _has_table(pyproject: Path) -> bool:
 
 
 def _read_toml(pyproject: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python 3.10 only
+        import tomli as tomllib
     try:
         with pyproject.open("rb") as stream:
             return tomllib.load(stream)

@@ -8,26 +8,28 @@ libcst) is imported only once some file passes the byte pre-filter.
 
 from __future__ import annotations
 
-import difflib
 import io
-import multiprocessing
 import os
 import stat
 import sys
-import tokenize
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from migrate import notebook as nb
 from migrate.atomic import StaleFileError, write_atomic
 from migrate.config import Config
 from migrate.discovery import Candidate, discover
 from migrate.findings import Finding
 from migrate.options import Options
 from migrate.prefilter import may_need_migration
+
+if TYPE_CHECKING:
+    import multiprocessing.context
+
+# Modules only some runs need (worker pools, diffs, notebooks) are imported where
+# they are used: a pre-commit run on one clean file has a budget of 0.1 s.
 
 # Below this much candidate source, starting worker processes costs more than it saves.
 _PARALLEL_MIN_BYTES = 256 * 1024
@@ -140,6 +142,8 @@ def _migrate_all(
     total_bytes = sum(len(task.data) for task in tasks)
     if jobs <= 1 or len(tasks) < 2 or total_bytes < _PARALLEL_MIN_BYTES:
         return [_tick(migrate_task(task), ticks) for task in tasks]
+    from concurrent.futures import ProcessPoolExecutor
+
     workers = min(jobs, len(tasks))
     with ProcessPoolExecutor(max_workers=workers, mp_context=_process_context()) as pool:
         chunk = max(1, len(tasks) // (workers * 4))
@@ -153,6 +157,8 @@ def _tick(result: FileResult, ticks: Iterator[None] | None) -> FileResult:
 
 
 def _process_context() -> multiprocessing.context.BaseContext:
+    import multiprocessing
+
     # fork shares the already imported engine with the workers; where it is not
     # available (Windows, macOS default) the platform's default is used.
     if sys.platform.startswith("linux"):
@@ -174,6 +180,8 @@ def migrate_task(task: _Task) -> FileResult:
 
 
 def _migrate_python(task: _Task) -> FileResult:
+    import tokenize
+
     from migrate.engine import InternalError, SourceSyntaxError, migrate_source
 
     candidate = task.candidate
@@ -240,6 +248,7 @@ def _place(path: str, finding: Finding, cell: int | None = None, line: int | Non
 
 
 def _migrate_notebook(task: _Task) -> FileResult:
+    from migrate import notebook as nb
     from migrate.engine import InternalError, SourceSyntaxError, migrate_source
 
     candidate = task.candidate
@@ -304,6 +313,8 @@ def _first_change(old: str, new: str) -> int:
 
 def unified_diff(old: str, new: str, name: str) -> str:
     """A unified diff that ``git apply`` / ``patch -p1`` accept, line endings kept."""
+    import difflib
+
     lines = difflib.unified_diff(
         old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{name}", f"b/{name}"
     )

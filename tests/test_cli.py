@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from migrate import runner
+from migrate import cli, runner
 from migrate.cli import main
 
 # The engine rewrites this (no finding)...
@@ -266,3 +267,32 @@ def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:
     )
     assert completed.returncode == 1
     assert "would migrate train.py" in completed.stderr
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_on_a_terminal_for_long_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    terminal = FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.delenv("CI", raising=False)
+    ticks = cli._progress_bar(300)
+    for _ in range(300):
+        next(ticks)
+    assert "ampmigrate" in terminal.getvalue() and "100%" in terminal.getvalue()
+
+
+@pytest.mark.parametrize("files, ci, terminal", [(300, "true", True), (300, None, False), (10, None, True)])
+def test_no_progress_bar_in_ci_pipes_or_short_runs(
+    monkeypatch: pytest.MonkeyPatch, files: int, ci: str | None, terminal: bool
+) -> None:
+    stream = FakeTerminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    assert list(cli._progress_bar(files)) == []
+    assert stream.getvalue() == ""

@@ -1,0 +1,98 @@
+"""Time one file as pre-commit runs it: `ampmigrate --check one_file.py`.
+
+Two files: one without Apex (the common case: the pre-filter answers without
+parsing) and one Apex training script. Beside them, on the same files: pyupgrade
+and `black --check` (install them for this bench only: pip install pyupgrade black).
+
+    python bench/precommit.py [--repeat 10]
+
+Targets (issue 4): at most 0.1 s without Apex, at most 0.5 s with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_amp.py"
+
+PLAIN = '''"""A data-loading module with no mixed precision in sight."""
+import os
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import Dataset
+
+
+@dataclass
+class Sample:
+    image: torch.Tensor
+    label: int
+
+
+class FolderDataset(Dataset):
+    def __init__(self, root: str) -> None:
+        self.paths = sorted(os.path.join(root, name) for name in os.listdir(root))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> Sample:
+        return Sample(torch.load(self.paths[index]), index % 10)
+'''
+
+
+def command_for(tool: str) -> list[str] | None:
+    """How to start ``tool``: its console script, else ``python -m``; None if absent."""
+    if tool == "ampmigrate":
+        script = shutil.which("ampmigrate")
+        return [script, "--check"] if script else [sys.executable, "-m", "migrate", "--check"]
+    if tool == "pyupgrade":
+        script = shutil.which("pyupgrade")
+        return [script, "--py310-plus"] if script else None
+    script = shutil.which("black")
+    return [script, "--check", "--quiet"] if script else None
+
+
+def wall_time(command: list[str], path: Path, repeat: int) -> float:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    times = []
+    for _ in range(repeat):
+        # Each run on a fresh copy: pyupgrade and black may rewrite or cache.
+        shutil.copy(path, path.with_name("copy_" + path.name))
+        start = time.perf_counter()
+        subprocess.run([*command, str(path.with_name("copy_" + path.name))], env=env, capture_output=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=10, help="runs per tool and file; the median is shown")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ampmigrate-precommit-") as folder:
+        plain = Path(folder) / "plain.py"
+        plain.write_text(PLAIN)
+        apex = Path(folder) / "train_amp.py"
+        apex.write_text(EXAMPLE.read_text())
+        print(f"{'tool':22} {'without Apex':>14} {'with Apex':>14}")
+        for tool in ("ampmigrate", "pyupgrade", "black"):
+            command = command_for(tool)
+            if command is None:
+                print(f"{tool:22} {'not installed':>14}")
+                continue
+            without, with_apex = (wall_time(command, path, args.repeat) for path in (plain, apex))
+            print(f"{tool:22} {without:13.3f}s {with_apex:13.3f}s")
+        print("targets for ampmigrate: <= 0.100 s without Apex, <= 0.500 s with it")
+
+
+if __name__ == "__main__":
+    main()
