@@ -134,6 +134,8 @@ def migrate_command(
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from None
+    if config.options.select is not None:
+        _check_rule_names(config.options.select)
 
     results = run(list(paths), config, progress=_progress_bar)
     report = Report(results, config)
@@ -157,6 +159,15 @@ def migrate_command(
     sys.exit(report.return_code)
 
 
+
+
+def _check_rule_names(selected: frozenset[str]) -> None:
+    """Unknown names in --select / select would silently run nothing: refuse them."""
+    from migrate.rules import RULE_NAMES  # noqa: PLC0415 - imports libcst: only when selecting
+
+    unknown = sorted(selected - set(RULE_NAMES))
+    if unknown:
+        raise click.UsageError(f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(RULE_NAMES)}")
 
 
 def _progress_bar(total: int) -> Iterator[None]:

@@ -201,6 +201,7 @@ def test_missing_path_is_an_error_but_the_rest_runs(tmp_path: Path, monkeypatch:
         ["--jobs", "0", "."],
         ["--output-format", "xml", "."],
         ["--no-such-option", "."],
+        ["--select", "torch_cuda_amp,no_such_rule", "."],
     ],
     ids=lambda args: args[0],
 )
@@ -209,6 +210,14 @@ def test_usage_errors_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ar
     result = invoke(tmp_path, monkeypatch, *args)
     assert result.exit_code == 2
     assert (tmp_path / "train.py").read_text() == AUTOCAST
+
+
+def test_select_runs_only_the_named_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make(tmp_path, {"train.py": AUTOCAST})
+    skipped = invoke(tmp_path, monkeypatch, "--check", "--select", "amp_initialize", ".")
+    assert skipped.exit_code == 0, skipped.output  # the torch.cuda.amp rule was not selected
+    selected = invoke(tmp_path, monkeypatch, "--check", "--select", "torch_cuda_amp", ".")
+    assert selected.exit_code == 1
 
 
 def test_help_names_the_default_command_and_verify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
