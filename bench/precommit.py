@@ -54,7 +54,11 @@ def command_for(tool: str) -> list[str] | None:
     """How to start ``tool``: its console script, else ``python -m``; None if absent."""
     if tool == "ampmigrate":
         script = shutil.which("ampmigrate")
-        return [script, "--check"] if script else [sys.executable, "-m", "migrate", "--check"]
+        return (
+            [script, "--check"]
+            if script
+            else [sys.executable, "-m", "migrate", "--check"]
+        )
     if tool == "pyupgrade":
         script = shutil.which("pyupgrade")
         return [script, "--py310-plus"] if script else None
@@ -63,20 +67,37 @@ def command_for(tool: str) -> list[str] | None:
 
 
 def wall_time(command: list[str], path: Path, repeat: int) -> float:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+        ),
+    }
     times = []
     for _ in range(repeat):
         # Each run on a fresh copy: pyupgrade and black may rewrite or cache.
         shutil.copy(path, path.with_name("copy_" + path.name))
         start = time.perf_counter()
-        subprocess.run([*command, str(path.with_name("copy_" + path.name))], env=env, capture_output=True)
+        subprocess.run(
+            [*command, str(path.with_name("copy_" + path.name))],
+            env=env,
+            capture_output=True,
+            check=False,
+        )
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=10, help="runs per tool and file; the median is shown")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=10,
+        help="runs per tool and file; the median is shown",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ampmigrate-precommit-") as folder:
         plain = Path(folder) / "plain.py"
@@ -89,7 +110,9 @@ def main() -> None:
             if command is None:
                 print(f"{tool:22} {'not installed':>14}")
                 continue
-            without, with_apex = (wall_time(command, path, args.repeat) for path in (plain, apex))
+            without, with_apex = (
+                wall_time(command, path, args.repeat) for path in (plain, apex)
+            )
             print(f"{tool:22} {without:13.3f}s {with_apex:13.3f}s")
         print("targets for ampmigrate: <= 0.100 s without Apex, <= 0.500 s with it")
 

@@ -70,7 +70,9 @@ class Block{index}_{block}(nn.Module):
 '''
 
 
-def generate(tree: Path, files: int, lines: int, apex_share: float) -> tuple[int, int, int]:
+def generate(
+    tree: Path, files: int, lines: int, apex_share: float
+) -> tuple[int, int, int]:
     """Write the tree; return (files, lines, files using Apex)."""
     every = max(1, round(1 / apex_share)) if apex_share > 0 else files + 1
     total_lines = apex_files = 0
@@ -88,7 +90,12 @@ def generate(tree: Path, files: int, lines: int, apex_share: float) -> tuple[int
             count += chunk.count("\n")
             block += 1
         text = "".join(parts)
-        path = tree / f"pkg{index // 100:02d}" / f"sub{index // 10 % 10}" / f"module_{index:05d}.py"
+        path = (
+            tree
+            / f"pkg{index // 100:02d}"
+            / f"sub{index // 10 % 10}"
+            / f"module_{index:05d}.py"
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         total_lines += text.count("\n")
@@ -113,41 +120,72 @@ def naive_libcst(tree: Path, jobs: int) -> float:
 
 
 def timed(command: list[str], expect: set[int]) -> float:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+        ),
+    }
     env.pop("CI", None)
     start = time.perf_counter()
-    completed = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    completed = subprocess.run(
+        command,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
     elapsed = time.perf_counter() - start
     if completed.returncode not in expect:
-        sys.exit(f"{' '.join(command)} exited {completed.returncode}: {completed.stderr[-2000:]}")
+        sys.exit(
+            f"{' '.join(command)} exited {completed.returncode}: {completed.stderr[-2000:]}"
+        )
     return elapsed
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--files", type=int, default=2500)
     parser.add_argument("--lines", type=int, default=200, help="lines per file")
     parser.add_argument("--apex-share", type=float, default=0.02)
-    parser.add_argument("--repeat", type=int, default=3, help="runs of ampmigrate and grep; the best is shown")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs of ampmigrate and grep; the best is shown",
+    )
     parser.add_argument("--keep", type=Path, help="generate the tree here and keep it")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="ampmigrate-bench-"))
     tree = args.keep or workdir / "tree"
     try:
-        files, lines, apex_files = generate(tree, args.files, args.lines, args.apex_share)
+        files, lines, apex_files = generate(
+            tree, args.files, args.lines, args.apex_share
+        )
         cores = os.cpu_count() or 1
-        print(f"tree: {files} files, {lines} lines, {apex_files} use Apex; {cores} cores")
+        print(
+            f"tree: {files} files, {lines} lines, {apex_files} use Apex; {cores} cores"
+        )
         ours = [sys.executable, "-m", "migrate", str(tree), "--check"]
         best_ours = min(timed(ours, {1}) for _ in range(args.repeat))
         best_serial = min(timed([*ours, "-j1"], {1}) for _ in range(args.repeat))
-        best_grep = min(timed(["grep", "-rl", "apex", str(tree)], {0}) for _ in range(args.repeat))
+        best_grep = min(
+            timed(["grep", "-rl", "apex", str(tree)], {0}) for _ in range(args.repeat)
+        )
         naive = naive_libcst(tree, cores)
         print(f"{'ampmigrate TREE --check':34} {best_ours:8.2f} s")
         print(f"{'ampmigrate TREE --check -j1':34} {best_serial:8.2f} s")
-        print(f"{'naive libcst parse+regenerate':34} {naive:8.2f} s  ({lines / naive:,.0f} lines/s on {cores} cores)")
+        print(
+            f"{'naive libcst parse+regenerate':34} {naive:8.2f} s  ({lines / naive:,.0f} lines/s on {cores} cores)"
+        )
         print(f"{'grep -rl apex':34} {best_grep:8.2f} s")
-        print(f"speed-up over naive libcst: {naive / best_ours:.1f}x (target >= 20x); target wall time <= 3 s")
+        print(
+            f"speed-up over naive libcst: {naive / best_ours:.1f}x (target >= 20x); target wall time <= 3 s"
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

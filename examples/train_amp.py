@@ -4,6 +4,7 @@ Try it: `ampmigrate examples/` prints the diff that moves it to torch.amp, and
 `ampmigrate examples/ --write` applies it. Runs on synthetic data; the Apex version
 needs a CUDA build of apex, the migrated one only torch.
 """
+
 import argparse
 
 import torch
@@ -14,7 +15,9 @@ from apex import amp
 
 def parse_args():
     parser = argparse.ArgumentParser(description="Apex amp training example")
-    parser.add_argument("--opt-level", default="O1", help="Apex optimization level: O0, O1, O2 or O3")
+    parser.add_argument(
+        "--opt-level", default="O1", help="Apex optimization level: O0, O1, O2 or O3"
+    )
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--clip-grad", type=float, default=5.0)
@@ -26,7 +29,9 @@ class TinyResNet(nn.Module):
         super().__init__()
         self.stem = nn.Conv2d(3, 16, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(16)
-        self.block = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1))
+        self.block = nn.Sequential(
+            nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1)
+        )
         self.head = nn.Linear(16, num_classes)
 
     def forward(self, x):
@@ -61,15 +66,23 @@ def train_epoch(model, optimizer, clip_grad):
 def main():
     args = parse_args()
     model = TinyResNet().cuda()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    model, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level, loss_scale="dynamic")
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4
+    )
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level=args.opt_level, loss_scale="dynamic"
+    )
 
     for epoch in range(args.epochs):
         loss = train_epoch(model, optimizer, args.clip_grad)
         print(f"epoch {epoch}: loss {loss:.4f}")
 
     torch.save(
-        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "amp": amp.state_dict()},
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "amp": amp.state_dict(),
+        },
         "checkpoint.pt",
     )
 

@@ -12,7 +12,9 @@ class StaleFileError(OSError):
     """The file changed on disk between reading it and writing the migrated text."""
 
 
-def write_atomic(path: Path, data: bytes, expected_stat: os.stat_result | None = None) -> None:
+def write_atomic(
+    path: Path, data: bytes, expected_stat: os.stat_result | None = None
+) -> None:
     """Replace the contents of ``path`` with ``data``, atomically.
 
     The bytes go to a temporary file in the same folder (so ``os.replace`` is a rename
@@ -21,12 +23,13 @@ def write_atomic(path: Path, data: bytes, expected_stat: os.stat_result | None =
     followed so the link stays a link. With ``expected_stat`` (taken when the file
     was read), a file modified since is left alone and StaleFileError is raised.
     """
-    import tempfile  # noqa: PLC0415 - only runs that write pay for it
+    import tempfile  # only runs that write pay for it
 
     target = Path(os.path.realpath(path))
     current = os.stat(target)
     if expected_stat is not None and (
-        current.st_mtime_ns != expected_stat.st_mtime_ns or current.st_size != expected_stat.st_size
+        current.st_mtime_ns != expected_stat.st_mtime_ns
+        or current.st_size != expected_stat.st_size
     ):
         raise StaleFileError(f"{path} changed on disk while it was being migrated")
     descriptor, temp_name = tempfile.mkstemp(
@@ -38,7 +41,9 @@ def write_atomic(path: Path, data: bytes, expected_stat: os.stat_result | None =
             temp_file.flush()
             os.fsync(temp_file.fileno())
         os.chmod(temp_name, stat.S_IMODE(current.st_mode))
-        if hasattr(os, "chown") and (current.st_uid, current.st_gid) != _owner(temp_name):
+        if hasattr(os, "chown") and (current.st_uid, current.st_gid) != _owner(
+            temp_name
+        ):
             # Only root may give a file away; for anyone else the new file keeps the
             # writer's ownership, as any editor's save would.
             with contextlib.suppress(PermissionError):

@@ -31,29 +31,49 @@ class DefaultGroup(click.Group):
     """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+        if (
+            args
+            and args[0] not in self.commands
+            and args[0] not in ("--help", "-h", "--version")
+        ):
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         formatter.write_usage(ctx.command_path, "[OPTIONS] PATH...")
-        formatter.write_usage(ctx.command_path, "verify [OPTIONS] ORIGINAL MIGRATED [-- SCRIPT_ARGS...]", prefix="       ")
+        formatter.write_usage(
+            ctx.command_path,
+            "verify [OPTIONS] ORIGINAL MIGRATED [-- SCRIPT_ARGS...]",
+            prefix="       ",
+        )
 
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_options(
+        self, ctx: click.Context, formatter: click.HelpFormatter
+    ) -> None:
         # The default command's options are the ones people need: show them here.
         migrate_command = self.commands[DEFAULT_COMMAND]
         sub_ctx = click.Context(migrate_command, info_name=ctx.info_name, **CONTEXT)  # type: ignore[arg-type]
-        params = [*migrate_command.get_params(sub_ctx), *(p for p in self.params if p.name == "version")]
-        records = [record for param in params if (record := param.get_help_record(sub_ctx))]
+        params = [
+            *migrate_command.get_params(sub_ctx),
+            *(p for p in self.params if p.name == "version"),
+        ]
+        records = [
+            record for param in params if (record := param.get_help_record(sub_ctx))
+        ]
         with formatter.section("Options"):
             formatter.write_dl(records)
         self.format_commands(ctx, formatter)
 
 
-CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+CONTEXT: dict[str, Any] = {
+    "help_option_names": ["-h", "--help"],
+    "max_content_width": 100,
+}
 
 
-@click.group("ampmigrate", cls=DefaultGroup, context_settings=CONTEXT, no_args_is_help=True)
+@click.group(
+    "ampmigrate", cls=DefaultGroup, context_settings=CONTEXT, no_args_is_help=True
+)
 @click.version_option(__version__, "--version", prog_name="ampmigrate")
 def main() -> None:
     """Migrate NVIDIA Apex mixed precision (apex.amp) to native torch.amp.
@@ -73,8 +93,18 @@ def main() -> None:
 
 @main.command(DEFAULT_COMMAND, context_settings=CONTEXT)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--diff", "diff", flag_value=True, default=None, help="Print a unified diff of the changes (the default).")
-@click.option("--check", is_flag=True, help="Write nothing; exit 1 if a file would change or needs review.")
+@click.option(
+    "--diff",
+    "diff",
+    flag_value=True,
+    default=None,
+    help="Print a unified diff of the changes (the default).",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Write nothing; exit 1 if a file would change or needs review.",
+)
 @click.option("--write", is_flag=True, help="Rewrite the files in place (atomically).")
 @click.option(
     "--output-format",
@@ -83,16 +113,57 @@ def main() -> None:
     show_default=True,
     help="text: diffs and findings; json; github: workflow annotations; sarif: SARIF 2.1.0.",
 )
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write a Markdown summary for a pull request to this file.")
-@click.option("-j", "--jobs", type=int, default=None, help="Parallel processes (default: all cores).")
-@click.option("--color/--no-color", default=None, help="Colour the diff (default: when stdout is a terminal).")
-@click.option("--device", default=None, help="Device type of the generated torch.autocast / GradScaler [default: cuda].")
-@click.option("--dtype", default=None, help="Autocast dtype: float16 or bfloat16 [default: float16].")
-@click.option("--scaler-name", default=None, help="Variable name of the generated GradScaler [default: scaler].")
-@click.option("--select", default=None, help="Comma-separated rule names to run (default: all).")
-@click.option("--exclude", multiple=True, help="Gitignore-style pattern to skip, replacing the default excludes (repeatable).")
-@click.option("--extend-exclude", multiple=True, help="Gitignore-style pattern to skip, in addition to the excludes (repeatable).")
-@click.option("--respect-gitignore/--no-respect-gitignore", default=None, help="Skip files .gitignore ignores [default: respect].")
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write a Markdown summary for a pull request to this file.",
+)
+@click.option(
+    "-j",
+    "--jobs",
+    type=int,
+    default=None,
+    help="Parallel processes (default: all cores).",
+)
+@click.option(
+    "--color/--no-color",
+    default=None,
+    help="Colour the diff (default: when stdout is a terminal).",
+)
+@click.option(
+    "--device",
+    default=None,
+    help="Device type of the generated torch.autocast / GradScaler [default: cuda].",
+)
+@click.option(
+    "--dtype",
+    default=None,
+    help="Autocast dtype: float16 or bfloat16 [default: float16].",
+)
+@click.option(
+    "--scaler-name",
+    default=None,
+    help="Variable name of the generated GradScaler [default: scaler].",
+)
+@click.option(
+    "--select", default=None, help="Comma-separated rule names to run (default: all)."
+)
+@click.option(
+    "--exclude",
+    multiple=True,
+    help="Gitignore-style pattern to skip, replacing the default excludes (repeatable).",
+)
+@click.option(
+    "--extend-exclude",
+    multiple=True,
+    help="Gitignore-style pattern to skip, in addition to the excludes (repeatable).",
+)
+@click.option(
+    "--respect-gitignore/--no-respect-gitignore",
+    default=None,
+    help="Skip files .gitignore ignores [default: respect].",
+)
 def migrate_command(
     paths: tuple[Path, ...],
     diff: bool | None,
@@ -111,8 +182,8 @@ def migrate_command(
     respect_gitignore: bool | None,
 ) -> None:
     """Migrate PATH... (files and folders) from Apex amp to torch.amp."""
-    from migrate.report import Report, dumps_json  # noqa: PLC0415 - keeps --help fast
-    from migrate.runner import run  # noqa: PLC0415
+    from migrate.report import Report, dumps_json  # keeps --help fast
+    from migrate.runner import run
 
     try:
         config = build_config(
@@ -127,7 +198,11 @@ def migrate_command(
             device=device,
             dtype=dtype,
             scaler_name=scaler_name,
-            select=frozenset(name.strip() for name in select.split(",") if name.strip()) if select is not None else None,
+            select=(
+                frozenset(name.strip() for name in select.split(",") if name.strip())
+                if select is not None
+                else None
+            ),
             exclude=exclude or None,
             extend_exclude=extend_exclude,
             respect_gitignore=respect_gitignore,
@@ -141,7 +216,12 @@ def migrate_command(
     report = Report(results, config)
     if config.output_format is OutputFormat.TEXT:
         for text, to_stderr in report.text_lines(config.color):
-            click.echo(text, nl=not text.endswith("\n"), err=to_stderr, color=None if to_stderr else config.color)
+            click.echo(
+                text,
+                nl=not text.endswith("\n"),
+                err=to_stderr,
+                color=None if to_stderr else config.color,
+            )
     elif config.output_format is OutputFormat.JSON:
         click.echo(dumps_json(report.to_json()), nl=False)
     elif config.output_format is OutputFormat.SARIF:
@@ -153,21 +233,24 @@ def migrate_command(
         try:
             config.report_path.write_text(report.markdown(), encoding="utf-8")
         except OSError as error:
-            click.echo(f"error: cannot write report {config.report_path}: {error.strerror or error}", err=True)
+            click.echo(
+                f"error: cannot write report {config.report_path}: {error.strerror or error}",
+                err=True,
+            )
             sys.exit(2)
     click.echo(report.summary(), err=True)
     sys.exit(report.return_code)
 
 
-
-
 def _check_rule_names(selected: frozenset[str]) -> None:
     """Unknown names in --select / select would silently run nothing: refuse them."""
-    from migrate.rules import RULE_NAMES  # noqa: PLC0415 - imports libcst: only when selecting
+    from migrate.rules import RULE_NAMES  # imports libcst: only when selecting
 
     unknown = sorted(selected - set(RULE_NAMES))
     if unknown:
-        raise click.UsageError(f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(RULE_NAMES)}")
+        raise click.UsageError(
+            f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(RULE_NAMES)}"
+        )
 
 
 def _progress_bar(total: int) -> Iterator[None]:
@@ -183,7 +266,9 @@ class _BarTicks:
     def __init__(self, total: int) -> None:
         self.total = total
         self.done = 0
-        self.bar: Any = click.progressbar(length=total, label="ampmigrate", file=sys.stderr)
+        self.bar: Any = click.progressbar(
+            length=total, label="ampmigrate", file=sys.stderr
+        )
         self.bar.__enter__()
 
     def __iter__(self) -> _BarTicks:
@@ -194,14 +279,19 @@ class _BarTicks:
         self.done += 1
         if self.done >= self.total:
             self.bar.__exit__(None, None, None)
-        return None
 
 
 @main.command("verify", context_settings=CONTEXT)
 @click.argument("original", type=click.Path(exists=True, dir_okay=False))
 @click.argument("migrated", type=click.Path(exists=True, dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Training steps to run each script.")
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="Training steps to run each script.",
+)
 @click.option(
     "--device",
     type=click.Choice(["auto", "cuda", "cpu"]),
@@ -209,13 +299,15 @@ class _BarTicks:
     show_default=True,
     help="Where to run both scripts (auto: cuda when available).",
 )
-def verify_command(original: str, migrated: str, script_args: Sequence[str], steps: int, device: str) -> None:
+def verify_command(
+    original: str, migrated: str, script_args: Sequence[str], steps: int, device: str
+) -> None:
     """Run ORIGINAL (under the Apex shim) and MIGRATED for a few steps and compare them.
 
     Arguments after `--` are passed to both scripts. Needs torch.
     """
     try:
-        from migrate.verify import run_cli  # noqa: PLC0415 - torch is imported only here
+        from migrate.verify import run_cli  # torch is imported only here
     except ImportError as error:
         raise click.UsageError(f"`ampmigrate verify` needs torch: {error}") from None
     sys.exit(run_cli(original, migrated, steps, device, tuple(script_args)))

@@ -71,11 +71,17 @@ class _Excludes:
         """``path`` is absolute; patterns apply relative to the project root when it
         contains ``path``, else relative to the folder the user named."""
         base = self.root if _is_under(path, self.root) else relative_to
-        relative = path.relative_to(base).as_posix() if _is_under(path, base) else path.name
+        relative = (
+            path.relative_to(base).as_posix() if _is_under(path, base) else path.name
+        )
         if self.spec is not None:
             return self.spec.match_file(relative + "/" if is_dir else relative)
         folders = relative.split("/") if is_dir else relative.split("/")[:-1]
-        return any(fnmatch.fnmatchcase(folder, name) for folder in folders for name in self.folder_names)
+        return any(
+            fnmatch.fnmatchcase(folder, name)
+            for folder in folders
+            for name in self.folder_names
+        )
 
     def gitignored(self, path: Path, is_dir: bool, top: Path) -> bool:
         """Whether a .gitignore between ``top`` and ``path``'s folder ignores ``path``."""
@@ -95,7 +101,11 @@ class _Excludes:
 @lru_cache(maxsize=4096)
 def _gitignore(folder: Path) -> GitIgnoreSpec | None:
     try:
-        lines = (folder / ".gitignore").read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = (
+            (folder / ".gitignore")
+            .read_text(encoding="utf-8", errors="replace")
+            .splitlines()
+        )
     except OSError:
         return None
     from pathspec import GitIgnoreSpec
@@ -115,7 +125,9 @@ def _gitignore_top(start: Path) -> Path:
     return start
 
 
-def discover(paths: list[Path], config: Config) -> tuple[list[Candidate], list[DiscoveryError]]:
+def discover(
+    paths: list[Path], config: Config
+) -> tuple[list[Candidate], list[DiscoveryError]]:
     """All files to migrate under ``paths``, sorted by display name and deduplicated."""
     excludes = _Excludes(config)
     found: dict[Path, Candidate] = {}
@@ -125,7 +137,10 @@ def discover(paths: list[Path], config: Config) -> tuple[list[Candidate], list[D
         if not os.path.lexists(absolute):
             errors.append(DiscoveryError(str(given), "no such file or directory"))
         elif absolute.is_dir():
-            if excludes.excluded(absolute, True, absolute) and absolute != excludes.root:
+            if (
+                excludes.excluded(absolute, True, absolute)
+                and absolute != excludes.root
+            ):
                 continue
             top = _gitignore_top(absolute)
             _walk(absolute, str(given), absolute, top, excludes, found, errors)
@@ -148,7 +163,9 @@ def _walk(
         with os.scandir(folder) as scan:
             entries = sorted(scan, key=lambda entry: entry.name)
     except OSError as error:
-        errors.append(DiscoveryError(display, f"cannot list folder: {error.strerror or error}"))
+        errors.append(
+            DiscoveryError(display, f"cannot list folder: {error.strerror or error}")
+        )
         return
     for entry in entries:
         path = folder / entry.name
@@ -157,11 +174,17 @@ def _walk(
             if (
                 excludes.excluded(path, True, root)
                 or excludes.gitignored(path, True, top)
-                or (path / "pyvenv.cfg").exists()  # a virtual environment under any name
+                or (
+                    path / "pyvenv.cfg"
+                ).exists()  # a virtual environment under any name
             ):
                 continue
             _walk(path, shown, root, top, excludes, found, errors)
-        elif path.suffix in SUFFIXES and entry.is_file():  # is_file() drops dangling links
-            if excludes.excluded(path, False, root) or excludes.gitignored(path, False, top):
+        elif (
+            path.suffix in SUFFIXES and entry.is_file()
+        ):  # is_file() drops dangling links
+            if excludes.excluded(path, False, root) or excludes.gitignored(
+                path, False, top
+            ):
                 continue
             found.setdefault(path, Candidate(path, shown))

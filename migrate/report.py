@@ -97,11 +97,15 @@ class Report:
                 yield f"error: {result.path}: {result.error}", True
                 continue
             if self.config.diff and result.diff:
-                yield colorize_diff(result.diff) if color is not False else result.diff, False
+                yield (
+                    colorize_diff(result.diff) if color is not False else result.diff
+                ), False
             for diagnostic in result.diagnostics:
                 yield diagnostic.format() + "\n", False
             if result.status is Status.CHANGED and not self.config.diff:
-                yield ("migrated " if result.written else "would migrate ") + result.path, True
+                yield (
+                    "migrated " if result.written else "would migrate "
+                ) + result.path, True
             elif result.status is Status.SKIPPED:
                 yield f"skipped {result.path} (# ampmigrate: skip)", True
 
@@ -112,7 +116,11 @@ class Report:
         return {
             "tool": "ampmigrate",
             "version": __version__,
-            "mode": "write" if self.config.write else "check" if self.config.check else "diff",
+            "mode": (
+                "write"
+                if self.config.write
+                else "check" if self.config.check else "diff"
+            ),
             "summary": {
                 "scanned": counts.scanned,
                 "changed": counts.changed,
@@ -156,15 +164,30 @@ class Report:
         """GitHub Actions workflow commands, one annotation per finding or file problem."""
         for result in self.results:
             if result.status is Status.FAILED:
-                yield _workflow_command("error", result.error, file=result.path, title="ampmigrate")
+                yield _workflow_command(
+                    "error", result.error, file=result.path, title="ampmigrate"
+                )
                 continue
             if result.status is Status.CHANGED and not result.written:
                 line = result.first_change
-                yield _workflow_command("warning", PENDING_MESSAGE, file=result.path, line=line, title="ampmigrate")
+                yield _workflow_command(
+                    "warning",
+                    PENDING_MESSAGE,
+                    file=result.path,
+                    line=line,
+                    title="ampmigrate",
+                )
             for d in result.diagnostics:
                 level = "notice" if d.fixed else "warning"
                 if d.cell is None:
-                    yield _workflow_command(level, d.message, file=d.path, line=d.line, col=d.column, title=d.code)
+                    yield _workflow_command(
+                        level,
+                        d.message,
+                        file=d.path,
+                        line=d.line,
+                        col=d.column,
+                        title=d.code,
+                    )
                 else:  # a notebook's JSON lines are not its cells' lines: name the cell instead
                     message = f"cell {d.cell}, line {d.line}: {d.message}"
                     yield _workflow_command(level, message, file=d.path, title=d.code)
@@ -179,7 +202,9 @@ class Report:
             {
                 "id": PENDING_RULE,
                 "name": "pending-rewrite",
-                "shortDescription": {"text": "The file uses Apex amp and can be rewritten automatically."},
+                "shortDescription": {
+                    "text": "The file uses Apex amp and can be rewritten automatically."
+                },
                 "defaultConfiguration": {"level": "warning"},
             }
         )
@@ -191,20 +216,47 @@ class Report:
                     {
                         "level": "error",
                         "message": {"text": f"{result.path}: {result.error}"},
-                        "locations": [{"physicalLocation": {"artifactLocation": _artifact(result.path)}}],
+                        "locations": [
+                            {
+                                "physicalLocation": {
+                                    "artifactLocation": _artifact(result.path)
+                                }
+                            }
+                        ],
                     }
                 )
                 continue
             if result.status is Status.CHANGED and not result.written:
                 line = result.first_change
                 results.append(
-                    _sarif_result(PENDING_RULE, rule_ids.index(PENDING_RULE), "warning", PENDING_MESSAGE, result.path, line)
+                    _sarif_result(
+                        PENDING_RULE,
+                        rule_ids.index(PENDING_RULE),
+                        "warning",
+                        PENDING_MESSAGE,
+                        result.path,
+                        line,
+                    )
                 )
             for d in result.diagnostics:
-                message = d.message if d.cell is None else f"cell {d.cell}, line {d.line}: {d.message}"
+                message = (
+                    d.message
+                    if d.cell is None
+                    else f"cell {d.cell}, line {d.line}: {d.message}"
+                )
                 index = rule_ids.index(d.code) if d.code in CODES else -1
                 line, column = (d.line, d.column) if d.cell is None else (None, None)
-                results.append(_sarif_result(d.code, index, "note" if d.fixed else "warning", message, d.path, line, column))
+                results.append(
+                    _sarif_result(
+                        d.code,
+                        index,
+                        "note" if d.fixed else "warning",
+                        message,
+                        d.path,
+                        line,
+                        column,
+                    )
+                )
         return {
             "$schema": SARIF_SCHEMA,
             "version": "2.1.0",
@@ -219,7 +271,10 @@ class Report:
                         }
                     },
                     "invocations": [
-                        {"executionSuccessful": not notifications, "toolExecutionNotifications": notifications}
+                        {
+                            "executionSuccessful": not notifications,
+                            "toolExecutionNotifications": notifications,
+                        }
                     ],
                     "results": results,
                 }
@@ -231,11 +286,21 @@ class Report:
     def markdown(self) -> str:
         """A summary for a pull request's description."""
         counts = self.counts
-        lines = ["# ampmigrate report", "", self.summary().removeprefix("ampmigrate: ") + ".", ""]
+        lines = [
+            "# ampmigrate report",
+            "",
+            self.summary().removeprefix("ampmigrate: ") + ".",
+            "",
+        ]
         migrated = [r for r in self.results if r.status is Status.CHANGED]
         review = [r for r in self.results if r.needs_review]
         failed = [r for r in self.results if r.status is Status.FAILED]
-        skipped = [r for r in self.results if r.status is Status.SKIPPED or any(d.code == "AMP050" for d in r.diagnostics)]
+        skipped = [
+            r
+            for r in self.results
+            if r.status is Status.SKIPPED
+            or any(d.code == "AMP050" for d in r.diagnostics)
+        ]
         numerics = [d for d in self.diagnostics if d.code in NUMERICS_CODES]
 
         verb = "Migrated" if self.config.write else "Would be migrated"
@@ -243,8 +308,12 @@ class Report:
         if migrated:
             for result in migrated:
                 notes = [d for d in result.diagnostics if d.fixed]
-                lines.append(f"- `{result.path}`" + (f": {len(notes)} note(s)" if notes else ""))
-                lines += [f"  - {_md_location(d)}: **{d.code}** {d.message}" for d in notes]
+                lines.append(
+                    f"- `{result.path}`" + (f": {len(notes)} note(s)" if notes else "")
+                )
+                lines += [
+                    f"  - {_md_location(d)}: **{d.code}** {d.message}" for d in notes
+                ]
         else:
             lines.append("No file needed rewriting.")
         lines.append("")
@@ -253,17 +322,25 @@ class Report:
         if review:
             for result in review:
                 lines.append(f"- `{result.path}`")
-                lines += [f"  - [ ] {_md_location(d)}: **{d.code}** {d.message}" for d in result.diagnostics if not d.fixed]
+                lines += [
+                    f"  - [ ] {_md_location(d)}: **{d.code}** {d.message}"
+                    for d in result.diagnostics
+                    if not d.fixed
+                ]
         elif failed or skipped:
             # Never claim a clean bill of health while some files went unchecked.
-            lines.append("No finding asks for review in the files that were processed; see below for the others.")
+            lines.append(
+                "No finding asks for review in the files that were processed; see below for the others."
+            )
         else:
             lines.append("Nothing: every Apex use found was migrated automatically.")
         lines.append("")
 
         if numerics:
             lines += ["## Where numerics can differ from Apex", ""]
-            lines += [f"- {_md_location(d)}: **{d.code}** {d.message}" for d in numerics]
+            lines += [
+                f"- {_md_location(d)}: **{d.code}** {d.message}" for d in numerics
+            ]
             lines += [
                 "",
                 "Run `ampmigrate verify ORIGINAL MIGRATED` to compare a few training steps of both versions.",
@@ -280,7 +357,10 @@ class Report:
                 if result.status is Status.SKIPPED:
                     lines.append(f"- `{result.path}` (whole file)")
                 else:
-                    lines.append(f"- `{result.path}`: " + ", ".join(_md_location(d) for d in where))
+                    lines.append(
+                        f"- `{result.path}`: "
+                        + ", ".join(_md_location(d) for d in where)
+                    )
             lines.append("")
         if counts.failed or counts.skipped:
             lines.append(
@@ -327,7 +407,11 @@ def _escape_property(text: str) -> str:
 
 
 def _workflow_command(level: str, message: str, **properties: object) -> str:
-    fields = ",".join(f"{key}={_escape_property(str(value))}" for key, value in properties.items() if value is not None)
+    fields = ",".join(
+        f"{key}={_escape_property(str(value))}"
+        for key, value in properties.items()
+        if value is not None
+    )
     return f"::{level} {fields}::{_escape_data(message)}"
 
 
@@ -350,7 +434,13 @@ def _sarif_rule(code: str) -> dict[str, Any]:
 
 
 def _sarif_result(
-    rule: str, index: int, level: str, message: str, path: str, line: int | None, column: int | None = None
+    rule: str,
+    index: int,
+    level: str,
+    message: str,
+    path: str,
+    line: int | None,
+    column: int | None = None,
 ) -> dict[str, Any]:
     location: dict[str, Any] = {"artifactLocation": _artifact(path)}
     if line is not None:

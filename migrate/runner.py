@@ -73,7 +73,9 @@ class FileResult:
     error: str = ""
     written: bool = False
     notebook: bool = False
-    first_change: int | None = None  # first line of the original that changes (Python files)
+    first_change: int | None = (
+        None  # first line of the original that changes (Python files)
+    )
 
     @property
     def needs_review(self) -> bool:
@@ -101,16 +103,31 @@ def run(
     parsing and advanced once per file (the CLI draws a bar with it).
     """
     candidates, errors = discover(paths, config)
-    results = [FileResult(error.display, Status.FAILED, error=error.reason) for error in errors]
+    results = [
+        FileResult(error.display, Status.FAILED, error=error.reason) for error in errors
+    ]
     tasks: list[_Task] = []
     for candidate in candidates:
         loaded = _read(candidate)
         if isinstance(loaded, FileResult):
             results.append(loaded)
         elif not may_need_migration(loaded[0]):
-            results.append(FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook))
+            results.append(
+                FileResult(
+                    candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook
+                )
+            )
         else:
-            tasks.append(_Task(candidate, loaded[0], loaded[1], config.options, config.write, config.diff))
+            tasks.append(
+                _Task(
+                    candidate,
+                    loaded[0],
+                    loaded[1],
+                    config.options,
+                    config.write,
+                    config.diff,
+                )
+            )
     results.extend(_migrate_all(tasks, config.jobs, progress))
     return sorted(results, key=lambda result: result.path)
 
@@ -128,7 +145,9 @@ def _read(candidate: Candidate) -> tuple[bytes, os.stat_result] | FileResult:
 
 
 def _failed(candidate: Candidate, reason: str) -> FileResult:
-    return FileResult(candidate.display, Status.FAILED, error=reason, notebook=candidate.is_notebook)
+    return FileResult(
+        candidate.display, Status.FAILED, error=reason, notebook=candidate.is_notebook
+    )
 
 
 def _migrate_all(
@@ -145,9 +164,14 @@ def _migrate_all(
     from concurrent.futures import ProcessPoolExecutor
 
     workers = min(jobs, len(tasks))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_process_context()) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=_process_context()
+    ) as pool:
         chunk = max(1, len(tasks) // (workers * 4))
-        return [_tick(result, ticks) for result in pool.map(migrate_task, tasks, chunksize=chunk)]
+        return [
+            _tick(result, ticks)
+            for result in pool.map(migrate_task, tasks, chunksize=chunk)
+        ]
 
 
 def _tick(result: FileResult, ticks: Iterator[None] | None) -> FileResult:
@@ -194,13 +218,19 @@ def _migrate_python(task: _Task) -> FileResult:
     try:
         result = migrate_source(text, task.options)
     except SourceSyntaxError as error:
-        line, column, message = _syntax_error_position(text, error.line, error.column, error.message)
-        return _failed(candidate, f"cannot parse: line {line}, column {column}: {message}")
+        line, column, message = _syntax_error_position(
+            text, error.line, error.column, error.message
+        )
+        return _failed(
+            candidate, f"cannot parse: line {line}, column {column}: {message}"
+        )
     except InternalError as error:
         return _failed(candidate, f"internal error, file not written: {error}")
     except RecursionError:
         return _failed(candidate, "cannot parse: nested too deeply")
-    diagnostics = tuple(_place(candidate.display, finding) for finding in result.findings)
+    diagnostics = tuple(
+        _place(candidate.display, finding) for finding in result.findings
+    )
     if result.skipped:
         return FileResult(candidate.display, Status.SKIPPED, diagnostics)
     if not result.changed:
@@ -211,16 +241,28 @@ def _migrate_python(task: _Task) -> FileResult:
     try:
         new_data = result.source.encode(encoding)  # utf-8-sig puts the BOM back
     except UnicodeEncodeError as error:
-        return _failed(candidate, f"internal error, file not written: cannot encode as {encoding}: {error}")
-    diff = unified_diff(text, result.source, candidate.display) if task.want_diff else ""
+        return _failed(
+            candidate,
+            f"internal error, file not written: cannot encode as {encoding}: {error}",
+        )
+    diff = (
+        unified_diff(text, result.source, candidate.display) if task.want_diff else ""
+    )
     if task.write:
         write_atomic(candidate.path, new_data, task.file_stat)
     return FileResult(
-        candidate.display, Status.CHANGED, diagnostics, diff, written=task.write, first_change=_first_change(text, result.source)
+        candidate.display,
+        Status.CHANGED,
+        diagnostics,
+        diff,
+        written=task.write,
+        first_change=_first_change(text, result.source),
     )
 
 
-def _syntax_error_position(text: str, line: int, column: int, message: str) -> tuple[int, int, str]:
+def _syntax_error_position(
+    text: str, line: int, column: int, message: str
+) -> tuple[int, int, str]:
     """Python's own parser places syntax errors better than libcst's: prefer it."""
     try:
         compile(text, "<input>", "exec", dont_inherit=True)
@@ -237,13 +279,23 @@ def _check_compiles(source: str, display: str) -> str:
     try:
         compile(source, display, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as error:
-        return f"internal error, file not written: migrated code does not compile: {error}"
+        return (
+            f"internal error, file not written: migrated code does not compile: {error}"
+        )
     return ""
 
 
-def _place(path: str, finding: Finding, cell: int | None = None, line: int | None = None) -> Diagnostic:
+def _place(
+    path: str, finding: Finding, cell: int | None = None, line: int | None = None
+) -> Diagnostic:
     return Diagnostic(
-        path, line if line is not None else finding.line, finding.column, finding.code, finding.message, finding.fixed, cell
+        path,
+        line if line is not None else finding.line,
+        finding.column,
+        finding.code,
+        finding.message,
+        finding.fixed,
+        cell,
     )
 
 
@@ -252,7 +304,10 @@ def _migrate_notebook(task: _Task) -> FileResult:
     from migrate.engine import InternalError, SourceSyntaxError, migrate_source
 
     candidate = task.candidate
-    failed = lambda reason: replace(_failed(candidate, reason), notebook=True)  # noqa: E731
+
+    def failed(reason: str) -> FileResult:
+        return replace(_failed(candidate, reason), notebook=True)
+
     try:
         notebook = nb.load(task.data)
         if not nb.is_python(notebook):
@@ -265,9 +320,13 @@ def _migrate_notebook(task: _Task) -> FileResult:
     try:
         result = migrate_source(program.text, task.options)
     except SourceSyntaxError as error:
-        position = _syntax_error_position(program.text, error.line, error.column, error.message)
+        position = _syntax_error_position(
+            program.text, error.line, error.column, error.message
+        )
         cell, line = program.locate(position[0])
-        return failed(f"cannot parse: cell {cell}, line {line}, column {position[1]}: {position[2]}")
+        return failed(
+            f"cannot parse: cell {cell}, line {line}, column {position[1]}: {position[2]}"
+        )
     except InternalError as error:
         return failed(f"internal error, file not written: {error}")
     except RecursionError:
@@ -289,18 +348,33 @@ def _migrate_notebook(task: _Task) -> FileResult:
         originals = {index: nb.cell_source(notebook.cells[index]) for index in sources}
         new_data = nb.dump(notebook, sources)
     except nb.NotebookError as error:
-        return failed(str(error) if error.args[0].startswith("internal") else f"not written: {error}")
+        return failed(
+            str(error)
+            if error.args[0].startswith("internal")
+            else f"not written: {error}"
+        )
     if not sources:
         return FileResult(candidate.display, Status.UNCHANGED, found, notebook=True)
     diff = ""
     if task.want_diff:
         diff = "".join(
-            unified_diff(originals[index], sources[index], f"{candidate.display}:cell {index + 1}")
+            unified_diff(
+                originals[index],
+                sources[index],
+                f"{candidate.display}:cell {index + 1}",
+            )
             for index in sorted(sources)
         )
     if task.write:
         write_atomic(candidate.path, new_data, task.file_stat)
-    return FileResult(candidate.display, Status.CHANGED, found, diff, written=task.write, notebook=True)
+    return FileResult(
+        candidate.display,
+        Status.CHANGED,
+        found,
+        diff,
+        written=task.write,
+        notebook=True,
+    )
 
 
 def _first_change(old: str, new: str) -> int:
@@ -316,7 +390,10 @@ def unified_diff(old: str, new: str, name: str) -> str:
     import difflib
 
     lines = difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{name}", f"b/{name}"
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        f"a/{name}",
+        f"b/{name}",
     )
     return "".join(_terminate(lines))
 

@@ -18,15 +18,23 @@ def cli(root: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> object:
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-def test_pyproject_is_found_by_walking_up_and_stops_at_the_repository(tmp_path: Path) -> None:
+def test_pyproject_is_found_by_walking_up_and_stops_at_the_repository(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "pyproject.toml").write_text("[tool.ampmigrate]\ndtype = 'bfloat16'\n")
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     (repo / "src/pkg").mkdir(parents=True)
-    assert find_pyproject([repo / "src/pkg"]) is None  # the one above the repository is not ours
-    (repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")  # no [tool.ampmigrate]: skipped
+    assert (
+        find_pyproject([repo / "src/pkg"]) is None
+    )  # the one above the repository is not ours
+    (repo / "pyproject.toml").write_text(
+        "[project]\nname = 'x'\n"
+    )  # no [tool.ampmigrate]: skipped
     (repo / "src/pyproject.toml").write_text("[tool.ampmigrate]\ndevice = 'cpu'\n")
-    assert find_pyproject([repo / "src/pkg", repo / "src"]) == repo / "src/pyproject.toml"
+    assert (
+        find_pyproject([repo / "src/pkg", repo / "src"]) == repo / "src/pyproject.toml"
+    )
 
 
 def test_settings_from_pyproject_and_command_line_wins(tmp_path: Path) -> None:
@@ -36,16 +44,28 @@ def test_settings_from_pyproject_and_command_line_wins(tmp_path: Path) -> None:
         "select = ['torch_cuda_amp']\nextend-exclude = ['legacy/']\n"
     )
     from_file = build_config([tmp_path])
-    assert (from_file.options.device, from_file.options.dtype, from_file.options.scaler_name) == (
+    assert (
+        from_file.options.device,
+        from_file.options.dtype,
+        from_file.options.scaler_name,
+    ) == (
         "cpu",
         "bfloat16",
         "grad_scaler",
     )
     assert from_file.options.select == frozenset({"torch_cuda_amp"})
-    assert from_file.exclude == DEFAULT_EXCLUDE and from_file.extend_exclude == ("legacy/",)
+    assert from_file.exclude == DEFAULT_EXCLUDE and from_file.extend_exclude == (
+        "legacy/",
+    )
     assert from_file.project_root == tmp_path
-    overridden = build_config([tmp_path], device="cuda", dtype="float16", scaler_name="s", select=frozenset())
-    assert (overridden.options.device, overridden.options.dtype, overridden.options.scaler_name) == (
+    overridden = build_config(
+        [tmp_path], device="cuda", dtype="float16", scaler_name="s", select=frozenset()
+    )
+    assert (
+        overridden.options.device,
+        overridden.options.dtype,
+        overridden.options.scaler_name,
+    ) == (
         "cuda",
         "float16",
         "s",
@@ -63,13 +83,17 @@ def test_settings_from_pyproject_and_command_line_wins(tmp_path: Path) -> None:
         ("respect-gitignore = 'yes'", "true or false"),
     ],
 )
-def test_invalid_settings_are_rejected(tmp_path: Path, table: str, message: str) -> None:
+def test_invalid_settings_are_rejected(
+    tmp_path: Path, table: str, message: str
+) -> None:
     (tmp_path / "pyproject.toml").write_text(f"[tool.ampmigrate]\n{table}\n")
     with pytest.raises(ConfigError, match=message):
         build_config([tmp_path])
 
 
-def test_bad_pyproject_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_pyproject_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "pyproject.toml").write_text("[tool.ampmigrate]\ndtype = 'float64'\n")
     (tmp_path / "a.py").write_text(AUTOCAST)
     result = cli(tmp_path, monkeypatch, "a.py")
@@ -80,7 +104,9 @@ def test_bad_pyproject_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.Monk
 def test_excludes_apply_to_folders_and_to_files_named_explicitly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "pyproject.toml").write_text("[tool.ampmigrate]\nextend-exclude = ['legacy/', 'gen_*.py']\n")
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.ampmigrate]\nextend-exclude = ['legacy/', 'gen_*.py']\n"
+    )
     for name in ("src/a.py", "legacy/old.py", "src/gen_model.py", "build/b.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(AUTOCAST)
@@ -98,7 +124,9 @@ def test_excludes_apply_to_folders_and_to_files_named_explicitly(
     assert "1 file scanned" in replaced.stderr  # type: ignore[attr-defined]
 
 
-def test_gitignore_is_respected_unless_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gitignore_is_respected_unless_disabled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / ".git").mkdir()
     (tmp_path / ".gitignore").write_text("generated/\n")
     (tmp_path / "pkg").mkdir()

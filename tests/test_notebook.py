@@ -14,7 +14,14 @@ from migrate.cli import main
 
 
 def code(source: str | list[str], **extra: Any) -> dict[str, Any]:
-    return {"cell_type": "code", "execution_count": 1, "metadata": {}, "outputs": [], "source": source, **extra}
+    return {
+        "cell_type": "code",
+        "execution_count": 1,
+        "metadata": {},
+        "outputs": [],
+        "source": source,
+        **extra,
+    }
 
 
 def markdown(source: str) -> dict[str, Any]:
@@ -24,7 +31,13 @@ def markdown(source: str) -> dict[str, Any]:
 def notebook_json(cells: list[dict[str, Any]], indent: int | None = 1) -> str:
     document = {
         "cells": cells,
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "metadata": {
+            "kernelspec": {
+                "display_name": "Python 3",
+                "language": "python",
+                "name": "python3",
+            }
+        },
         "nbformat": 4,
         "nbformat_minor": 5,
     }
@@ -38,7 +51,13 @@ CELLS = [
     code(["%matplotlib inline\n", "import torch\n", "!nvidia-smi"]),
     code("files = !ls\nmodel = torch.nn.Linear(2, 2)", outputs=[OUTPUT]),
     code("%%time\nwith torch.cuda.amp.autocast():\n    y = 1"),
-    code(["with torch.cuda.amp.autocast():\n", "    out = model(torch.ones(2))\n", "torch.ones?"]),
+    code(
+        [
+            "with torch.cuda.amp.autocast():\n",
+            "    out = model(torch.ones(2))\n",
+            "torch.ones?",
+        ]
+    ),
 ]
 
 
@@ -55,9 +74,16 @@ def test_program_joins_code_cells_and_hides_magics() -> None:
     compile(program.text, "<notebook>", "exec")
     assert "import torch" in program.text and "out = model(" in program.text
     assert "%%time" not in program.text and "%matplotlib" not in program.text
-    assert program.magics == ("%matplotlib inline", "!nvidia-smi", "files = !ls", "torch.ones?")
+    assert program.magics == (
+        "%matplotlib inline",
+        "!nvidia-smi",
+        "files = !ls",
+        "torch.ones?",
+    )
     assert program.locate(2) == (2, 2)  # `import torch`: cell 2, line 2
-    assert program.locate(program.text.splitlines().index("    out = model(torch.ones(2))") + 1) == (5, 2)
+    assert program.locate(
+        program.text.splitlines().index("    out = model(torch.ones(2))") + 1
+    ) == (5, 2)
 
 
 def test_unchanged_program_round_trips_to_no_changed_cells() -> None:
@@ -85,14 +111,24 @@ def test_write_migrates_only_the_changed_cell_and_keeps_the_rest(
     assert result.exit_code == 0, result.output
     written = (tmp_path / "train.ipynb").read_text(encoding="utf-8")
     expected_cells = json.loads(original)["cells"]
-    expected_cells[4]["source"] = ['with torch.autocast("cuda"):\n', "    out = model(torch.ones(2))\n", "torch.ones?"]
-    assert json.loads(written)["cells"] == expected_cells  # magics, outputs, %%time cell untouched
+    expected_cells[4]["source"] = [
+        'with torch.autocast("cuda"):\n',
+        "    out = model(torch.ones(2))\n",
+        "torch.ones?",
+    ]
+    assert (
+        json.loads(written)["cells"] == expected_cells
+    )  # magics, outputs, %%time cell untouched
     # Nothing but the one source line differs in the file itself.
-    changed = [line for line in written.splitlines() if line not in original.splitlines()]
+    changed = [
+        line for line in written.splitlines() if line not in original.splitlines()
+    ]
     assert changed == ['    "with torch.autocast(\\"cuda\\"):\\n",']
 
 
-def test_diff_and_findings_point_at_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_diff_and_findings_point_at_cells(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cells = [
         code("import torch\nfrom apex import amp"),
         markdown("text"),
@@ -105,7 +141,9 @@ def test_diff_and_findings_point_at_cells(tmp_path: Path, monkeypatch: pytest.Mo
     assert "nb.ipynb:cell 3:2:1: AMP032 " in result.stdout
 
 
-def test_syntax_error_names_the_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_syntax_error_names_the_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cells = [code("from apex import amp"), code("x = 1\nif x\n    pass")]
     (tmp_path / "nb.ipynb").write_text(notebook_json(cells), encoding="utf-8")
     result = run_cli(tmp_path, monkeypatch, "--check", "nb.ipynb")
@@ -113,9 +151,13 @@ def test_syntax_error_names_the_cell(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert "error: nb.ipynb: cannot parse: cell 2, line 2" in result.stderr
 
 
-def test_unusual_json_layout_is_not_rewritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unusual_json_layout_is_not_rewritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cells = [code("import torch\nwith torch.cuda.amp.autocast():\n    pass")]
-    odd = notebook_json(cells, indent=3).replace("\n", "\r\n")  # a layout json.dumps cannot reproduce
+    odd = notebook_json(cells, indent=3).replace(
+        "\n", "\r\n"
+    )  # a layout json.dumps cannot reproduce
     (tmp_path / "nb.ipynb").write_bytes(odd.encode())
     result = run_cli(tmp_path, monkeypatch, "--write", "nb.ipynb")
     assert result.exit_code == 2
@@ -123,7 +165,9 @@ def test_unusual_json_layout_is_not_rewritten(tmp_path: Path, monkeypatch: pytes
     assert (tmp_path / "nb.ipynb").read_bytes() == odd.encode()
 
 
-def test_non_python_kernel_and_invalid_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_non_python_kernel_and_invalid_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     r_notebook = json.loads(notebook_json([code("apex <- 1")]))
     r_notebook["metadata"] = {"kernelspec": {"language": "R", "name": "ir"}}
     (tmp_path / "r.ipynb").write_text(json.dumps(r_notebook, indent=1) + "\n")

