@@ -19,8 +19,9 @@ from migrate import __version__
 from migrate.config import ConfigError, OutputFormat, build_config
 
 DEFAULT_COMMAND = "migrate"
-# A progress bar is worth drawing only when this many files need parsing.
-_PROGRESS_MIN_FILES = 200
+# A progress bar is worth drawing only when this many files need parsing (about
+# 0.1 s each on one core).
+_PROGRESS_MIN_FILES = 40
 
 
 class DefaultGroup(click.Group):

@@ -389,11 +389,10 @@ def unified_diff(old: str, new: str, name: str) -> str:
     """A unified diff that ``git apply`` / ``patch -p1`` accept, line endings kept."""
     import difflib
 
+    # a/ and b/ prefixes let `git apply` take the diff; an absolute path has no such use.
+    before, after = (name, name) if os.path.isabs(name) else (f"a/{name}", f"b/{name}")
     lines = difflib.unified_diff(
-        old.splitlines(keepends=True),
-        new.splitlines(keepends=True),
-        f"a/{name}",
-        f"b/{name}",
+        old.splitlines(keepends=True), new.splitlines(keepends=True), before, after
     )
     return "".join(_terminate(lines))
 

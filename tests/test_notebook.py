@@ -124,6 +124,8 @@ def test_write_migrates_only_the_changed_cell_and_keeps_the_rest(
         line for line in written.splitlines() if line not in original.splitlines()
     ]
     assert changed == ['    "with torch.autocast(\\"cuda\\"):\\n",']
+    again = run_cli(tmp_path, monkeypatch, "--check", "train.ipynb")
+    assert again.exit_code == 0, again.output
 
 
 def test_diff_and_findings_point_at_cells(
