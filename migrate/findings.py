@@ -91,8 +91,8 @@ CODES: dict[str, Code] = {
     ),
     "AMP012": Code(
         "global-casting-gone",
-        "Apex O1 patched every op of the process, evaluation included; autocast was added "
-        "around the training forward pass only.",
+        "Apex O1 patched every op of the process, evaluation included; torch.autocast only "
+        "covers the regions it wraps.",
         "If evaluation or inference code relied on running in fp16, wrap it in "
         "`torch.autocast` too.",
         True,
@@ -114,8 +114,9 @@ CODES: dict[str, Code] = {
     ),
     "AMP022": Code(
         "scaler-not-reachable",
-        "The GradScaler created for amp.initialize cannot be reached from here without "
-        "changing code in other files.",
+        "The GradScaler that replaces amp.initialize is not reachable here: this code is "
+        "not in the function, class or call chain that creates it (or that amp.initialize "
+        "could not be migrated, see its own finding).",
         "Pass the scaler to this function (or store it on an object this code can reach) "
         "and use `scaler.scale(loss)`, `scaler.step(optimizer)`, `scaler.update()`.",
         False,
@@ -125,6 +126,15 @@ CODES: dict[str, Code] = {
         "amp is used here but amp.initialize is not called in this file, so there is no "
         "scaler to use.",
         "Migrate the file that calls amp.initialize first, then pass its GradScaler here.",
+        False,
+    ),
+    "AMP024": Code(
+        "clip-before-conditional-step",
+        "Gradients are clipped after every backward pass but the optimizer steps only on some "
+        "(gradient accumulation): GradScaler can unscale once per step, so the clip was not "
+        "migrated.",
+        "Move the clip under the step's condition, after `scaler.unscale_(optimizer)`: clip "
+        "the accumulated gradients once, just before `scaler.step(optimizer)`.",
         False,
     ),
     "AMP030": Code(

@@ -43,6 +43,8 @@ class Scaler:
     # autocast's `enabled=` when it differs from the scaler's, "off" for no autocast
     autocast_enabled: cst.BaseExpression | None | str
     static_scale: float | None
+    # created in a method that may not run: a disabled default stands in until it does
+    may_be_disabled: bool = False
     model_names: set[str] = field(default_factory=set)
     optimizers: set[str] = field(default_factory=set)
 
@@ -163,20 +165,27 @@ class AmpModel:
         """``scaler_for``, reporting AMP023 (no initialize) or AMP022 (out of reach) on failure."""
         found = self.scaler_for(node)
         if found is None:
-            self.ctx.report("AMP023" if not self.scalers else "AMP022", node)
+            migrated_nothing = not self.scalers and any(call.api == "initialize" for call in self.calls)
+            self.ctx.report("AMP023" if not self.scalers and not migrated_nothing else "AMP022", node)
         return found
 
     def _reach(self, scaler: Scaler, function: cst.FunctionDef | None) -> cst.BaseExpression | None:
-        """The scaler's expression inside ``function`` without new parameters, if any."""
+        """The scaler's expression inside ``function`` without new parameters, if any.
+
+        A closure sees what its enclosing functions see, so the enclosing chain counts.
+        """
         ctx = self.ctx
-        if scaler.klass is not None:
-            if function is not None and ctx.class_of_method(function) is scaler.klass:
-                owner = ctx.self_name(function)
-                if owner is not None:
-                    return cst.Attribute(cst.Name(owner), cst.Name(scaler.name))
-            return None
-        if scaler.function is function or scaler.function is None:
+        if scaler.function is None and scaler.klass is None:
             return cst.Name(scaler.name)
+        current = function
+        while current is not None:
+            if scaler.klass is not None:
+                if ctx.class_of_method(current) is scaler.klass:
+                    owner = ctx.self_name(current)
+                    return cst.Attribute(cst.Name(owner), cst.Name(scaler.name)) if owner else None
+            elif scaler.function is current:
+                return cst.Name(scaler.name)
+            current = ctx.function_of(current)
         return None
 
     def threadable(self, source: cst.FunctionDef, function: cst.FunctionDef | None, seen: frozenset = frozenset()) -> bool:
@@ -233,6 +242,8 @@ class AmpModel:
         enabled = scaler.enabled if scaler.autocast_enabled is None else scaler.autocast_enabled
         if enabled == "off":
             return None
+        if enabled is None and scaler.may_be_disabled:
+            enabled = syntax.attribute_call(access, "is_enabled")
         if isinstance(enabled, cst.BaseExpression):
             same_function = ctx.function_of(at) is scaler.function
             simple = isinstance(enabled, (cst.Name, cst.Attribute, cst.Comparison)) or (

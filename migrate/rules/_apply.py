@@ -117,6 +117,8 @@ class PlanApplier(cst.CSTTransformer):
         if isinstance(updated, cst.If) and isinstance(updated.orelse, cst.Else):
             if self._is_placeholder_block(updated.orelse.body):
                 updated = updated.with_changes(orelse=None)
+        if isinstance(updated, cst.If) and self._vacuous(updated.orelse):
+            updated = updated.with_changes(orelse=None)  # a trailing `elif` that emptied out
         if isinstance(original_node, (cst.IndentedBlock, cst.Module)):
             updated = self._rebuild_block(original_node, updated)  # type: ignore[arg-type]
         if isinstance(updated, cst.Module):
@@ -131,7 +133,7 @@ class PlanApplier(cst.CSTTransformer):
             and block.body[0] in self._placeholders
         )
 
-    def _vacuous(self, statement: cst.CSTNode) -> bool:
+    def _vacuous(self, statement: cst.CSTNode | None) -> bool:
         """An `if` whose body emptied out because its only content was migrated away."""
         return (
             isinstance(statement, cst.If)

@@ -191,7 +191,9 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
                     reported.add(id(binding.alias))
                     uses = references.get(binding.alias, [])
                     if any(name not in ctx.consumed for name in uses) or not uses:
-                        ctx.report("AMP040", binding.alias, f"{binding.target}: {_replacement(binding.target)}")
+                        # a star import has no alias of its own to point at
+                        anchor = binding.statement if isinstance(binding.statement.names, cst.ImportStar) else binding.alias
+                        ctx.report("AMP040", anchor, f"{binding.target}: {_replacement(binding.target)}")
                 elif binding.kind == "apex":
                     _report_apex_package_uses(ctx, binding, references)
 

@@ -101,33 +101,50 @@ def _alias_assignment(target: cst.BaseExpression, value: cst.BaseExpression) -> 
     return syntax.assign_statement(targets, values)
 
 
+_FLIPPED = {
+    cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal, cst.In: cst.NotIn, cst.NotIn: cst.In,
+    cst.Is: cst.IsNot, cst.IsNot: cst.Is,
+}
+
+
+def _negated(test: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and not test.lpar:
+        target = test.comparisons[0]
+        flipped = _FLIPPED.get(type(target.operator))
+        if flipped is not None:
+            return test.with_changes(comparisons=[target.with_changes(operator=flipped())])
+    if isinstance(test, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) and not test.lpar:
+        test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return cst.UnaryOperation(cst.Not(), test)
+
+
+def _reaching(ctx: ModuleContext, branch: cst.If) -> tuple[list[cst.BaseExpression], cst.If]:
+    """What must hold to reach ``branch`` (an `elif` follows failed tests), and the top `if`."""
+    parent = ctx.parent(branch)
+    if isinstance(parent, cst.If) and parent.orelse is branch:
+        conditions, top = _reaching(ctx, parent)
+        return [*conditions, _negated(parent.test)], top
+    return [], branch
+
+
 def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseExpression], cst.CSTNode]:
-    """Conditions of the `if`s that directly guard ``statement``, and the outermost one."""
+    """Conditions of the `if`/`elif`/`else` clauses around ``statement``, and the outermost `if`."""
     conditions: list[cst.BaseExpression] = []
-    outermost = statement
-    current = statement
+    outermost = current = statement
     while True:
         block = ctx.parent(current)
         owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
         if isinstance(owner, cst.If) and owner.body is block:
-            # an `elif` is an If nested in another If's orelse: its guard is not just its test
-            if isinstance(ctx.parent(owner), cst.If):
-                break
-            conditions.insert(0, owner.test)
-            outermost = current = owner
-            continue
-        if isinstance(owner, cst.Else) and isinstance(ctx.parent(owner), cst.If):
+            reaching, top = _reaching(ctx, owner)
+            conditions[:0] = [*reaching, owner.test]
+        elif isinstance(owner, cst.Else) and isinstance(ctx.parent(owner), cst.If):
             branch = ctx.parent(owner)
             assert isinstance(branch, cst.If)
-            if isinstance(ctx.parent(branch), cst.If):
-                break
-            test = branch.test
-            if isinstance(test, (cst.BooleanOperation, cst.IfExp, cst.Lambda)):
-                test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-            conditions.insert(0, cst.UnaryOperation(cst.Not(), test))
-            outermost = current = branch
-            continue
-        break
+            reaching, top = _reaching(ctx, branch)
+            conditions[:0] = [*reaching, _negated(branch.test)]
+        else:
+            break
+        outermost = current = top
     return conditions, outermost
 
 
@@ -200,6 +217,118 @@ def _conjunction(parts: list[cst.BaseExpression], level_code: str | None) -> cst
     return result
 
 
+def _scaler_arguments(
+    ctx: ModuleContext, initial_scale: float | None, enabled: cst.BaseExpression | None
+) -> list[cst.Arg]:
+    """The arguments of ``torch.amp.GradScaler("cuda", init_scale=..., enabled=...)``."""
+    args = [cst.Arg(syntax.string(ctx.options.device))]
+    if initial_scale is not None:
+        args.append(syntax.keyword("init_scale", cst.Float(repr(float(initial_scale)))))
+    if enabled is not None:
+        args.append(syntax.keyword("enabled", enabled))
+    return args
+
+
+def _in_branch_statements(ctx: ModuleContext, model: AmpModel) -> set[cst.CSTNode]:
+    """Training initializes of one function that sit in the clauses of one if/else chain."""
+    by_function: dict[cst.CSTNode | None, list[cst.CSTNode]] = {}
+    for use in model.of("initialize"):
+        bound = bind_arguments(use.call)
+        if bound is None or "optimizers" not in bound or literal(bound["optimizers"].value) is None:
+            continue
+        by_function.setdefault(ctx.function_of(use.call), []).append(ctx.statement_of(use.call))
+    found: set[cst.CSTNode] = set()
+    for statements in by_function.values():
+        if len(statements) > 1 and _exclusive_branches(ctx, statements):
+            found.update(statements)
+    return found
+
+
+def _default_in_init(ctx: ModuleContext, klass: cst.ClassDef, name: str) -> bool:
+    """Give ``self.<name>`` a disabled GradScaler at the start of ``__init__``.
+
+    The scaler is created in another method (``init_amp``), which may never run: the
+    fp32 path then still finds a scaler, one whose scale/step/update are plain no-ops.
+    """
+    init = next(
+        (n for n in klass.body.body if isinstance(n, cst.FunctionDef) and n.name.value == "__init__"),
+        None,
+    )
+    if init is None or not isinstance(init.body, cst.IndentedBlock) or not init.body.body:
+        return False
+    owner = ctx.self_name(init) or "self"
+    default = syntax.assign_statement(
+        cst.Attribute(cst.Name(owner), cst.Name(name)),
+        syntax.call(
+            "torch.amp.GradScaler",
+            [cst.Arg(syntax.string(ctx.options.device)), syntax.keyword("enabled", cst.Name("False"))],
+        ),
+    )
+    body = list(init.body.body)
+    index = 0
+    # after the docstring and the super().__init__() call, before anything that may use it
+    while index < len(body) and (_is_docstring(body[index]) or _calls_super_init(ctx, body[index])):
+        index += 1
+    if index < len(body):
+        ctx.plan.before[body[index]].append(default)
+    else:
+        ctx.plan.after[body[-1]].append(default)
+    return True
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _calls_super_init(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
+    if not (isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr)):
+        return False
+    call = statement.body[0].value
+    return (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "__init__"
+    )
+
+
+def _inside(ctx: ModuleContext, node: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
+    """Whether ``node`` runs in ``function`` itself or in a closure defined there."""
+    current = ctx.function_of(node)
+    while current is not None:
+        if current is function:
+            return True
+        current = ctx.function_of(current)
+    return function is None and ctx.function_of(node) is None
+
+
+def _exclusive_branches(ctx: ModuleContext, statements: list[cst.CSTNode]) -> bool:
+    """Each statement in its own clause of one `if`/`elif`/`else` chain that has an `else`."""
+    tops = set()
+    for statement in statements:
+        _, top = _guards(ctx, statement)
+        if top is statement:
+            return False
+        tops.add(top)
+    if len(tops) != 1:
+        return False
+    top = tops.pop()
+    assert isinstance(top, cst.If)
+    clauses: list[cst.CSTNode] = []
+    branch: cst.If | cst.Else | None = top
+    while isinstance(branch, cst.If):
+        clauses.append(branch.body)
+        branch = branch.orelse
+    if branch is None:
+        return False  # a path with no scaler at all
+    clauses.append(branch.body)
+    owners = [next(c for c in clauses if any(a is c for a in ctx.ancestors(s))) for s in statements]
+    return len(set(map(id, owners))) == len(owners) and not _guards(ctx, top)[0]
+
+
 def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     call = use.call
     statement = ctx.statement_of(call)
@@ -229,6 +358,18 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         else cst.Tuple([cst.Element(models), cst.Element(optimizers)])
     )
     alias = _alias_assignment(target, result) if target is not None else None
+    if (
+        isinstance(target, cst.Name)
+        and isinstance(result, cst.Tuple)
+        and isinstance(optimizers, (cst.Name, cst.Attribute))
+    ):
+        # Apex returned the model alone when the optimizers turned out to be None
+        value = cst.IfExp(
+            test=cst.Comparison(optimizers, [cst.ComparisonTarget(cst.IsNot(), cst.Name("None"))]),
+            body=result.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
+            orelse=models,
+        )
+        alias = syntax.assign_statement(target, value)
 
     # what the call asked for
     level_arg = bound.get("opt_level")
@@ -260,6 +401,9 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         elif not value:
             disabled = True
     guards, outermost = _guards(ctx, statement)
+    in_branch = statement in _in_branch_statements(ctx, model)
+    if in_branch:
+        guards, outermost = [], statement
     enabled_parts[:0] = [part for guard in guards for part in _apex_free_conjuncts(ctx, guard)]
     if level_expression is not None:
         enabled_parts.append(
@@ -292,9 +436,13 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         elif number is not None:
             static_scale = number
             ctx.report("AMP002", loss_scale_arg)
+    initial_scale = static_scale
     for name in ("min_loss_scale", "max_loss_scale"):
         if name in bound and literal(bound[name].value) is not None:
             ctx.report("AMP003", bound[name])
+    ceiling = literal(bound["max_loss_scale"].value) if "max_loss_scale" in bound else None
+    if static_scale is None and isinstance(ceiling, (int, float)) and ceiling < 2.0**16:
+        initial_scale = float(ceiling)  # Apex started at min(max_loss_scale, 2**16)
     if "num_losses" in bound and literal(bound["num_losses"].value) != 1:
         ctx.report("AMP004", bound["num_losses"])
     if "cast_model_outputs" in bound and literal(bound["cast_model_outputs"].value) is not None:
@@ -327,7 +475,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     elsewhere = [
         other for other in model.calls
         if other.api in _USES_NEEDING_SCALER
-        and ctx.function_of(other.call) is not function
+        and not _inside(ctx, other.call, function)
         and (other.api != "master_params" or in_clip(ctx, other.call))
     ]
     if function is not None and elsewhere:
@@ -345,6 +493,20 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         name = ctx.options.scaler_name if ctx.options.scaler_name in attributes else ctx.fresh_name(ctx.options.scaler_name)
     else:
         same_scope = [s for s in model.scalers if s.function is function and s.klass is None]
+        if same_scope and in_branch:
+            # another clause of the same if/else: it builds the same scaler its own way
+            if static_scale is not None or same_scope[0].static_scale is not None:
+                ctx.report("AMP005", call, "a static loss_scale in one branch only: GradScaler.update() "
+                           "cannot hold it there; set the scale by hand after update()")
+            level_code = normalized(level_expression) if level_expression is not None else None
+            branch_enabled = (
+                cst.Name("False") if disabled or scaling_off
+                else _conjunction(enabled_parts, level_code) if enabled_parts else None
+            )
+            args = _scaler_arguments(ctx, initial_scale, branch_enabled)
+            creation = syntax.assign_statement(cst.Name(same_scope[0].name), syntax.call("torch.amp.GradScaler", args))
+            ctx.plan.replace_statement[statement] = [*([alias] if alias is not None else []), creation]
+            return
         if same_scope:
             ctx.report("AMP010", call, "a second amp.initialize in the same function: it shares the first one's GradScaler")
             if alias is not None:
@@ -381,12 +543,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             scaler.model_names.add(dotted.split(".")[-1])
     model.scalers.append(scaler)
 
-    # GradScaler("cuda", init_scale=..., enabled=...)
-    args = [cst.Arg(syntax.string(ctx.options.device))]
-    if static_scale is not None:
-        args.append(syntax.keyword("init_scale", cst.Float(repr(float(static_scale)))))
-    if scaler_enabled is not None:
-        args.append(syntax.keyword("enabled", scaler_enabled))
+    args = _scaler_arguments(ctx, initial_scale, scaler_enabled)
     constructor = syntax.call("torch.amp.GradScaler", args)
     if klass is not None:
         assert function is not None
@@ -396,6 +553,8 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         scaler_target = cst.Name(name)
     creation = syntax.assign_statement(scaler_target, constructor)
     ctx.plan.needs_torch_import = True
+    if klass is not None and function is not None and function.name.value != "__init__":
+        scaler.may_be_disabled = _default_in_init(ctx, klass, name)
 
     replacement = [alias] if alias is not None else []
     if function is None and ctx.function_of(call) is not None:
