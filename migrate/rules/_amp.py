@@ -102,6 +102,12 @@ class AmpModel:
         self.other_attributes: list[cst.Attribute] = []  # amp.X that is not called
         self.calls_by_function_name: dict[str, list[cst.Call]] = defaultdict(list)
         self.scalers: list[Scaler] = []
+        # optimizer steps already rewritten (-> their optimizer key) and statements already
+        # followed by an update: several scalers may share one training step
+        self.steps: dict[cst.Call, str] = {}
+        self.updated: set[cst.CSTNode] = set()
+        # scale_loss calls that were migrated (their backward is now scaled by a GradScaler)
+        self.sites: list[cst.Call] = []
         self._threaded: dict[tuple[int, cst.FunctionDef], bool] = {}
         self._collect()
 
@@ -259,6 +265,46 @@ class AmpModel:
                 return None
         ctx.plan.needs_torch_import = True
         return cst.WithItem(syntax.call("torch.autocast", args))
+
+
+def optimizer_key(ctx: ModuleContext, expression: cst.BaseExpression, at: cst.CSTNode) -> str:
+    """The optimizer expression as a key, with a method's own ``self`` spelled ``self``."""
+    key = normalized(expression)
+    function = ctx.function_of(at)
+    if function is not None and ctx.class_of_method(function) is not None:
+        owner = ctx.self_name(function)
+        if owner and (key == owner or key.startswith(owner + ".")):
+            key = "self" + key[len(owner) :]
+    return key
+
+
+def _arm(ctx: ModuleContext, branch: cst.If, node: cst.CSTNode) -> bool | None:
+    """True when ``node`` is in ``branch``'s body, False in its else/elif, None outside."""
+    for ancestor in ctx.ancestors(node):
+        if ancestor is branch.body:
+            return True
+        if ancestor is branch.orelse:
+            return False
+        if ancestor is branch:
+            return None
+    return None
+
+
+def fp32_only(ctx: ModuleContext, step: cst.CSTNode, sites: list[cst.CSTNode]) -> bool:
+    """The step sits in an arm of an `if` whose other arm holds every scaled backward of
+    its function: it belongs to the fp32 path, which never touches the scaler."""
+    function = ctx.function_of(step)
+    local_sites = [site for site in sites if ctx.function_of(site) is function]
+    if not local_sites:
+        return False
+    for ancestor in ctx.ancestors(step):
+        if ancestor is function:
+            break
+        if isinstance(ancestor, cst.If):
+            side = _arm(ctx, ancestor, step)
+            if side is not None and all(_arm(ctx, ancestor, site) is (not side) for site in local_sites):
+                return True
+    return False
 
 
 def _is_none_fallback(ctx: ModuleContext, node: cst.Name) -> bool:

@@ -300,6 +300,7 @@ class ModuleContext:
         self._children = index.children
         self._nodes = index.nodes
         self._positions: dict[cst.CSTNode, object] | None = None
+        self._call_order: dict[int, int] | None = None
         self.plan = Plan()
         self.findings: list[Finding] = []
         # reference nodes (Names) whose Apex use has been rewritten away
@@ -356,6 +357,12 @@ class ModuleContext:
     def nodes_of(self, kind: type[_N]) -> list[_N]:
         """Every node of one indexed type (Call, Name, Decorator, ImportFrom, With), in source order."""
         return self._nodes.get(kind, [])  # type: ignore[return-value]
+
+    def order(self, node: cst.Call) -> int:
+        """Source-order index of a call (for "before" / "after" questions)."""
+        if self._call_order is None:
+            self._call_order = {id(call): index for index, call in enumerate(self.nodes_of(cst.Call))}
+        return self._call_order[id(node)]
 
     def children(self, node: cst.CSTNode) -> list[cst.CSTNode]:
         return self._children.get(node, [])

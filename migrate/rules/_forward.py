@@ -97,13 +97,14 @@ def is_autocast_with(node: cst.CSTNode) -> bool:
 
 
 def _is_boundary(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
+    """A backward, an optimizer step, amp set-up or an autocast region: not forward code."""
     for current in ctx.walk(statement, into_definitions=False):
         if isinstance(current, cst.Call):
             func = current.func
             if isinstance(func, cst.Attribute) and func.attr.value in _BOUNDARY_METHODS:
                 return True
             found = ctx.amp_api(func)
-            if found is not None and found[0] == "scale_loss":
+            if found is not None and found[0] in ("scale_loss", "initialize"):
                 return True
         if is_autocast_with(current):
             return True
@@ -116,14 +117,25 @@ def _calls(ctx: ModuleContext, statement: cst.CSTNode) -> Iterator[cst.Call]:
             yield current
 
 
+def _model_like(name: str, model_names: set[str]) -> bool:
+    lowered = name.lower()
+    return name in model_names or lowered.endswith(("model", "net")) or lowered.startswith("net")
+
+
 def _is_model_call(call: cst.Call, model_names: set[str]) -> bool:
+    """A call of a model (``model(x)``, ``self.net.forward(x)``) or a call handed one."""
     name = dotted_name(call.func)
-    if name is None:
-        return False
-    parts = name.split(".")
-    if parts[-1] in model_names:
-        return True
-    return len(parts) > 1 and parts[-1] in ("forward", "module") and parts[-2] in model_names
+    if name is not None:
+        parts = name.split(".")
+        if _model_like(parts[-1], model_names):
+            return True
+        if len(parts) > 1 and parts[-1] in ("forward", "module") and _model_like(parts[-2], model_names):
+            return True
+    for arg in call.args:
+        value = dotted_name(arg.value)
+        if value is not None and value.split(".")[-1] in model_names:
+            return True  # compute_loss(batch, model)
+    return False
 
 
 def _computes(call: cst.Call) -> bool:

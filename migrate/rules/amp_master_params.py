@@ -45,7 +45,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._amp import AmpCall, AmpModel, normalized
+from migrate.rules._amp import AmpCall, AmpModel, fp32_only, optimizer_key
 from migrate.rules._context import ModuleContext, dotted_name
 
 RULE = "amp_master_params"
@@ -99,6 +99,56 @@ def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode, clip: cst.Call
     return owner
 
 
+# calls that only collect or inspect the parameters, never their gradients
+_COLLECTING = frozenset({"list", "tuple", "set", "sorted", "len", "enumerate", "zip", "dict", "id", "print"})
+
+
+def _next_step(ctx: ModuleContext, model: AmpModel, node: cst.CSTNode, key: str | None) -> cst.Call | None:
+    """The first migrated ``step()`` after ``node`` in its function (of ``key``, if given)."""
+    function = ctx.function_of(node)
+    after = ctx.order(node) if isinstance(node, cst.Call) else -1
+    candidates = [
+        step
+        for step, stepped in model.steps.items()
+        if ctx.function_of(step) is function and ctx.order(step) > after and (key is None or stepped == key)
+    ]
+    return min(candidates, key=ctx.order, default=None)
+
+
+def _conditional_step(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call) -> bool:
+    """Whether ``step`` runs under an `if` that ``statement`` is not under (accumulation)."""
+    around = set(map(id, ctx.ancestors(statement)))
+    for ancestor in ctx.ancestors(step):
+        if id(ancestor) in around:
+            return False
+        if isinstance(ancestor, cst.If):
+            return True
+    return False
+
+
+def _unscale_before(
+    ctx: ModuleContext, model: AmpModel, node: cst.CSTNode, optimizer: cst.BaseExpression,
+    unscaled: set[tuple[int, str]],
+) -> bool:
+    """Plan ``scaler.unscale_(optimizer)`` before ``node``'s statement; False if impossible."""
+    statement = ctx.statement_of(node)
+    key = optimizer_key(ctx, optimizer, node)
+    step = _next_step(ctx, model, node, key)
+    if step is not None and _conditional_step(ctx, statement, step):
+        ctx.report("AMP024", node)
+        return False
+    found = model.reach(node)
+    if found is None:
+        return False
+    _, access = found
+    if (id(ctx.block_of(statement)), key) not in unscaled:
+        unscaled.add((id(ctx.block_of(statement)), key))
+        ctx.plan.before[statement].append(
+            syntax.expression_statement(syntax.attribute_call(access, "unscale_", [cst.Arg(optimizer.deep_clone())]))
+        )
+    return True
+
+
 def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[tuple[int, str]]) -> None:
     call = use.call
     if ctx.skipped(call):
@@ -111,43 +161,73 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
     optimizer = syntax.strip_parens(call.args[0].value)
     argument = ctx.parent(call)
     outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
-    if isinstance(outer, cst.Call) and _is_clip(outer.func):
-        found = model.reach(call)
-        if found is None:
-            return
-        _, access = found
+    outer_name = dotted_name(outer.func) if isinstance(outer, cst.Call) else None
+    reads_gradients = isinstance(outer, cst.Call) and (
+        _is_clip(outer.func)
+        or (outer_name not in _COLLECTING and _next_step(ctx, model, call, optimizer_key(ctx, optimizer, call)) is not None)
+    )
+    if reads_gradients:
+        assert isinstance(outer, cst.Call)
         statement = ctx.statement_of(call)
-        unscale = syntax.expression_statement(
-            syntax.attribute_call(access, "unscale_", [cst.Arg(optimizer.deep_clone())])
-        )
-        collapsible = _collapsible_else(ctx, statement, outer)
+        collapsible = _collapsible_else(ctx, statement, outer) if _is_clip(outer.func) else None
         if collapsible is not None:
+            found = model.reach(call)
+            if found is None:
+                return
+            unscale = syntax.expression_statement(
+                syntax.attribute_call(found[1], "unscale_", [cst.Arg(optimizer.deep_clone())])
+            )
             other = collapsible.orelse.body.body[0]  # type: ignore[union-attr]
             ctx.plan.replace_statement[collapsible] = [unscale, other.with_changes(leading_lines=())]
             ctx.consumed.add(use.base)
             return
-        key = (id(ctx.block_of(statement)), normalized(optimizer))
-        if key not in unscaled:
-            unscaled.add(key)
-            ctx.plan.before[statement].append(unscale)
-        only_argument = len(outer.args) == 1
+        if not _unscale_before(ctx, model, call, optimizer, unscaled):
+            return
         replacement = _parameters_of(optimizer)
-        if only_argument:
+        if len(outer.args) == 1:
             replacement = replacement.with_changes(lpar=[], rpar=[])
         ctx.plan.replace[call] = lambda _, r=replacement: r
-    elif (
-        isinstance(outer, cst.Call)
-        and dotted_name(outer.func) == "list"
-        and len(outer.args) == 1
-    ):
+    elif outer_name == "list" and len(outer.args) == 1:  # type: ignore[union-attr]
         ctx.plan.replace[outer] = lambda _, o=optimizer: _parameters_of(o, as_list=True)
     else:
-        lone_argument = isinstance(outer, cst.Call) and len(outer.args) == 1
         replacement = _parameters_of(optimizer)
-        if lone_argument:
+        if isinstance(outer, cst.Call) and len(outer.args) == 1:
             replacement = replacement.with_changes(lpar=[], rpar=[])
         ctx.plan.replace[call] = lambda _, r=replacement: r
     ctx.consumed.add(use.base)
+
+
+def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, unscaled: set[tuple[int, str]]) -> None:
+    """Clips of ``model.parameters()`` after a scaled backward also need ``unscale_``.
+
+    Apex had unscaled the gradients when ``scale_loss`` exited, so clipping the model's
+    own parameters was fine; with GradScaler they are still scaled until ``unscale_``.
+    """
+    if not model.sites:
+        return
+    site_functions = {ctx.function_of(site) for site in model.sites}
+    for clip in ctx.nodes_of(cst.Call):
+        if not _is_clip(clip.func) or any(
+            isinstance(n, cst.Call) and (found := ctx.amp_api(n.func)) is not None and found[0] == "master_params"
+            for n in ctx.walk(clip)
+        ):
+            continue
+        function = ctx.function_of(clip)
+        step = _next_step(ctx, model, clip, None)
+        if step is None or fp32_only(ctx, clip, model.sites):
+            continue
+        backward_at = [
+            ctx.order(call)
+            for call in ctx.nodes_of(cst.Call)
+            if ctx.function_of(call) is function
+            and (call in model.sites or (isinstance(call.func, cst.Name) and any(
+                f is not None and f.name.value == call.func.value for f in site_functions
+            )))
+        ]
+        if not backward_at or min(backward_at) > ctx.order(clip):
+            continue
+        optimizer = step.func.value  # type: ignore[attr-defined]
+        _unscale_before(ctx, model, clip, optimizer, unscaled)
 
 
 def plan(ctx: ModuleContext) -> None:
@@ -155,3 +235,4 @@ def plan(ctx: ModuleContext) -> None:
     unscaled: set[tuple[int, str]] = set()
     for use in model.of("master_params"):
         _plan_one(ctx, model, use, unscaled)
+    _plan_plain_clips(ctx, model, unscaled)

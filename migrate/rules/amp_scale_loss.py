@@ -51,7 +51,7 @@ from collections import defaultdict
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._amp import AmpCall, AmpModel, Scaler, normalized
+from migrate.rules._amp import AmpCall, AmpModel, Scaler, fp32_only, normalized, optimizer_key
 from migrate.rules._context import ModuleContext
 from migrate.rules._forward import forward_span, parameter_callers
 
@@ -74,17 +74,7 @@ def _optimizer_keys(ctx: ModuleContext, expression: cst.BaseExpression, at: cst.
         if isinstance(expression, (cst.List, cst.Tuple))
         else [expression]
     )
-    return {_self_normalized(ctx, element, at) for element in elements}
-
-
-def _self_normalized(ctx: ModuleContext, expression: cst.BaseExpression, at: cst.CSTNode) -> str:
-    key = normalized(expression)
-    function = ctx.function_of(at)
-    if function is not None and ctx.class_of_method(function) is not None:
-        owner = ctx.self_name(function)
-        if owner and (key == owner or key.startswith(owner + ".")):
-            key = "self" + key[len(owner) :]
-    return key
+    return {optimizer_key(ctx, element, at) for element in elements}
 
 
 def _scaled_loss_names(ctx: ModuleContext, with_node: cst.With, name: str) -> list[cst.Name]:
@@ -103,22 +93,34 @@ def _plan_autocast(
     loss: cst.BaseExpression, report_at: cst.CSTNode,
 ) -> None:
     span = forward_span(ctx, anchor, loss, scaler.model_names)
+    spans = [span] if span is not None else []
     if span is None:
         # the loss may be a parameter: `def backward(self, loss)` called as `self.backward(loss)`
+        # from several training steps; each caller's forward pass needs autocast
         function = ctx.function_of(anchor)
         root = loss
         while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):
             root = root.value if not isinstance(root, cst.Call) else root.func
         if function is not None and isinstance(root, cst.Name):
             for caller, argument in parameter_callers(ctx, function, root.value, model.calls_by_function_name):
-                span = forward_span(ctx, ctx.statement_of(caller), argument, scaler.model_names)
-                if span is not None:
-                    break
-    if span is None:
+                found = forward_span(ctx, ctx.statement_of(caller), argument, scaler.model_names)
+                if found is None:
+                    ctx.report("AMP020", caller)
+                else:
+                    spans.append(found)
+    if not spans:
         if scaler.autocast_enabled != "off":
             ctx.report("AMP020", report_at)
         return
-    first, last = span
+    for first, last in spans:
+        _wrap(ctx, model, scaler, access, first, last, report_at)
+
+
+def _wrap(
+    ctx: ModuleContext, model: AmpModel, scaler: Scaler, access: cst.BaseExpression,
+    first: cst.CSTNode, last: cst.CSTNode, report_at: cst.CSTNode,
+) -> None:
+    """Plan ``with torch.autocast(...)`` over first..last, merged with overlapping spans."""
     block = list(ctx.block_of(first).body)
     # merge with a span already planned in the same block when they overlap
     for other_first, (other_last, _) in list(ctx.plan.wrap.items()):
@@ -215,6 +217,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[i
         ctx.plan.replace_statement[branch] = [merged]
     ctx.plan.unwrap.add(with_node)
     ctx.consumed.add(use.base)
+    model.sites.append(call)
     managed[id(scaler)] |= _optimizer_keys(ctx, optimizers_arg.value, call)
     function = ctx.function_of(call)
     root = optimizers_arg.value
@@ -235,18 +238,31 @@ def _innermost_loop(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode | None
     return None
 
 
+def _site_callers(ctx: ModuleContext, model: AmpModel, functions: set[cst.FunctionDef | None]) -> set[cst.FunctionDef | None]:
+    """``functions`` and the module-level functions that (transitively) call them."""
+    result = set(functions)
+    frontier = [f for f in functions if f is not None]
+    while frontier:
+        function = frontier.pop()
+        for call in model.calls_by_function_name.get(function.name.value, []):
+            caller = ctx.function_of(call)
+            if caller not in result:
+                result.add(caller)
+                if caller is not None:
+                    frontier.append(caller)
+    return result
+
+
 def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[str],
                 sites: list[cst.CSTNode]) -> None:
-    """``opt.step()`` -> ``scaler.step(opt)``, then one ``scaler.update()`` per loop."""
-    functions = {ctx.function_of(site) for site in sites}
+    """``opt.step()`` -> ``scaler.step(opt)``, then one ``scaler.update()`` per iteration."""
+    functions = _site_callers(ctx, model, {ctx.function_of(site) for site in sites})
     if scaler.klass is not None:
-        functions |= {
-            node for node in scaler.klass.body.body if isinstance(node, cst.FunctionDef)
-        }
+        functions |= {node for node in scaler.klass.body.body if isinstance(node, cst.FunctionDef)}
     functions.add(scaler.function)
-    steps: list[tuple[cst.Call, cst.BaseExpression]] = []
+    created_at = ctx.order(scaler.initialize)
 
-    def _iterated_from(node: cst.CSTNode, optimizer: cst.BaseExpression) -> bool:
+    def iterated_from(node: cst.CSTNode, optimizer: cst.BaseExpression) -> bool:
         """`for opt in optimizers: opt.step()` where `optimizers` went to scale_loss."""
         if not isinstance(optimizer, cst.Name):
             return False
@@ -254,40 +270,48 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
             isinstance(loop, cst.For)
             and isinstance(loop.target, cst.Name)
             and loop.target.value == optimizer.value
-            and _self_normalized(ctx, loop.iter, node) in keys
+            and optimizer_key(ctx, loop.iter, node) in keys
             for loop in ctx.ancestors(node)
         )
 
+    steps: list[tuple[cst.Call, cst.BaseExpression]] = []
     for node in ctx.nodes_of(cst.Call):
         func = node.func
-        if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "step") or node in model.steps:
             continue
-        if ctx.function_of(node) not in functions:
+        function = ctx.function_of(node)
+        if function not in functions:
             continue
-        if _self_normalized(ctx, func.value, node) not in keys and not _iterated_from(node, func.value):
+        if optimizer_key(ctx, func.value, node) not in keys and not iterated_from(node, func.value):
+            continue
+        if function is scaler.function and ctx.order(node) < created_at:
+            continue  # a step before amp.initialize: no scaler exists yet
+        if fp32_only(ctx, node, sites):
             continue
         steps.append((node, func.value))
     if not steps:
-        ctx.report(
-            "AMP022",
-            sites[0],
-            "no step() of the optimizer passed to amp.scale_loss was found where the GradScaler is "
-            "reachable: call scaler.step(optimizer) and scaler.update() there",
-        )
+        if not any(ctx.function_of(step) in functions for step in model.steps):
+            ctx.report(
+                "AMP022",
+                sites[0],
+                "no step() of the optimizer passed to amp.scale_loss was found where the GradScaler is "
+                "reachable: call scaler.step(optimizer) and scaler.update() there",
+            )
         return
-    per_loop: dict[cst.CSTNode | None, list[cst.CSTNode]] = defaultdict(list)
+    per_loop: dict[cst.CSTNode | None, list[tuple[cst.CSTNode, str]]] = defaultdict(list)
     for step, optimizer in steps:
         if step.args:
             ctx.report("AMP021", step, "optimizer.step(closure): GradScaler does not support closures")
             continue
-        found = model.scaler_for(step)
+        found = model.reach(step)
         if found is None:
-            ctx.report("AMP022", step)
             continue
         _, access = found
         ctx.plan.replace[step] = lambda _, access=access, optimizer=optimizer: syntax.attribute_call(
             access.deep_clone(), "step", [cst.Arg(syntax.strip_parens(optimizer).deep_clone())]
         )
+        key = optimizer_key(ctx, optimizer, step)
+        model.steps[step] = key
         statement = ctx.statement_of(step)
         loop = _innermost_loop(ctx, step)
         if (
@@ -299,9 +323,12 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
             # `for opt in optimizers: opt.step()`: one update after the whole loop
             statement = ctx.statement_of(loop)
             loop = _innermost_loop(ctx, loop)
-        per_loop[loop].append(statement)
-    for statements in per_loop.values():
-        for anchor in _update_anchors(ctx, statements):
+        per_loop[loop].append((statement, key))
+    for stepped in per_loop.values():
+        for anchor in _update_anchors(ctx, stepped):
+            if anchor in model.updated:
+                continue
+            model.updated.add(anchor)
             found = model.scaler_for(anchor)
             assert found is not None
             _, access = found
@@ -325,13 +352,27 @@ def _branch_path(ctx: ModuleContext, statement: cst.CSTNode) -> list[tuple[cst.I
     return path[::-1]
 
 
-def _update_anchors(ctx: ModuleContext, statements: list[cst.CSTNode]) -> list[cst.CSTNode]:
-    """Where ``scaler.update()`` goes: once after the last step of one iteration.
+def _update_anchors(ctx: ModuleContext, stepped: list[tuple[cst.CSTNode, str]]) -> list[cst.CSTNode]:
+    """Where ``scaler.update()`` goes: after the last step of each iteration.
 
-    Steps in exclusive branches of an `if` each get their own update; otherwise the
-    update follows the statement (in the innermost block holding every step) that
-    contains the last step.
+    Steps in exclusive branches of an `if` each get their own update. Steps in one
+    block get one update after the last, or one more each time an optimizer steps a
+    second time (GradScaler allows one step per optimizer between updates).
     """
+    statements = [statement for statement, _ in stepped]
+    blocks = {id(ctx.block_of(statement)) for statement in statements}
+    if len(blocks) == 1:
+        anchors: list[cst.CSTNode] = []
+        seen: set[str] = set()
+        previous: cst.CSTNode | None = None
+        for statement, key in stepped:
+            if key in seen and previous is not None:
+                anchors.append(previous)
+                seen = set()
+            seen.add(key)
+            previous = statement
+        anchors.append(statements[-1])
+        return list(dict.fromkeys(anchors))
     paths = {statement: _branch_path(ctx, statement) for statement in statements}
     depth = 0
     while True:
@@ -346,12 +387,11 @@ def _update_anchors(ctx: ModuleContext, statements: list[cst.CSTNode]) -> list[c
         if len(sides) == 2 and all(len(p) > depth and p[depth][0] is node for p in paths.values()):
             anchors = []
             for side in (True, False):
-                group = [s for s, p in paths.items() if p[depth][1] is side]
+                group = [(s, k) for s, k in stepped if paths[s][depth][1] is side]
                 anchors.extend(_update_anchors(ctx, group))
             return anchors
     last = statements[-1]
-    blocks = [set(map(id, _blocks(ctx, s))) for s in statements]
-    common = set.intersection(*blocks)
+    common = set.intersection(*[set(map(id, _blocks(ctx, s))) for s in statements])
     for block in _blocks(ctx, last):  # innermost first
         if id(block) in common:
             current = last
