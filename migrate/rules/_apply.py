@@ -38,11 +38,44 @@ def _is_docstring(statement: cst.CSTNode) -> bool:
     )
 
 
+def _separator(items: Sequence[cst.Arg] | Sequence[cst.Param]) -> cst.BaseParenthesizableWhitespace:
+    """The whitespace between the existing items (one per line, or a space)."""
+    if len(items) >= 2 and isinstance(items[-2].comma, cst.Comma):
+        return items[-2].comma.whitespace_after
+    return cst.SimpleWhitespace(" ")
+
+
+def _orphaned_comments(
+    gone: cst.BaseStatement, replacement: Sequence[cst.BaseStatement]
+) -> list[cst.EmptyLine]:
+    """Comments inside a statement that goes away (``# enabled=False`` inside an
+    ``amp.initialize(...)`` call, the comment of a ``try:`` line) as lines of their own,
+    unless the replacement keeps them."""
+    found: list[str] = []
+
+    class Comments(cst.CSTVisitor):
+        def visit_Comment(self, node: cst.Comment) -> None:
+            found.append(node.value)
+
+    gone.with_changes(leading_lines=()).visit(Comments())
+    if not found:
+        return []
+    kept = "".join(cst.Module([]).code_for_node(statement) for statement in replacement)
+    return [cst.EmptyLine(comment=cst.Comment(value)) for value in found if value not in kept]
+
+
+def _guarded_imports(statement: cst.CSTNode) -> bool:
+    """``try: import x`` / ``if cond: import x`` blocks: part of the import section."""
+    if isinstance(statement, (cst.Try, cst.If)) and isinstance(statement.body, cst.IndentedBlock):
+        return bool(statement.body.body) and all(_is_import(s) for s in statement.body.body)
+    return False
+
+
 def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
     """Index just after the module's imports (and docstring), before its first definition."""
     position = 0
     for index, statement in enumerate(body):
-        if _is_import(statement) or (_is_docstring(statement) and index == 0):
+        if _is_import(statement) or _guarded_imports(statement) or (_is_docstring(statement) and index == 0):
             position = index + 1
         elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             break
@@ -90,9 +123,9 @@ class PlanApplier(cst.CSTTransformer):
             ]
             args = list(updated.args)
             if args and isinstance(args[-1].comma, cst.Comma):
-                # keep a trailing comma style: new arguments go after it
+                # keep a trailing comma style: new arguments go after it, laid out like the others
                 extra[-1] = extra[-1].with_changes(comma=args[-1].comma)
-                args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=_separator(args)))
             updated = updated.with_changes(args=[*args, *extra])
         if isinstance(updated, cst.FunctionDef) and original_node in plan.new_params:
             params = list(updated.params.params)
@@ -111,7 +144,8 @@ class PlanApplier(cst.CSTTransformer):
                 )
             if len(params) > 1 and isinstance(params[-2].comma, cst.Comma):
                 last_comma = params[-2].comma
-                params[-2] = params[-2].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                separator = _separator(params[:-1])
+                params[-2] = params[-2].with_changes(comma=cst.Comma(whitespace_after=separator))
                 params[-1] = params[-1].with_changes(comma=last_comma)
             updated = updated.with_changes(params=updated.params.with_changes(params=params))
         if isinstance(updated, cst.If) and isinstance(updated.orelse, cst.Else):
@@ -151,8 +185,10 @@ class PlanApplier(cst.CSTTransformer):
         leading = list(updated.leading_lines)
         if original in plan.replace_statement:
             middle = list(plan.replace_statement[original])
+            leading.extend(_orphaned_comments(updated, middle))
         elif original in plan.remove or self._vacuous(updated):
             middle = []
+            leading.extend(_orphaned_comments(updated, middle))
         elif original in plan.unwrap:
             assert isinstance(updated, cst.With)
             middle = list(updated.body.body)  # type: ignore[attr-defined]

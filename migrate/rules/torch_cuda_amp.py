@@ -21,7 +21,9 @@ After::
     scaler = torch.amp.GradScaler("cuda")
 
 Not rewritten
-    Uses that are not calls or decorators (passing ``torch.cuda.amp.autocast`` around).
+    Uses that are not calls or decorators (passing ``torch.cuda.amp.autocast`` around), and
+    calls inside an ``except`` clause: those are fallbacks for torch versions that lack
+    the new form.
 
 Safety
     Exact: the old forms are thin deprecated wrappers of the new ones (PyTorch 2.4
@@ -106,6 +108,11 @@ def _rewrite_call(device: str, obj: str, spelling: str, call: cst.Call) -> cst.C
     return None
 
 
+def _fallback(ctx: ModuleContext, node: cst.CSTNode) -> bool:
+    """Inside ``except``: a fallback for torch versions without the new form; keep it."""
+    return any(isinstance(ancestor, cst.ExceptHandler) for ancestor in ctx.ancestors(node))
+
+
 class _Finder:
     def __init__(self, ctx: ModuleContext) -> None:
         self.ctx = ctx
@@ -113,7 +120,7 @@ class _Finder:
     def visit_Call(self, node: cst.Call) -> None:
         ctx = self.ctx
         target = _deprecated_target(ctx, node.func)
-        if target is None or ctx.skipped(node):
+        if target is None or ctx.skipped(node) or _fallback(ctx, node):
             return
         device, obj, spelling = target
         if _rewrite_call(device, obj, spelling, node) is None:
