@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -66,26 +67,26 @@ def command_for(tool: str) -> list[str] | None:
     return [script, "--check", "--quiet"] if script else None
 
 
-def wall_time(command: list[str], path: Path, repeat: int) -> float:
+def wall_time(command: list[str], path: Path, repeat: int) -> tuple[float, float]:
+    """Median wall time and median CPU time (user + system, children included)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
             filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
         ),
     }
-    times = []
+    walls, cpus = [], []
     for _ in range(repeat):
         # Each run on a fresh copy: pyupgrade and black may rewrite or cache.
-        shutil.copy(path, path.with_name("copy_" + path.name))
+        copy = path.with_name("copy_" + path.name)
+        shutil.copy(path, copy)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        subprocess.run(
-            [*command, str(path.with_name("copy_" + path.name))],
-            env=env,
-            capture_output=True,
-            check=False,
-        )
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        subprocess.run([*command, str(copy)], env=env, capture_output=True, check=False)
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def main() -> None:
@@ -104,16 +105,17 @@ def main() -> None:
         plain.write_text(PLAIN)
         apex = Path(folder) / "train_amp.py"
         apex.write_text(EXAMPLE.read_text())
-        print(f"{'tool':22} {'without Apex':>14} {'with Apex':>14}")
+        print(
+            f"{'tool':12} {'without Apex (wall / cpu)':>28} {'with Apex (wall / cpu)':>28}"
+        )
         for tool in ("ampmigrate", "pyupgrade", "black"):
             command = command_for(tool)
             if command is None:
-                print(f"{tool:22} {'not installed':>14}")
+                print(f"{tool:12} {'not installed':>28}")
                 continue
-            without, with_apex = (
-                wall_time(command, path, args.repeat) for path in (plain, apex)
-            )
-            print(f"{tool:22} {without:13.3f}s {with_apex:13.3f}s")
+            cells = [wall_time(command, path, args.repeat) for path in (plain, apex)]
+            row = "".join(f"{f'{wall:.3f} s / {cpu:.3f} s':>29}" for wall, cpu in cells)
+            print(f"{tool:12}{row}")
         print("targets for ampmigrate: <= 0.100 s without Apex, <= 0.500 s with it")
 
 
