@@ -14,7 +14,6 @@ import fnmatch
 import os
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,12 +22,11 @@ from migrate.config import Config
 if TYPE_CHECKING:
     from pathspec import GitIgnoreSpec
 
-# "name/" or "*.egg-info/": a folder name at any depth. Patterns all of this shape
-# (the defaults are) are matched without importing pathspec, which costs a
-# pre-commit run on one file a noticeable share of its 0.1 s.
-_FOLDER_NAME_PATTERN = re.compile(r"^[^/!\\#]+/$")
-
 SUFFIXES = (".py", ".ipynb")
+# "name/" or "*.egg-info/": a folder name at any depth. When every pattern has this
+# shape (the defaults do) they are matched by folder name alone, without pathspec,
+# whose import costs a pre-commit run on one file a noticeable share of its 0.1 s.
+_FOLDER_NAME_PATTERN = re.compile(r"^[^/!\\#\[]+/$")
 
 
 @dataclass(frozen=True)
@@ -51,61 +49,55 @@ class DiscoveryError:
     reason: str
 
 
+# A .gitignore in force while walking: the folder it sits in, and its patterns.
+_Ignore = tuple[str, "GitIgnoreSpec"]
+
+
 class _Excludes:
-    """The project's exclude patterns plus, while traversing, the .gitignore files."""
+    """The project's exclude patterns, matched on paths relative to the project root."""
 
     def __init__(self, config: Config) -> None:
-        self.root = config.project_root.resolve()
+        self.root = str(config.project_root.resolve())
         patterns = [*config.exclude, *config.extend_exclude]
-        self.respect_gitignore = config.respect_gitignore
         self.spec: GitIgnoreSpec | None = None
-        self.folder_names: tuple[str, ...] = ()
+        self.folder_name: re.Pattern[str] | None = None
         if all(_FOLDER_NAME_PATTERN.match(pattern) for pattern in patterns):
-            self.folder_names = tuple(pattern[:-1] for pattern in patterns)
+            names = "|".join(fnmatch.translate(pattern[:-1]) for pattern in patterns)
+            self.folder_name = re.compile(names or "(?!)")
         else:
             from pathspec import GitIgnoreSpec
 
             self.spec = GitIgnoreSpec.from_lines(patterns)
 
-    def excluded(self, path: Path, is_dir: bool, relative_to: Path) -> bool:
-        """``path`` is absolute; patterns apply relative to the project root when it
-        contains ``path``, else relative to the folder the user named."""
-        base = self.root if _is_under(path, self.root) else relative_to
-        relative = (
-            path.relative_to(base).as_posix() if _is_under(path, base) else path.name
-        )
+    def relative(self, path: str, fallback_base: str) -> str:
+        """``path`` relative to the project root, or to ``fallback_base`` outside it."""
+        for base in (self.root, fallback_base):
+            if path.startswith(base + os.sep):
+                return path[len(base) + 1 :].replace(os.sep, "/")
+        return os.path.basename(path)
+
+    def excluded(self, relative: str, is_dir: bool) -> bool:
+        """Whether the patterns exclude this root-relative path (or a folder above it)."""
         if self.spec is not None:
             return self.spec.match_file(relative + "/" if is_dir else relative)
+        assert self.folder_name is not None
         folders = relative.split("/") if is_dir else relative.split("/")[:-1]
-        return any(
-            fnmatch.fnmatchcase(folder, name)
-            for folder in folders
-            for name in self.folder_names
-        )
+        return any(self.folder_name.match(folder) for folder in folders)
 
-    def gitignored(self, path: Path, is_dir: bool, top: Path) -> bool:
-        """Whether a .gitignore between ``top`` and ``path``'s folder ignores ``path``."""
-        if not self.respect_gitignore:
-            return False
-        for folder in path.parents:
-            spec = _gitignore(folder)
-            if spec is not None:
-                relative = path.relative_to(folder).as_posix()
-                if spec.match_file(relative + "/" if is_dir else relative):
-                    return True
-            if folder == top:
-                break
-        return False
+    def excluded_entry(self, relative: str, name: str, is_dir: bool) -> bool:
+        """The same for an entry met while walking, whose parents were already checked."""
+        if self.spec is not None:
+            return self.spec.match_file(relative + "/" if is_dir else relative)
+        assert self.folder_name is not None
+        return is_dir and self.folder_name.match(name) is not None
 
 
-@lru_cache(maxsize=4096)
-def _gitignore(folder: Path) -> GitIgnoreSpec | None:
+def _load_gitignore(folder: str) -> GitIgnoreSpec | None:
     try:
-        lines = (
-            (folder / ".gitignore")
-            .read_text(encoding="utf-8", errors="replace")
-            .splitlines()
-        )
+        with open(
+            os.path.join(folder, ".gitignore"), encoding="utf-8", errors="replace"
+        ) as f:
+            lines = f.read().splitlines()
     except OSError:
         return None
     from pathspec import GitIgnoreSpec
@@ -113,16 +105,32 @@ def _gitignore(folder: Path) -> GitIgnoreSpec | None:
     return GitIgnoreSpec.from_lines(lines)
 
 
-def _is_under(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
+def _gitignored(path: str, is_dir: bool, ignores: tuple[_Ignore, ...]) -> bool:
+    for folder, spec in ignores:
+        relative = path[len(folder) + 1 :].replace(os.sep, "/")
+        if spec.match_file(relative + "/" if is_dir else relative):
+            return True
+    return False
 
 
-def _gitignore_top(start: Path) -> Path:
-    """The repository root above ``start`` (.gitignore files count up to there), or ``start``."""
-    for folder in (start, *start.parents):
-        if (folder / ".git").exists():
-            return folder
-    return start
+def _ancestor_ignores(folder: str) -> tuple[_Ignore, ...]:
+    """The .gitignore files above ``folder`` up to its repository root (none outside one)."""
+    chain = []
+    current = folder
+    while True:
+        chain.append(current)
+        if os.path.exists(os.path.join(current, ".git")):
+            break
+        parent = os.path.dirname(current)
+        if parent == current:
+            return ()  # not in a git repository: only .gitignore files met while walking count
+        current = parent
+    ignores = []
+    for ancestor in reversed(chain[1:]):
+        spec = _load_gitignore(ancestor)
+        if spec is not None:
+            ignores.append((ancestor, spec))
+    return tuple(ignores)
 
 
 def discover(
@@ -130,61 +138,58 @@ def discover(
 ) -> tuple[list[Candidate], list[DiscoveryError]]:
     """All files to migrate under ``paths``, sorted by display name and deduplicated."""
     excludes = _Excludes(config)
-    found: dict[Path, Candidate] = {}
+    found: dict[str, Candidate] = {}
     errors: list[DiscoveryError] = []
     for given in paths:
-        absolute = Path(os.path.abspath(given))
+        absolute = os.path.abspath(given)
         if not os.path.lexists(absolute):
             errors.append(DiscoveryError(str(given), "no such file or directory"))
-        elif absolute.is_dir():
-            if (
-                excludes.excluded(absolute, True, absolute)
-                and absolute != excludes.root
-            ):
-                continue
-            top = _gitignore_top(absolute)
-            _walk(absolute, str(given), absolute, top, excludes, found, errors)
-        elif not excludes.excluded(absolute, False, absolute.parent):
-            found.setdefault(absolute, Candidate(absolute, str(given)))
+        elif os.path.isdir(absolute):
+            ignores = _ancestor_ignores(absolute) if config.respect_gitignore else ()
+            walk = _Walk(excludes, absolute, config.respect_gitignore, found, errors)
+            walk.folder(absolute, os.path.normpath(given), ignores)
+        elif not excludes.excluded(
+            excludes.relative(absolute, os.path.dirname(absolute)), False
+        ):
+            found.setdefault(absolute, Candidate(Path(absolute), str(given)))
     candidates = sorted(found.values(), key=lambda candidate: candidate.display)
     return candidates, sorted(errors, key=lambda error: error.display)
 
 
-def _walk(
-    folder: Path,
-    display: str,
-    root: Path,
-    top: Path,
-    excludes: _Excludes,
-    found: dict[Path, Candidate],
-    errors: list[DiscoveryError],
-) -> None:
-    try:
-        with os.scandir(folder) as scan:
-            entries = sorted(scan, key=lambda entry: entry.name)
-    except OSError as error:
-        errors.append(
-            DiscoveryError(display, f"cannot list folder: {error.strerror or error}")
-        )
-        return
-    for entry in entries:
-        path = folder / entry.name
-        shown = os.path.normpath(os.path.join(display, entry.name))
-        if entry.is_dir(follow_symlinks=False):
-            if (
-                excludes.excluded(path, True, root)
-                or excludes.gitignored(path, True, top)
-                or (
-                    path / "pyvenv.cfg"
-                ).exists()  # a virtual environment under any name
+@dataclass
+class _Walk:
+    excludes: _Excludes
+    root: str
+    respect_gitignore: bool
+    found: dict[str, Candidate]
+    errors: list[DiscoveryError]
+
+    def folder(self, folder: str, display: str, ignores: tuple[_Ignore, ...]) -> None:
+        try:
+            with os.scandir(folder) as scan:
+                entries = sorted(scan, key=lambda entry: entry.name)
+        except OSError as error:
+            reason = f"cannot list folder: {error.strerror or error}"
+            self.errors.append(DiscoveryError(display, reason))
+            return
+        if self.respect_gitignore and any(e.name == ".gitignore" for e in entries):
+            spec = _load_gitignore(folder)
+            if spec is not None:
+                ignores = (*ignores, (folder, spec))
+        for entry in entries:
+            path = entry.path
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if not is_dir and not entry.name.endswith(SUFFIXES):
+                continue
+            relative = self.excludes.relative(path, self.root)
+            if self.excludes.excluded_entry(relative, entry.name, is_dir) or (
+                ignores and _gitignored(path, is_dir, ignores)
             ):
                 continue
-            _walk(path, shown, root, top, excludes, found, errors)
-        elif (
-            path.suffix in SUFFIXES and entry.is_file()
-        ):  # is_file() drops dangling links
-            if excludes.excluded(path, False, root) or excludes.gitignored(
-                path, False, top
-            ):
-                continue
-            found.setdefault(path, Candidate(path, shown))
+            shown = display + "/" + entry.name if display != "." else entry.name
+            if is_dir:
+                # A virtual environment under any name has a pyvenv.cfg.
+                if not os.path.exists(os.path.join(path, "pyvenv.cfg")):
+                    self.folder(path, shown, ignores)
+            elif entry.is_file():  # follows file symlinks; drops dangling ones
+                self.found.setdefault(path, Candidate(Path(path), shown))
