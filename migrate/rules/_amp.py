@@ -194,16 +194,42 @@ class AmpModel:
             current = ctx.function_of(current)
         return None
 
-    def threadable(self, source: cst.FunctionDef, function: cst.FunctionDef | None, seen: frozenset = frozenset()) -> bool:
-        """Whether every call chain into ``function`` starts in ``source`` (no edits)."""
-        ctx = self.ctx
-        if function is source:
+    def reachable(self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, node: cst.CSTNode) -> bool:
+        """Whether a scaler created in ``home`` (on ``self`` when ``klass``) can serve ``node``:
+        directly, from a closure, or through parameters threaded from its callers. No edits."""
+        if home is None and klass is None:
             return True
-        if function is None or function in seen or not isinstance(ctx.parent(function), cst.Module):
+        function = self.ctx.function_of(node)
+        return self._sees(home, klass, function) or (
+            function is not None and self._threadable(home, klass, function, frozenset())
+        )
+
+    def _sees(self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, function: cst.FunctionDef | None) -> bool:
+        current = function
+        while current is not None:
+            if (klass is not None and self.ctx.class_of_method(current) is klass) or (klass is None and current is home):
+                return True
+            current = self.ctx.function_of(current)
+        return False
+
+    def _threadable(
+        self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, function: cst.FunctionDef, seen: frozenset
+    ) -> bool:
+        ctx = self.ctx
+        params = function.params
+        if (
+            function in seen
+            or not isinstance(ctx.parent(function), cst.Module)
+            or isinstance(params.star_arg, cst.Param)
+            or params.kwonly_params
+            or params.posonly_params
+        ):
             return False
         callers = self.calls_by_function_name.get(function.name.value, [])
         return bool(callers) and all(
-            self.threadable(source, ctx.function_of(call), seen | {function}) for call in callers
+            self._sees(home, klass, (caller := ctx.function_of(call)))
+            or (caller is not None and self._threadable(home, klass, caller, seen | {function}))
+            for call in callers
         )
 
     def _thread(self, scaler: Scaler, function: cst.FunctionDef, visiting: set[cst.FunctionDef]) -> bool:

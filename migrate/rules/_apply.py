@@ -278,8 +278,8 @@ class PlanApplier(cst.CSTTransformer):
             statement = cst.parse_statement("import torch\n")
             if position < len(body) and position > 0 and not _is_import(body[position]):
                 statement = statement.with_changes(leading_lines=[cst.EmptyLine()])
-            if position < len(body):
-                # keep the comments that headed the first statement above the new import
+            if position < len(body) and any(line.comment for line in body[position].leading_lines):
+                # comments that headed the first statement (a license, a section title) stay on top
                 head = body[position]
                 statement = statement.with_changes(leading_lines=[*head.leading_lines, *statement.leading_lines])
                 body[position] = head.with_changes(leading_lines=())

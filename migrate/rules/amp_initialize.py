@@ -305,11 +305,21 @@ def _inside(ctx: ModuleContext, node: cst.CSTNode, function: cst.FunctionDef | N
     return function is None and ctx.function_of(node) is None
 
 
+def _chain_top(ctx: ModuleContext, statement: cst.CSTNode) -> cst.CSTNode:
+    """The top `if` of the if/elif/else chain whose clause holds ``statement``."""
+    block = ctx.parent(statement)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    branch = ctx.parent(owner) if isinstance(owner, cst.Else) else owner
+    if not isinstance(branch, cst.If):
+        return statement
+    return _reaching(ctx, branch)[1]
+
+
 def _exclusive_branches(ctx: ModuleContext, statements: list[cst.CSTNode]) -> bool:
     """Each statement in its own clause of one `if`/`elif`/`else` chain that has an `else`."""
     tops = set()
     for statement in statements:
-        _, top = _guards(ctx, statement)
+        top = _chain_top(ctx, statement)
         if top is statement:
             return False
         tops.add(top)
@@ -326,7 +336,7 @@ def _exclusive_branches(ctx: ModuleContext, statements: list[cst.CSTNode]) -> bo
         return False  # a path with no scaler at all
     clauses.append(branch.body)
     owners = [next(c for c in clauses if any(a is c for a in ctx.ancestors(s))) for s in statements]
-    return len(set(map(id, owners))) == len(owners) and not _guards(ctx, top)[0]
+    return len(set(map(id, owners))) == len(owners)
 
 
 def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
@@ -402,8 +412,14 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             disabled = True
     guards, outermost = _guards(ctx, statement)
     in_branch = statement in _in_branch_statements(ctx, model)
+    shared_above = False
     if in_branch:
-        guards, outermost = [], statement
+        # one scaler for the whole if/else: built in each clause, or, when the chain is
+        # itself guarded, once above that guard (the clauses cover every path below it)
+        guards, outermost = _guards(ctx, _chain_top(ctx, statement))
+        shared_above = bool(guards)
+        if not shared_above:
+            guards, outermost = [], statement
     enabled_parts[:0] = [part for guard in guards for part in _apex_free_conjuncts(ctx, guard)]
     if level_expression is not None:
         enabled_parts.append(
@@ -415,6 +431,8 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             )
         )
 
+    # what gets reported once the call is really migrated
+    notes: list[tuple[str, cst.CSTNode, str | None]] = []
     # loss scale
     static_scale: float | None = None
     scaling_off = False
@@ -424,27 +442,27 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         try:
             number = None if value == "dynamic" else float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            ctx.report(
+            notes.append((
                 "AMP005",
                 loss_scale_arg,
                 "loss_scale is computed at run time: migrated as dynamic scaling; if it can be a "
                 "number, hold the scale with `scaler.update(new_scale=...)`",
-            )
+            ))
             number = None
         if number == 1.0:
             scaling_off = True
         elif number is not None:
             static_scale = number
-            ctx.report("AMP002", loss_scale_arg)
+            notes.append(("AMP002", loss_scale_arg, None))
     initial_scale = static_scale
     for name in ("min_loss_scale", "max_loss_scale"):
         if name in bound and literal(bound[name].value) is not None:
-            ctx.report("AMP003", bound[name])
+            notes.append(("AMP003", bound[name], None))
     ceiling = literal(bound["max_loss_scale"].value) if "max_loss_scale" in bound else None
     if static_scale is None and isinstance(ceiling, (int, float)) and ceiling < 2.0**16:
         initial_scale = float(ceiling)  # Apex started at min(max_loss_scale, 2**16)
     if "num_losses" in bound and literal(bound["num_losses"].value) != 1:
-        ctx.report("AMP004", bound["num_losses"])
+        notes.append(("AMP004", bound["num_losses"], None))
     if "cast_model_outputs" in bound and literal(bound["cast_model_outputs"].value) is not None:
         ctx.report(
             "AMP005",
@@ -452,9 +470,10 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             "cast_model_outputs has no autocast equivalent: cast the model outputs with .to(dtype) by hand",
         )
         return
-    # the statement itself
-    ctx.consumed.add(use.base)
     if inference_only:
+        ctx.consumed.add(use.base)
+        for note in notes:
+            ctx.report(*note)
         ctx.report("AMP011", call)
         if alias is not None:
             ctx.plan.replace_statement[statement] = [alias]
@@ -462,14 +481,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             ctx.plan.remove.add(statement)
         return
 
-    if level in ("O2", "O3") or level_expression is not None or any(
-        name in bound and literal(bound[name].value) is not None for name in _CASTING_SETTINGS
-    ):
-        if not disabled:
-            ctx.report("AMP001", call)
-    elif level == "O1" and not disabled:
-        ctx.report("AMP012", call)
-
+    # where the scaler lives, and whether everything that needs it can reach it there
     function = ctx.function_of(call)
     klass = None
     elsewhere = [
@@ -480,19 +492,47 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     ]
     if function is not None and elsewhere:
         klass = ctx.class_of_method(function)
-        constant = not enabled_parts
-        unreachable = klass is None and any(
-            not model.threadable(function, ctx.function_of(other.call)) for other in elsewhere
-        )
-        if unreachable and constant and isinstance(ctx.parent(function), cst.Module):
+        unreachable = [other for other in elsewhere if not model.reachable(function, klass, other.call)]
+        if unreachable and klass is None and not enabled_parts and isinstance(ctx.parent(function), cst.Module):
             # a factory function: a scaler with a fixed configuration can live at module
             # level, where every function of the file reaches it
-            function = None
+            function, unreachable = None, []
+        if unreachable:
+            # migrating this call alone would leave Apex code behind that needs it
+            where = ctx.position(unreachable[0].call)[0]
+            ctx.report(
+                "AMP022",
+                call,
+                f"amp.initialize left as it was: the amp.{unreachable[0].api} at line {where} could not "
+                "reach a GradScaler created here (pass one to it, then run ampmigrate again)",
+            )
+            return
+
+    ctx.consumed.add(use.base)
+    for note in notes:
+        ctx.report(*note)
+    if level in ("O2", "O3") or level_expression is not None or any(
+        name in bound and literal(bound[name].value) is not None for name in _CASTING_SETTINGS
+    ):
+        if not disabled:
+            ctx.report("AMP001", call)
+    elif level == "O1" and not disabled:
+        ctx.report("AMP012", call)
+
     if klass is not None:
         attributes = {scaler.name for scaler in model.scalers if scaler.klass is klass}
         name = ctx.options.scaler_name if ctx.options.scaler_name in attributes else ctx.fresh_name(ctx.options.scaler_name)
     else:
         same_scope = [s for s in model.scalers if s.function is function and s.klass is None]
+        if same_scope and in_branch and shared_above:
+            if static_scale != same_scope[0].static_scale:
+                ctx.report("AMP005", call, "this clause asks for a different loss scale than the one above it, "
+                           "and both now share one GradScaler: set its scale by hand")
+            if alias is not None:
+                ctx.plan.replace_statement[statement] = [alias]
+            else:
+                ctx.plan.remove.add(statement)
+            return
         if same_scope and in_branch:
             # another clause of the same if/else: it builds the same scaler its own way
             if static_scale is not None or same_scope[0].static_scale is not None:

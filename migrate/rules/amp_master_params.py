@@ -112,6 +112,18 @@ def _next_step(ctx: ModuleContext, model: AmpModel, node: cst.CSTNode, key: str 
         for step, stepped in model.steps.items()
         if ctx.function_of(step) is function and ctx.order(step) > after and (key is None or stepped == key)
     ]
+    if key is not None:
+        # `scaler.step(optimizer)` already written (a file migrated earlier): the same answer
+        candidates += [
+            call
+            for call in ctx.nodes_of(cst.Call)
+            if isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "step"
+            and len(call.args) == 1
+            and ctx.function_of(call) is function
+            and ctx.order(call) > after
+            and optimizer_key(ctx, call.args[0].value, call) == key
+        ]
     return min(candidates, key=ctx.order, default=None)
 
 
