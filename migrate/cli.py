@@ -28,13 +28,19 @@ class DefaultGroup(click.Group):
     """A group whose first argument, unless it names a subcommand, goes to ``migrate``.
 
     So ``ampmigrate src/ --check`` and ``ampmigrate verify a.py b.py`` both work; a
-    folder literally named ``verify`` is given as ``./verify``.
+    folder literally named ``verify`` is given as ``./verify``; any other name, ``migrate``
+    included, is a path.
     """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # The default command itself is hidden and never named on the command line,
+        # so a folder called "migrate" is a path like any other.
+        visible = {
+            name for name, command in self.commands.items() if not command.hidden
+        }
         if (
             args
-            and args[0] not in self.commands
+            and args[0] not in visible
             and args[0] not in ("--help", "-h", "--version")
         ):
             args = [DEFAULT_COMMAND, *args]
@@ -92,7 +98,7 @@ def main() -> None:
     """
 
 
-@main.command(DEFAULT_COMMAND, context_settings=CONTEXT)
+@main.command(DEFAULT_COMMAND, context_settings=CONTEXT, hidden=True)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--diff",

@@ -324,6 +324,15 @@ def test_a_folder_named_verify_is_migrated_via_dot_slash(
     assert "would migrate verify/train.py" in result.stderr
 
 
+def test_a_folder_named_like_the_hidden_default_command_is_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make(tmp_path, {"migrate/train.py": AUTOCAST})
+    result = invoke(tmp_path, monkeypatch, "migrate", "--check")
+    assert result.exit_code == 1
+    assert "would migrate migrate/train.py" in result.stderr
+
+
 def test_codemod_imports_neither_torch_nor_libcst_for_clean_files(
     tmp_path: Path,
 ) -> None:
