@@ -139,6 +139,7 @@ class Report:
             "written": result.written,
             "notebook": result.notebook,
             "needs_review": result.needs_review,
+            "migrated_apis": list(result.migrated_apis),
             "findings": [
                 {
                     "code": d.code,
@@ -308,8 +309,9 @@ class Report:
         if migrated:
             for result in migrated:
                 notes = [d for d in result.diagnostics if d.fixed]
+                apis = ", ".join(f"`{name}`" for name in result.migrated_apis)
                 lines.append(
-                    f"- `{result.path}`" + (f": {len(notes)} note(s)" if notes else "")
+                    f"- `{result.path}`" + (f": rewrote {apis}" if apis else "")
                 )
                 lines += [
                     f"  - {_md_location(d)}: **{d.code}** {d.message}" for d in notes

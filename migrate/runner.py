@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -73,9 +75,10 @@ class FileResult:
     error: str = ""
     written: bool = False
     notebook: bool = False
-    first_change: int | None = (
-        None  # first line of the original that changes (Python files)
-    )
+    # The first line of the original that changes (Python files only).
+    first_change: int | None = None
+    # Apex amp / torch.cuda.amp names the rewrite removed: a summary for readers.
+    migrated_apis: tuple[str, ...] = ()
 
     @property
     def needs_review(self) -> bool:
@@ -257,6 +260,7 @@ def _migrate_python(task: _Task) -> FileResult:
         diff,
         written=task.write,
         first_change=_first_change(text, result.source),
+        migrated_apis=migrated_apis(text, result.source),
     )
 
 
@@ -374,7 +378,24 @@ def _migrate_notebook(task: _Task) -> FileResult:
         diff,
         written=task.write,
         notebook=True,
+        migrated_apis=migrated_apis(program.text, result.source),
     )
+
+
+_API_USE = re.compile(
+    r"\btorch\.(?:cuda|cpu)\.amp\.\w+|\bamp\.\w+|\bfrom apex(?:\.\w+)* import"
+)
+
+
+def migrated_apis(old: str, new: str) -> tuple[str, ...]:
+    """The Apex amp (and deprecated torch.cuda.amp) names used less after the rewrite.
+
+    A reader's summary of what changed, for the Markdown report; findings remain the
+    authority on what needs review.
+    """
+    before = Counter(match.group(0) for match in _API_USE.finditer(old))
+    after = Counter(match.group(0) for match in _API_USE.finditer(new))
+    return tuple(sorted(name for name, count in before.items() if after[name] < count))
 
 
 def _first_change(old: str, new: str) -> int:

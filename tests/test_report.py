@@ -56,6 +56,7 @@ def test_json_lists_every_file_and_finding(project: Path) -> None:
         1,
         False,
     )
+    assert files["train.py"]["migrated_apis"] == ["torch.cuda.amp.autocast"]
     assert document["summary"] == {
         "scanned": 4,
         "changed": 1,
@@ -135,23 +136,42 @@ def test_sarif_validates_against_the_2_1_0_schema(project: Path) -> None:
 
 
 def test_markdown_report_lists_migrated_review_and_failed(project: Path) -> None:
-    (project / "static.py").write_text(
-        "from apex import amp\n\n"
-        "def setup(model, optimizer):\n"
-        "    model, optimizer = amp.initialize(model, optimizer, opt_level='O2', loss_scale=128.0)\n"
-        "    return model, optimizer\n"
-    )
     result = cli("--report", "summary.md", ".")
     assert result.exit_code == 2
     text = (project / "summary.md").read_text()
-    assert "## Would be migrated\n\n- `static.py`" in text and "- `train.py`" in text
+    assert (
+        "## Would be migrated\n\n- `train.py`: rewrote `torch.cuda.amp.autocast`\n"
+        in text
+    )
     assert (
         "## Needs a human\n\n- `review.py`\n  - [ ] `review.py:4`: **AMP032**" in text
     )
     assert "## Could not be processed\n\n- `broken.py`: cannot parse" in text
-    assert "## Where numerics can differ from Apex" in text and "**AMP001**" in text
     assert "**Incomplete:** 1 file failed" in text
     assert "Nothing:" not in text
+
+
+def test_markdown_report_notes_where_numerics_differ() -> None:
+    static_scale = Diagnostic("train.py", 12, 5, "AMP002", "static loss scale", True)
+    opt_level = Diagnostic("train.py", 12, 5, "AMP001", "O2 migrated", True)
+    result = FileResult(
+        "train.py",
+        Status.CHANGED,
+        (opt_level, static_scale),
+        written=True,
+        migrated_apis=("amp.initialize", "amp.scale_loss"),
+    )
+    text = Report([result], Config(write=True)).markdown()
+    assert (
+        "## Migrated\n\n- `train.py`: rewrote `amp.initialize`, `amp.scale_loss`\n"
+        in text
+    )
+    assert (
+        "## Where numerics can differ from Apex\n\n"
+        "- `train.py:12`: **AMP001** O2 migrated\n"
+        "- `train.py:12`: **AMP002** static loss scale\n"
+    ) in text
+    assert "Nothing: every Apex use found was migrated automatically." in text
 
 
 def test_markdown_never_says_all_clear_when_files_failed_or_were_skipped() -> None:

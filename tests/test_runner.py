@@ -182,3 +182,9 @@ def test_symlinked_folders_are_not_followed(
     os.symlink(tmp_path / "real", tmp_path / "loop")
     results = migrate_tree(tmp_path, monkeypatch)
     assert [result.path for result in results] == ["real/train.py"]
+
+
+def test_migrated_apis_names_what_the_rewrite_removed() -> None:
+    old = "from apex import amp\nwith amp.scale_loss(l, o) as s:\n    s.backward()\namp.state_dict()\n"
+    new = "scaler.scale(l).backward()\namp.state_dict()\n"
+    assert runner.migrated_apis(old, new) == ("amp.scale_loss", "from apex import")
