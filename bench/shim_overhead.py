@@ -23,26 +23,35 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from migrate.shim import amp, casting  # noqa: E402
-from migrate.shim.amp_state import _amp_state  # noqa: E402
+from migrate.shim import amp, casting
+from migrate.shim.amp_state import _amp_state
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def mlp() -> tuple[torch.nn.Module, Batch]:
     model = torch.nn.Sequential(
-        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+        torch.nn.Linear(256, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
         torch.nn.Linear(512, 10),
-    )  # fmt: skip
+    )
     return model, (torch.randn(64, 256), torch.randint(0, 10, (64,)))
 
 
 def cnn() -> tuple[torch.nn.Module, Batch]:
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10),
-    )  # fmt: skip
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16, 10),
+    )
     # Small images: float16 convolutions on the CPU have no fast kernels (about 1 s per step
     # at 16x3x32x32 with 16/32 channels), and the ratio, not the absolute time, is the point.
     return model, (torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,)))
@@ -109,15 +118,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, CPU, {args.threads} thread(s), float16, "
-          f"{args.steps} steps x {args.repeats} repeats (median)")  # fmt: skip
-    print(f"{'model':<5} {'native autocast':>16} {'shim O1':>10} {'shim O2':>10} {'O1/native':>10} {'O2/native':>10}")
+    print(
+        f"torch {torch.__version__}, CPU, {args.threads} thread(s), float16, "
+        f"{args.steps} steps x {args.repeats} repeats (median)"
+    )
+    print(
+        f"{'model':<5} {'native autocast':>16} {'shim O1':>10} {'shim O2':>10} {'O1/native':>10} {'O2/native':>10}"
+    )
     for name, build in (("mlp", mlp), ("cnn", cnn)):
         native = time_per_step(build, native_step, args.steps, args.repeats)
         o1 = time_per_step(build, shim_step("O1"), args.steps, args.repeats)
         o2 = time_per_step(build, shim_step("O2"), args.steps, args.repeats)
-        print(f"{name:<5} {native * 1e3:>13.2f} ms {o1 * 1e3:>7.2f} ms {o2 * 1e3:>7.2f} ms "
-              f"{o1 / native:>9.2f}x {o2 / native:>9.2f}x")  # fmt: skip
+        print(
+            f"{name:<5} {native * 1e3:>13.2f} ms {o1 * 1e3:>7.2f} ms {o2 * 1e3:>7.2f} ms "
+            f"{o1 / native:>9.2f}x {o2 / native:>9.2f}x"
+        )
 
 
 if __name__ == "__main__":

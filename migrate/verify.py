@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["VerifyResult", "RunRecord", "compare", "run_cli"]
+__all__ = ["RunRecord", "VerifyResult", "compare", "run_cli"]
 
 DEFAULT_STEPS = 20
 DEFAULT_SEED = 0
@@ -122,7 +122,9 @@ class VerifyResult:
 
     @property
     def exit_code(self) -> int:
-        return {"match": EXIT_MATCH, "diverge": EXIT_DIVERGE}.get(self.verdict, EXIT_ERROR)
+        return {"match": EXIT_MATCH, "diverge": EXIT_DIVERGE}.get(
+            self.verdict, EXIT_ERROR
+        )
 
     @property
     def matched(self) -> bool:
@@ -148,22 +150,47 @@ def _package_root() -> str:
 
 
 def _record_command(
-    script: str, script_args: Sequence[str], out: Path, *, apex: bool, fp32: bool,
-    steps: int, seed: int, device: str, skip_steps: Sequence[int] = (),
-) -> list[str]:  # fmt: skip
+    script: str,
+    script_args: Sequence[str],
+    out: Path,
+    *,
+    apex: bool,
+    fp32: bool,
+    steps: int,
+    seed: int,
+    device: str,
+    skip_steps: Sequence[int] = (),
+) -> list[str]:
     cuda_on_cpu = {"auto": "auto", "cpu": "yes", "cuda": "no"}[device]
-    command = [sys.executable, "-m", "migrate.shim.record", "--out", str(out),
-               "--steps", str(steps), "--seed", str(seed), "--cuda-on-cpu", cuda_on_cpu]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "migrate.shim.record",
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--cuda-on-cpu",
+        cuda_on_cpu,
+    ]
     if apex:
         command.append("--apex")
     if fp32:
-        command += ["--fp32", "--skip-steps", ",".join(str(step) for step in skip_steps)]
+        command += [
+            "--fp32",
+            "--skip-steps",
+            ",".join(str(step) for step in skip_steps),
+        ]
     return [*command, str(Path(script).resolve()), *script_args]
 
 
 def _environment(device: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [_package_root(), env.get("PYTHONPATH")])
+    )
     if device == "cpu":
         # Hide GPUs so that the CUDA-to-CPU mapping applies even on a CUDA machine.
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -173,15 +200,21 @@ def _environment(device: str) -> dict[str, str]:
 class _PendingRun:
     """A recording subprocess in flight, in a scratch working directory of its own."""
 
-    def __init__(self, label: str, command: list[str], out: Path, workdir: Path, device: str) -> None:
+    def __init__(
+        self, label: str, command: list[str], out: Path, workdir: Path, device: str
+    ) -> None:
         self.label = label
         self.command = command
         self.out = out
         workdir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            command, cwd=workdir, env=_environment(device), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            command,
+            cwd=workdir,
+            env=_environment(device),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def wait(self, timeout: float) -> RunRecord:
         try:
@@ -217,7 +250,12 @@ def _tolerances(
         and len(calibration.steps) >= count
     )
     if not usable:
-        why = "the original never called amp.initialize" if calibration and not calibration.failed else "the fp32 run failed"
+        if calibration is None:
+            why = "not run"
+        elif calibration.failed:
+            why = "the fp32 run failed"
+        else:
+            why = "the original never called amp.initialize"
         note = (
             f"fixed tolerance (no calibration: {why}): relative loss difference <= "
             f"{UNCALIBRATED_LOSS_TOL:g}, relative param-norm difference <= {UNCALIBRATED_NORM_TOL:g}"
@@ -262,18 +300,28 @@ def _judge(
         loss_diff = _relative_difference(left["loss"], right["loss"])
         norm_diff = _relative_difference(left["param_norm"], right["param_norm"])
         ok = (
-            loss_diff is not None and loss_diff <= loss_tols[index]
-            and norm_diff is not None and norm_diff <= norm_tols[index]
-        )  # fmt: skip
-        comparisons.append(StepComparison(index, loss_diff, loss_tols[index], norm_diff, norm_tols[index], ok))
+            loss_diff is not None
+            and loss_diff <= loss_tols[index]
+            and norm_diff is not None
+            and norm_diff <= norm_tols[index]
+        )
+        comparisons.append(
+            StepComparison(
+                index, loss_diff, loss_tols[index], norm_diff, norm_tols[index], ok
+            )
+        )
     bad = [c for c in comparisons if not c.ok]
     if bad:
         first = bad[0]
         what = []
         if first.loss_diff is None or first.loss_diff > first.loss_tol:
-            what.append(f"loss differs by {_fmt_diff(first.loss_diff)} > {first.loss_tol:.2e}")
+            what.append(
+                f"loss differs by {_fmt_diff(first.loss_diff)} > {first.loss_tol:.2e}"
+            )
         if first.norm_diff is None or first.norm_diff > first.norm_tol:
-            what.append(f"param norm differs by {_fmt_diff(first.norm_diff)} > {first.norm_tol:.2e}")
+            what.append(
+                f"param norm differs by {_fmt_diff(first.norm_diff)} > {first.norm_tol:.2e}"
+            )
         reasons.append(
             f"{len(bad)} of {count} steps outside tolerance, first at step {first.step}: "
             + "; ".join(what)
@@ -292,25 +340,30 @@ def _judge(
             )
     if same_cadence:
         scale_mismatch = [
-            index for index in range(count)
-            if None not in (original.steps[index]["scale"], migrated.steps[index]["scale"])
+            index
+            for index in range(count)
+            if None
+            not in (original.steps[index]["scale"], migrated.steps[index]["scale"])
             and original.steps[index]["scale"] != migrated.steps[index]["scale"]
-        ]  # fmt: skip
+        ]
         if scale_mismatch:
-            first = scale_mismatch[0]
+            at = scale_mismatch[0]
             reasons.append(
-                f"loss scale differs at {len(scale_mismatch)} steps, first at step {first}: "
-                f"{_fmt_scale(original.steps[first]['scale'])} vs "
-                f"{_fmt_scale(migrated.steps[first]['scale'])} (scaler state lost or updated "
+                f"loss scale differs at {len(scale_mismatch)} steps, first at step {at}: "
+                f"{_fmt_scale(original.steps[at]['scale'])} vs "
+                f"{_fmt_scale(migrated.steps[at]['scale'])} (scaler state lost or updated "
                 "at the wrong time?)"
             )
     share_left, share_right = original.low_precision_share, migrated.low_precision_share
-    if share_left is not None and share_right is not None:
-        if abs(share_left - share_right) > PRECISION_SHARE_TOL:
-            reasons.append(
-                f"precision differs: {share_left:.0%} of the original's matmul/conv ops ran in "
-                f"fp16/bf16, {share_right:.0%} of the migration's (autocast lost or added?)"
-            )
+    if (
+        share_left is not None
+        and share_right is not None
+        and abs(share_left - share_right) > PRECISION_SHARE_TOL
+    ):
+        reasons.append(
+            f"precision differs: {share_left:.0%} of the original's matmul/conv ops ran in "
+            f"fp16/bf16, {share_right:.0%} of the migration's (autocast lost or added?)"
+        )
     return ("diverge" if reasons else "match"), reasons, note, comparisons
 
 
@@ -343,7 +396,13 @@ def compare(
         def start(label: str, script: str, **kwargs: Any) -> _PendingRun:
             out = root / f"{label}.jsonl"
             command = _record_command(
-                script, script_args, out, steps=steps, seed=seed, device=device, **kwargs
+                script,
+                script_args,
+                out,
+                steps=steps,
+                seed=seed,
+                device=device,
+                **kwargs,
             )
             return _PendingRun(label, command, out, root / label, device)
 
@@ -354,22 +413,38 @@ def compare(
         if calibrate and not original_record.failed:
             # Started once the original is done: it replays the original's skipped steps.
             calibration_run = start(
-                "fp32", original_path, apex=True, fp32=True, skip_steps=original_record.skipped_steps
+                "fp32",
+                original_path,
+                apex=True,
+                fp32=True,
+                skip_steps=original_record.skipped_steps,
             )
         migrated_record = migrated_run.wait(timeout)
         calibration_record = calibration_run.wait(timeout) if calibration_run else None
 
-    common = dict(
-        original=original_record, migrated=migrated_record, calibration=calibration_record,
-        original_path=original_path, migrated_path=migrated_path, requested_steps=steps, seed=seed,
-    )  # fmt: skip
     failures = [run for run in (original_record, migrated_record) if run.failed]
     if failures:
-        reasons = [f"the {run.label} script failed (exit {run.returncode})" for run in failures]
-        return VerifyResult(verdict="error", reasons=reasons, tolerance_note="", **common)  # type: ignore[arg-type]
-    verdict, reasons, note, comparisons = _judge(original_record, migrated_record, calibration_record)
+        verdict, note = "error", ""
+        comparisons: list[StepComparison] = []
+        reasons = [
+            f"the {run.label} script failed (exit {run.returncode})" for run in failures
+        ]
+    else:
+        verdict, reasons, note, comparisons = _judge(
+            original_record, migrated_record, calibration_record
+        )
     return VerifyResult(
-        verdict=verdict, reasons=reasons, tolerance_note=note, comparisons=comparisons, **common  # type: ignore[arg-type]
+        original=original_record,
+        migrated=migrated_record,
+        calibration=calibration_record,
+        verdict=verdict,
+        reasons=reasons,
+        tolerance_note=note,
+        comparisons=comparisons,
+        original_path=original_path,
+        migrated_path=migrated_path,
+        requested_steps=steps,
+        seed=seed,
     )
 
 
@@ -394,9 +469,11 @@ def _tail(text: str, lines: int = 40) -> str:
 def _format_report(result: VerifyResult) -> str:
     original, migrated = result.original, result.migrated
     lines = [
-        f"ampmigrate verify: {result.original_path} (under the Apex shim) vs "
-        f"{result.migrated_path} (native), seed {result.seed}, up to {result.requested_steps} "
-        "optimizer steps",
+        (
+            f"ampmigrate verify: {result.original_path} (under the Apex shim) vs "
+            f"{result.migrated_path} (native), seed {result.seed}, up to "
+            f"{result.requested_steps} optimizer steps"
+        ),
     ]
     if original.meta.get("cuda_on_cpu") or migrated.meta.get("cuda_on_cpu"):
         lines.append(f"device: CPU. {CPU_NOTE}")
@@ -405,7 +482,10 @@ def _format_report(result: VerifyResult) -> str:
     if result.verdict == "error":
         for run in (original, migrated):
             if run.failed:
-                lines += [f"--- {run.label} script failed (exit {run.returncode}); its stderr:", _tail(run.stderr)]
+                lines += [
+                    f"--- {run.label} script failed (exit {run.returncode}); its stderr:",
+                    _tail(run.stderr),
+                ]
         lines.append("verdict: ERROR (exit 2): " + "; ".join(result.reasons))
         return "\n".join(lines)
 
@@ -419,7 +499,9 @@ def _format_report(result: VerifyResult) -> str:
     for index in range(count):
         left = original.steps[index] if index < len(original.steps) else None
         right = migrated.steps[index] if index < len(migrated.steps) else None
-        comparison = result.comparisons[index] if index < len(result.comparisons) else None
+        comparison = (
+            result.comparisons[index] if index < len(result.comparisons) else None
+        )
 
         def side(record: dict[str, Any] | None) -> str:
             if record is None:
@@ -446,7 +528,9 @@ def _format_report(result: VerifyResult) -> str:
             f"loss recorded at {', '.join(sorted({s['loss_source'] for s in run.steps})) or '-'}"
         )
     if result.calibration is not None and result.calibration.failed:
-        lines.append(f"fp32 calibration run failed (exit {result.calibration.returncode}): {_tail(result.calibration.stderr, 5)}")
+        lines.append(
+            f"fp32 calibration run failed (exit {result.calibration.returncode}): {_tail(result.calibration.stderr, 5)}"
+        )
     lines.append(f"tolerance: {result.tolerance_note}")
     if result.verdict == "match":
         lines.append("verdict: MATCH (exit 0): the migration trains like the original")
@@ -456,14 +540,18 @@ def _format_report(result: VerifyResult) -> str:
     return "\n".join(lines)
 
 
-def run_cli(original: str, migrated: str, steps: int, device: str, script_args: tuple[str, ...]) -> int:
+def run_cli(
+    original: str, migrated: str, steps: int, device: str, script_args: tuple[str, ...]
+) -> int:
     """Entry point of ``ampmigrate verify``: print the report, return the exit code (0/1/2)."""
     for path in (original, migrated):
         if not Path(path).is_file():
             print(f"ampmigrate verify: no such file: {path}")
             return EXIT_ERROR
     try:
-        result = compare(original, migrated, steps=steps, device=device, script_args=script_args)
+        result = compare(
+            original, migrated, steps=steps, device=device, script_args=script_args
+        )
     except ValueError as error:
         print(f"ampmigrate verify: {error}")
         return EXIT_ERROR

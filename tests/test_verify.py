@@ -42,7 +42,9 @@ def e2e_pairs() -> list[tuple[Path, Path]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("wrong", wrong_migrations(), ids=lambda p: p.name.removesuffix(".py"))
+@pytest.mark.parametrize(
+    "wrong", wrong_migrations(), ids=lambda p: p.name.removesuffix(".py")
+)
 def test_verify_rejects_wrong_migration(wrong: Path) -> None:
     result = verify.compare(original_of(wrong), wrong, steps=STEPS)
     report = result.report()
@@ -57,7 +59,9 @@ def test_verify_rejects_wrong_migration(wrong: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "correct", sorted(VERIFY_FIXTURES.glob("*.correct.py")), ids=lambda p: p.name.removesuffix(".py")
+    "correct",
+    sorted(VERIFY_FIXTURES.glob("*.correct.py")),
+    ids=lambda p: p.name.removesuffix(".py"),
 )
 def test_verify_accepts_correct_migration(correct: Path) -> None:
     result = verify.compare(original_of(correct), correct, steps=STEPS)
@@ -65,19 +69,29 @@ def test_verify_accepts_correct_migration(correct: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pair", e2e_pairs(), ids=lambda pair: pair[0].name.removesuffix(".in.py"))
+@pytest.mark.parametrize(
+    "pair", e2e_pairs(), ids=lambda pair: pair[0].name.removesuffix(".in.py")
+)
 def test_verify_accepts_the_tools_own_output(pair: tuple[Path, Path]) -> None:
     source, migrated = pair
     name = source.name.removesuffix(".in.py")
-    result = verify.compare(source, migrated, steps=STEPS, script_args=E2E_MIXED_ARGS.get(name, ()))
+    result = verify.compare(
+        source, migrated, steps=STEPS, script_args=E2E_MIXED_ARGS.get(name, ())
+    )
     assert result.exit_code == 0, result.report()
-    assert result.original.low_precision_share, "the original did not run in mixed precision"
+    assert (
+        result.original.low_precision_share
+    ), "the original did not run in mixed precision"
 
 
 @pytest.mark.slow
 def test_run_cli_prints_side_by_side_report(capsys: pytest.CaptureFixture[str]) -> None:
     code = verify.run_cli(
-        str(VERIFY_FIXTURES / "clip.original.py"), str(VERIFY_FIXTURES / "clip.correct.py"), 3, "cpu", ()
+        str(VERIFY_FIXTURES / "clip.original.py"),
+        str(VERIFY_FIXTURES / "clip.correct.py"),
+        3,
+        "cpu",
+        (),
     )
     out = capsys.readouterr().out
     assert code == 0, out
@@ -87,31 +101,64 @@ def test_run_cli_prints_side_by_side_report(capsys: pytest.CaptureFixture[str]) 
     assert "verdict: MATCH" in out
 
 
-def test_run_cli_missing_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert verify.run_cli(str(tmp_path / "nope.py"), str(tmp_path / "nope.py"), 3, "auto", ()) == 2
+def test_run_cli_missing_file_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        verify.run_cli(
+            str(tmp_path / "nope.py"), str(tmp_path / "nope.py"), 3, "auto", ()
+        )
+        == 2
+    )
     assert "no such file" in capsys.readouterr().out
 
 
 def test_verify_module_does_not_import_torch() -> None:
     code = "import sys, migrate.verify; assert 'torch' not in sys.modules"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
 
 
-def record(label: str, rows: list[tuple[float, float | None, bool, float]], share: float = 1.0,
-           scale_calls: int = 1, forced_o0: int = 0) -> RunRecord:  # fmt: skip
+def record(
+    label: str,
+    rows: list[tuple[float, float | None, bool, float]],
+    share: float = 1.0,
+    scale_calls: int = 1,
+    forced_o0: int = 0,
+) -> RunRecord:
     """A synthetic run: rows of (loss, scale, taken, param_norm)."""
     steps = [
-        {"step": i, "optimizer": 0, "taken": taken, "loss": loss, "loss_source": "test",
-         "scale": scale, "scale_calls": scale_calls, "param_norm": norm}
+        {
+            "step": i,
+            "optimizer": 0,
+            "taken": taken,
+            "loss": loss,
+            "loss_source": "test",
+            "scale": scale,
+            "scale_calls": scale_calls,
+            "param_norm": norm,
+        }
         for i, (loss, scale, taken, norm) in enumerate(rows)
-    ]  # fmt: skip
+    ]
     low = round(share * 10)
-    summary = {"matmul_dtypes": {"float16": low, "float32": 10 - low}, "forced_o0": forced_o0}
+    summary = {
+        "matmul_dtypes": {"float16": low, "float32": 10 - low},
+        "forced_o0": forced_o0,
+    }
     return RunRecord(label, [], 0, "", "", {}, steps, summary)
 
 
-MIXED = [(2.0, 65536.0, False, 1.0), (2.0, 32768.0, True, 1.1), (1.5, 32768.0, True, 1.2)]
+MIXED = [
+    (2.0, 65536.0, False, 1.0),
+    (2.0, 32768.0, True, 1.1),
+    (1.5, 32768.0, True, 1.2),
+]
 FP32 = [(2.02, 1.0, False, 1.0), (2.02, 1.0, True, 1.1001), (1.515, 1.0, True, 1.2001)]
 
 
@@ -119,23 +166,35 @@ def test_tolerance_is_calibrated_on_the_fp32_run() -> None:
     close = [(loss * 1.02, scale, taken, norm) for loss, scale, taken, norm in MIXED]
     far = [(loss * 1.2, scale, taken, norm) for loss, scale, taken, norm in MIXED]
     calibration = record("fp32", FP32, share=0.0, forced_o0=1)
-    verdict, _, note, comparisons = verify._judge(record("o", MIXED), record("m", close), calibration)
+    verdict, _, note, comparisons = verify._judge(
+        record("o", MIXED), record("m", close), calibration
+    )
     assert verdict == "match" and "calibrated" in note
-    assert comparisons[0].loss_tol == pytest.approx(verify.FACTOR * 0.02 / 2.02, rel=1e-6)
-    verdict, reasons, _, _ = verify._judge(record("o", MIXED), record("m", far), calibration)
+    assert comparisons[0].loss_tol == pytest.approx(
+        verify.FACTOR * 0.02 / 2.02, rel=1e-6
+    )
+    verdict, reasons, _, _ = verify._judge(
+        record("o", MIXED), record("m", far), calibration
+    )
     assert verdict == "diverge" and "outside tolerance" in reasons[0]
 
 
 def test_skips_and_scales_are_judged_only_at_the_same_cadence() -> None:
     no_skip = [(loss, 65536.0, True, norm) for loss, _, _, norm in MIXED]
-    verdict, reasons, _, _ = verify._judge(record("o", MIXED), record("m", no_skip), None)
+    verdict, reasons, _, _ = verify._judge(
+        record("o", MIXED), record("m", no_skip), None
+    )
     assert verdict == "diverge" and any("skipped steps differ" in r for r in reasons)
     assert any("loss scale differs" in r for r in reasons)
     several_losses = record("o", MIXED, scale_calls=3)
-    verdict, reasons, note, _ = verify._judge(several_losses, record("m", no_skip), None)
+    verdict, reasons, note, _ = verify._judge(
+        several_losses, record("m", no_skip), None
+    )
     assert not any("skipped" in r for r in reasons) and "Not judged" in note
 
 
 def test_precision_mismatch_is_a_divergence() -> None:
-    verdict, reasons, _, _ = verify._judge(record("o", MIXED), record("m", MIXED, share=0.0), None)
+    verdict, reasons, _, _ = verify._judge(
+        record("o", MIXED), record("m", MIXED, share=0.0), None
+    )
     assert verdict == "diverge" and any("precision differs" in r for r in reasons)

@@ -70,7 +70,9 @@ class _ApexAlias(ModuleType):
     def __getattr__(self, name: str) -> object:
         value = getattr(self.__dict__["_shim_target"], name, _MISSING)
         child = f"{self.__name__}.{name}"
-        if child in APEX_MODULES and (value is _MISSING or isinstance(value, ModuleType)):
+        if child in APEX_MODULES and (
+            value is _MISSING or isinstance(value, ModuleType)
+        ):
             # Apex's packages import their submodules eagerly (``apex.fp16_utils.fp16util``);
             # going through the alias keeps ``apex.amp`` one object however it is reached.
             return importlib.import_module(child)
@@ -80,7 +82,9 @@ class _ApexAlias(ModuleType):
 
     def __setattr__(self, name: str, value: object) -> None:
         target = self.__dict__["_shim_target"]
-        if isinstance(value, ModuleType) and not isinstance(getattr(target, name, value), ModuleType):
+        if isinstance(value, ModuleType) and not isinstance(
+            getattr(target, name, value), ModuleType
+        ):
             # The import system binds a loaded submodule on its parent; Apex's packages
             # re-bound such names (``amp._amp_state``) to objects, so keep the object.
             return
@@ -128,7 +132,9 @@ def install() -> None:
     """Make ``import apex`` and its submodules resolve to the shim (idempotent)."""
     if is_installed():
         return
-    loaded = [name for name in sys.modules if name == "apex" or name.startswith("apex.")]
+    loaded = [
+        name for name in sys.modules if name == "apex" or name.startswith("apex.")
+    ]
     foreign = [name for name in loaded if not isinstance(sys.modules[name], _ApexAlias)]
     if foreign:
         raise RuntimeError(

@@ -23,20 +23,20 @@ from migrate.shim.casting import (
 from migrate.shim.initialize import initialize
 
 __all__ = [
-    "init",
-    "half_function",
-    "float_function",
-    "promote_function",
-    "register_half_function",
-    "register_float_function",
-    "register_promote_function",
-    "scale_loss",
+    "_amp_state",
     "disable_casts",
+    "float_function",
+    "half_function",
+    "init",
     "initialize",
-    "state_dict",
     "load_state_dict",
     "master_params",
-    "_amp_state",
+    "promote_function",
+    "register_float_function",
+    "register_half_function",
+    "register_promote_function",
+    "scale_loss",
+    "state_dict",
 ]
 
 
@@ -89,7 +89,9 @@ def scale_loss(
         optimizers = [optimizers]
     scaler = _amp_state.loss_scalers[loss_id]
     scale = scaler.loss_scale()
-    events.emit("scale_loss", loss=loss, scale=scale, loss_id=loss_id, dynamic=scaler.dynamic)
+    events.emit(
+        "scale_loss", loss=loss, scale=scale, loss_id=loss_id, dynamic=scaler.dynamic
+    )
 
     if not properties.master_weights and not scaler.dynamic and scale == 1.0:
         yield loss.float()
@@ -151,7 +153,9 @@ def load_state_dict(state: dict[str, Any]) -> None:
         )
     unexpected = [key for key in state if "loss_scaler" not in key]
     if unexpected:
-        raise RuntimeError(f"unexpected key(s) in amp state dict: {', '.join(unexpected)}")
+        raise RuntimeError(
+            f"unexpected key(s) in amp state dict: {', '.join(unexpected)}"
+        )
     for index, key in enumerate(state):
         if index >= len(scalers):
             break

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from migrate.shim.casting import AmpHandle, NoOpHandle
+    from migrate.shim.properties import Properties
+    from migrate.shim.scaler import LossScaler
 
 
 class AmpState:
     """What ``amp.initialize`` decided; attributes appear as Apex's do (``handle`` only for O1)."""
+
+    # Declared, not assigned: Apex code tests their presence (``hasattr``), and
+    # ``amp.disable_casts`` outside O1 must raise AttributeError as it did in Apex.
+    opt_properties: Properties
+    loss_scalers: list[LossScaler]
+    handle: AmpHandle | NoOpHandle
+    min_loss_scale: float | None
+    max_loss_scale: float
 
     def __init__(self) -> None:
         self.hard_override = False
@@ -15,7 +28,13 @@ class AmpState:
 
     def reset(self) -> None:
         """Forget everything ``initialize`` set (tests, or a second training run in-process)."""
-        for name in ("opt_properties", "loss_scalers", "handle", "min_loss_scale", "max_loss_scale"):
+        for name in (
+            "opt_properties",
+            "loss_scalers",
+            "handle",
+            "min_loss_scale",
+            "max_loss_scale",
+        ):
             self.__dict__.pop(name, None)
         self.verbosity = 1
 

@@ -6,6 +6,5 @@ finder in ``migrate.shim``, so every route to ``apex.amp`` yields the same modul
 
 from __future__ import annotations
 
-__all__ = ["amp", "fp16_utils", "normalization", "optimizers", "parallel"]
 # The shim stands in for the last Apex releases that still had apex.amp.
 __version__ = "0.1+ampmigrate.shim"

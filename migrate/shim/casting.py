@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional
@@ -218,12 +218,16 @@ def make_promote_wrapper(
         if dtypes == _HALF_AND_FLOAT:
             args, kwargs = _cast_args(args, kwargs, cast)
             return original(*args, **kwargs)
-        raise NotImplementedError(f"O1 does not know how to promote the mix {sorted(map(str, dtypes))}")
+        raise NotImplementedError(
+            f"O1 does not know how to promote the mix {sorted(map(str, dtypes))}"
+        )
 
     return wrapper
 
 
-def _make_sequence_promote_wrapper(original: Callable[..., Any], handle: Any) -> Callable[..., Any]:
+def _make_sequence_promote_wrapper(
+    original: Callable[..., Any], handle: Any
+) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(sequence: Any, *args: Any, **kwargs: Any) -> Any:
         if not handle.is_active():
@@ -245,20 +249,25 @@ def _make_refuse_if_any_half(
             values = [*args, *kwargs.values()]
             if any(_is_float_tensor(v) and v.dtype is torch.float16 for v in values):
                 raise NotImplementedError(
-                    message or f"O1 refuses the in-place function {name} on fp16 arguments"
+                    message
+                    or f"O1 refuses the in-place function {name} on fp16 arguments"
                 )
         return original(*args, **kwargs)
 
     return wrapper
 
 
-def _make_refuse_if_self_half(original: Callable[..., Any], name: str, handle: Any) -> Callable[..., Any]:
+def _make_refuse_if_self_half(
+    original: Callable[..., Any], name: str, handle: Any
+) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if not handle.is_active():
             return original(self, *args, **kwargs)
         if self.dtype is torch.float16:
-            raise NotImplementedError(f"O1 refuses the in-place method {name} on an fp16 tensor")
+            raise NotImplementedError(
+                f"O1 refuses the in-place method {name} on an fp16 tensor"
+            )
         args, kwargs = _cast_args(args, kwargs, maybe_float)
         return original(self, *args, **kwargs)
 
@@ -279,7 +288,21 @@ def _make_match_self(original: Callable[..., Any], handle: Any) -> Callable[...,
     return wrapper
 
 
-def _patch(handle: AmpHandle, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+def _refuse_any_half_maker(
+    original: Callable[..., Any], *, name: str, handle: Any, message: str | None = None
+) -> Callable[..., Any]:
+    return _make_refuse_if_any_half(original, name, handle, message)
+
+
+def _refuse_self_half_maker(
+    original: Callable[..., Any], *, name: str, handle: Any
+) -> Callable[..., Any]:
+    return _make_refuse_if_self_half(original, name, handle)
+
+
+def _patch(
+    handle: AmpHandle, owner: Any, name: str, make: Callable[[Any], Any]
+) -> None:
     if not hasattr(owner, name):
         return
     original = getattr(owner, name)
@@ -287,9 +310,13 @@ def _patch(handle: AmpHandle, owner: Any, name: str, make: Callable[[Any], Any])
     setattr(owner, name, make(original))
 
 
-def _cast_patch(handle: AmpHandle, owner: Any, name: str, cast: CastFn, try_caching: bool) -> None:
+def _cast_patch(
+    handle: AmpHandle, owner: Any, name: str, cast: CastFn, try_caching: bool
+) -> None:
     cast = _verbose_cast(cast, name, handle.verbose)
-    _patch(handle, owner, name, lambda fn: make_cast_wrapper(fn, cast, handle, try_caching))
+    _patch(
+        handle, owner, name, lambda fn: make_cast_wrapper(fn, cast, handle, try_caching)
+    )
 
 
 def init(
@@ -315,7 +342,12 @@ def init(
         _cast_patch(handle, owner, name, cast, try_caching=kind == "half")
     _user_cast_registry.clear()
     for owner, name in _user_promote_registry:
-        _patch(handle, owner, name, lambda fn: make_promote_wrapper(fn, maybe_float, handle))
+        _patch(
+            handle,
+            owner,
+            name,
+            lambda fn: make_promote_wrapper(fn, maybe_float, handle),
+        )
     _user_promote_registry.clear()
 
     # 1. The FP16 and FP32 lists of the functional, torch and Tensor namespaces.
@@ -332,17 +364,34 @@ def init(
     # 2. Promotion on fp16/fp32 mixes, and sequence promotion for cat/stack.
     for owner, names in ((torch, lists.TORCH_PROMOTE), (tensor, lists.TENSOR_PROMOTE)):
         for name in names:
-            _patch(handle, owner, name, lambda fn: make_promote_wrapper(fn, maybe_float, handle))
+            _patch(
+                handle,
+                owner,
+                name,
+                lambda fn: make_promote_wrapper(fn, maybe_float, handle),
+            )
     for name in lists.TORCH_SEQUENCE_PROMOTE:
-        _patch(handle, torch, name, lambda fn: _make_sequence_promote_wrapper(fn, handle))
+        _patch(
+            handle, torch, name, lambda fn: _make_sequence_promote_wrapper(fn, handle)
+        )
 
     # 3. In-place versions of FP32-list functions refuse fp16 arguments.
     for name in lists.TORCH_FP32:
         inplace = name + "_"
-        _patch(handle, torch, inplace, lambda fn, n=inplace: _make_refuse_if_any_half(fn, n, handle))
+        _patch(
+            handle,
+            torch,
+            inplace,
+            functools.partial(_refuse_any_half_maker, name=inplace, handle=handle),
+        )
     for name in lists.TENSOR_FP32:
         inplace = name + "_"
-        _patch(handle, tensor, inplace, lambda fn, n=inplace: _make_refuse_if_self_half(fn, n, handle))
+        _patch(
+            handle,
+            tensor,
+            inplace,
+            functools.partial(_refuse_self_half_maker, name=inplace, handle=handle),
+        )
 
     # 4. Other in-place methods cast their arguments to self's dtype.
     for name in (*lists.TENSOR_FP16, *lists.TENSOR_PROMOTE):
@@ -358,7 +407,14 @@ def init(
                 "use BCEWithLogitsLoss, or register_float_function(torch, 'sigmoid') before "
                 "amp.initialize"
             )
-            _patch(handle, functional, name, lambda fn, m=message, n=name: _make_refuse_if_any_half(fn, n, handle, m))
+            _patch(
+                handle,
+                functional,
+                name,
+                functools.partial(
+                    _refuse_any_half_maker, name=name, handle=handle, message=message
+                ),
+            )
 
     _decorator_handle = handle
     return handle
@@ -411,7 +467,9 @@ def _decorate(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
         if kind == "promote":
             return make_promote_wrapper(fn, maybe_float, handle)(*args, **kwargs)
         cast = maybe_half if kind == "half" else maybe_float
-        return make_cast_wrapper(fn, cast, handle, try_caching=kind == "half")(*args, **kwargs)
+        return make_cast_wrapper(fn, cast, handle, try_caching=kind == "half")(
+            *args, **kwargs
+        )
 
     return wrapper
 

@@ -26,7 +26,8 @@ checked on. Only call ``install()`` when CUDA really is absent; it refuses other
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -112,7 +113,9 @@ class CpuAutocast(_OriginalAutocast):
             device_type = "cpu"
             if dtype is None:
                 dtype = torch.float16
-        super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        super().__init__(
+            device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled
+        )
 
 
 class CudaAmpAutocast(CpuAutocast):
@@ -124,7 +127,9 @@ class CudaAmpAutocast(CpuAutocast):
         dtype: torch.dtype = torch.float16,
         cache_enabled: bool = True,
     ) -> None:
-        super().__init__("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        super().__init__(
+            "cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled
+        )
 
 
 class CpuGradScaler(_OriginalGradScaler):
@@ -180,8 +185,8 @@ def _patch_torch_cuda() -> None:
         "ipc_collect",
     ):
         setattr(cuda, name, _returns(None))
-    cuda.amp.autocast = CudaAmpAutocast  # type: ignore[misc]
-    cuda.amp.GradScaler = CudaAmpGradScaler  # type: ignore[misc]
+    cuda.amp.autocast = CudaAmpAutocast  # type: ignore[misc,assignment]
+    cuda.amp.GradScaler = CudaAmpGradScaler  # type: ignore[misc,assignment]
 
 
 def install() -> None:
@@ -190,7 +195,9 @@ def install() -> None:
     if _installed:
         return
     if torch.cuda.is_available():
-        raise RuntimeError("cuda_on_cpu.install() is for machines without CUDA; CUDA is available")
+        raise RuntimeError(
+            "cuda_on_cpu.install() is for machines without CUDA; CUDA is available"
+        )
     torch.autocast = CpuAutocast  # type: ignore[misc]
     torch.amp.autocast = CpuAutocast  # type: ignore[misc]
     torch.GradScaler = CpuGradScaler  # type: ignore[misc]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,20 +14,20 @@ from migrate.shim.initialize import convert_module, convert_network
 from migrate.shim.scaler import LossScaler as AmpLossScaler
 
 __all__ = [
-    "FP16_Optimizer",
-    "FP16Model",
     "BN_convert_float",
-    "network_to_half",
-    "tofp16",
+    "DynamicLossScaler",
+    "FP16Model",
+    "FP16_Optimizer",
+    "LossScaler",
+    "clip_grad_norm",
     "convert_module",
     "convert_network",
-    "prep_param_lists",
-    "model_grads_to_master_grads",
     "master_params_to_model_params",
+    "model_grads_to_master_grads",
+    "network_to_half",
+    "prep_param_lists",
     "to_python_float",
-    "clip_grad_norm",
-    "LossScaler",
-    "DynamicLossScaler",
+    "tofp16",
 ]
 
 clip_grad_norm = clip_grad_norm_
@@ -39,14 +40,14 @@ def to_python_float(value: Any) -> float:
     return value[0]
 
 
-class tofp16(torch.nn.Module):  # noqa: N801 - Apex's name
+class tofp16(torch.nn.Module):
     """A module whose forward returns ``input.half()``."""
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         return input.half()
 
 
-def BN_convert_float(module: torch.nn.Module) -> torch.nn.Module:  # noqa: N802
+def BN_convert_float(module: torch.nn.Module) -> torch.nn.Module:
     """Turn affine BatchNorm modules (recursively) back to float32."""
     if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.affine:
         module.float()
@@ -78,9 +79,9 @@ def prep_param_lists(
     model_params = [param for param in model.parameters() if param.requires_grad]
     if flat_master:
         flat = torch.cat([param.detach().float().reshape(-1) for param in model_params])
-        master = torch.nn.Parameter(flat)
-        master.grad = torch.empty_like(master)
-        return model_params, [master]
+        flat_parameter = torch.nn.Parameter(flat)
+        flat_parameter.grad = torch.empty_like(flat_parameter)
+        return model_params, [flat_parameter]
     masters = [param.detach().clone().float() for param in model_params]
     for master in masters:
         master.requires_grad = True
@@ -88,12 +89,18 @@ def prep_param_lists(
 
 
 def model_grads_to_master_grads(
-    model_params: list[torch.Tensor], master_params: list[torch.Tensor], flat_master: bool = False
+    model_params: list[torch.Tensor],
+    master_params: list[torch.Tensor],
+    flat_master: bool = False,
 ) -> None:
     """Copy (without unscaling) model grads into master grads."""
     if flat_master:
-        grads = [param.grad.reshape(-1) for param in model_params if param.grad is not None]
-        master_params[0].grad.copy_(torch.cat(grads))
+        grads = [
+            param.grad.reshape(-1) for param in model_params if param.grad is not None
+        ]
+        flat_grad = master_params[0].grad
+        assert flat_grad is not None, "prep_param_lists(flat_master=True) allocates it"
+        flat_grad.copy_(torch.cat(grads))
         return
     for model, master in zip(model_params, master_params):
         if model.grad is None:
@@ -105,7 +112,9 @@ def model_grads_to_master_grads(
 
 
 def master_params_to_model_params(
-    model_params: list[torch.Tensor], master_params: list[torch.Tensor], flat_master: bool = False
+    model_params: list[torch.Tensor],
+    master_params: list[torch.Tensor],
+    flat_master: bool = False,
 ) -> None:
     """Copy master values back into the (fp16) model params."""
     with torch.no_grad():
@@ -139,7 +148,9 @@ class LossScaler:
     def loss_scale(self) -> float:
         return self.cur_scale
 
-    def scale_gradient(self, module: Any, grad_in: Any, grad_out: Any) -> tuple[Any, ...]:
+    def scale_gradient(
+        self, module: Any, grad_in: Any, grad_out: Any
+    ) -> tuple[Any, ...]:
         return tuple(self.loss_scale * g for g in grad_in)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
@@ -150,7 +161,10 @@ class DynamicLossScaler(LossScaler):
     """Apex's legacy dynamic scaler: start 2**32, window 1000, floor 1, no cap."""
 
     def __init__(
-        self, init_scale: float = 2**32, scale_factor: float = 2.0, scale_window: int = 1000
+        self,
+        init_scale: float = 2**32,
+        scale_factor: float = 2.0,
+        scale_window: int = 1000,
     ) -> None:
         super().__init__(init_scale)
         self.cur_iter = 0
@@ -162,8 +176,7 @@ class DynamicLossScaler(LossScaler):
         return any(p.grad is not None and self._has_inf_or_nan(p.grad) for p in params)
 
     def _has_inf_or_nan(self, value: torch.Tensor) -> bool:
-        total = float(value.float().sum())
-        return total in (float("inf"), -float("inf")) or total != total
+        return not math.isfinite(float(value.float().sum()))
 
     def update_scale(self, overflow: bool) -> None:
         if overflow:
@@ -174,7 +187,7 @@ class DynamicLossScaler(LossScaler):
         self.cur_iter += 1
 
 
-class FP16_Optimizer:  # noqa: N801 - Apex's name
+class FP16_Optimizer:
     """Wraps an optimizer over an fp16 model with fp32 masters and Apex's amp ``LossScaler``."""
 
     def __init__(
@@ -206,7 +219,9 @@ class FP16_Optimizer:  # noqa: N801 - Apex's name
                 elif param.dtype is torch.float32:
                     fp32_params.append(param)
                 else:
-                    raise TypeError(f"FP16_Optimizer takes float16 or float32 params, got {param.dtype}")
+                    raise TypeError(
+                        f"FP16_Optimizer takes float16 or float32 params, got {param.dtype}"
+                    )
             self.fp16_groups.append(fp16_params)
             self.fp32_from_fp16_groups.append(masters)
             self.fp32_from_fp32_groups.append(fp32_params)
@@ -225,14 +240,21 @@ class FP16_Optimizer:  # noqa: N801 - Apex's name
         raise RuntimeError("FP16_Optimizer should be serialized using state_dict().")
 
     def __setstate__(self, state: Any) -> None:
-        raise RuntimeError("FP16_Optimizer should be deserialized using load_state_dict().")
+        raise RuntimeError(
+            "FP16_Optimizer should be deserialized using load_state_dict()."
+        )
 
     def _fp16_and_masters(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-        for fp16_group, master_group in zip(self.fp16_groups, self.fp32_from_fp16_groups):
+        for fp16_group, master_group in zip(
+            self.fp16_groups, self.fp32_from_fp16_groups
+        ):
             yield from zip(fp16_group, master_group)
 
-    def zero_grad(self, set_grads_to_None: bool = False) -> None:  # noqa: N803
-        groups = [*self.optimizer.param_groups, *({"params": g} for g in self.fp16_groups)]
+    def zero_grad(self, set_grads_to_None: bool = False) -> None:
+        groups = [
+            *self.optimizer.param_groups,
+            *({"params": g} for g in self.fp16_groups),
+        ]
         for group in groups:
             for param in group["params"]:
                 if set_grads_to_None:
@@ -242,13 +264,21 @@ class FP16_Optimizer:  # noqa: N801 - Apex's name
                     param.grad.zero_()
 
     def backward(
-        self, loss: torch.Tensor, update_master_grads: bool = True, retain_graph: bool = False
+        self,
+        loss: torch.Tensor,
+        update_master_grads: bool = True,
+        retain_graph: bool = False,
     ) -> None:
         events.emit(
-            "scale_loss", loss=loss, scale=self.loss_scaler.loss_scale(), loss_id=0,
+            "scale_loss",
+            loss=loss,
+            scale=self.loss_scaler.loss_scale(),
+            loss_id=0,
             dynamic=self.loss_scaler.dynamic,
-        )  # fmt: skip
-        (loss.float() * self.loss_scaler.loss_scale()).backward(retain_graph=retain_graph)
+        )
+        (loss.float() * self.loss_scaler.loss_scale()).backward(
+            retain_graph=retain_graph
+        )
         if update_master_grads:
             self.update_master_grads()
 
@@ -265,7 +295,9 @@ class FP16_Optimizer:  # noqa: N801 - Apex's name
             model_grads.append(model.grad)
             master_grads.append(master.grad)
         scaler.unscale(model_grads, master_grads, scaler.loss_scale())
-        fp32_grads = [p.grad for g in self.fp32_from_fp32_groups for p in g if p.grad is not None]
+        fp32_grads = [
+            p.grad for g in self.fp32_from_fp32_groups for p in g if p.grad is not None
+        ]
         scaler.unscale(fp32_grads, fp32_grads, scaler.loss_scale())
         self.overflow = scaler.update_scale()
 
@@ -285,7 +317,11 @@ class FP16_Optimizer:  # noqa: N801 - Apex's name
                 )
             events.emit("step_skipped", optimizer=self.optimizer, loss_id=0)
             return None
-        result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        result = (
+            self.optimizer.step(closure)
+            if closure is not None
+            else self.optimizer.step()
+        )
         master_params_to_model_params(
             [p for g in self.fp16_groups for p in g],
             [p for g in self.fp32_from_fp16_groups for p in g],
@@ -293,7 +329,9 @@ class FP16_Optimizer:  # noqa: N801 - Apex's name
         return result
 
     def inspect_master_grad_data(self) -> list[list[torch.Tensor | None]]:
-        return [[p.grad for p in group["params"]] for group in self.optimizer.param_groups]
+        return [
+            [p.grad for p in group["params"]] for group in self.optimizer.param_groups
+        ]
 
     @property
     def loss_scale(self) -> float:
@@ -328,6 +366,8 @@ class FP16_Optimizer:  # noqa: N801 - Apex's name
         self.first_closure_call_this_step = state["first_closure_call_this_step"]
         self.optimizer.load_state_dict(state["optimizer_state_dict"])
         with torch.no_grad():
-            for current, saved in zip(self.fp32_from_fp16_groups, state["fp32_from_fp16"]):
+            for current, saved in zip(
+                self.fp32_from_fp16_groups, state["fp32_from_fp16"]
+            ):
                 for master, value in zip(current, saved):
                     master.copy_(value)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -35,7 +35,9 @@ def apply_to_values(value: Any, fn: Callable[[Any], Any]) -> Any:
     if hasattr(value, "to"):
         return fn(value)
     if isinstance(value, Mapping):
-        return {apply_to_values(k, fn): apply_to_values(v, fn) for k, v in value.items()}
+        return {
+            apply_to_values(k, fn): apply_to_values(v, fn) for k, v in value.items()
+        }
     if isinstance(value, Iterable):
         return type(value)(apply_to_values(v, fn) for v in value)  # type: ignore[call-arg]
     return value
@@ -48,7 +50,9 @@ def _to_dtype(dtype: torch.dtype, value: Any) -> Any:
 
 
 def _is_affine_batchnorm(module: torch.nn.Module) -> bool:
-    return isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and bool(module.affine)
+    return isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and bool(
+        module.affine
+    )
 
 
 def convert_module(module: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -75,11 +79,13 @@ def convert_network(network: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mo
 
 
 def _fp32_state_dict_hook(
-    module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+    module: torch.nn.Module,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: Any,
 ) -> None:
     # Checkpoints from O2/O3 hold fp32 tensors (with fp16-rounded values), as with Apex.
-    for key in state_dict:
-        value = state_dict[key]
+    for key, value in list(state_dict.items()):
         if isinstance(value, torch.Tensor) and value.dtype is torch.float16:
             state_dict[key] = value.float()
 
@@ -112,7 +118,7 @@ def _check_models(models: list[torch.nn.Module]) -> None:
 
     for model in models:
         if isinstance(model, (*_PARALLEL_WRAPPERS, parallel.DistributedDataParallel)):
-            raise RuntimeError(
+            raise RuntimeError(  # noqa: TRY004 - Apex raised RuntimeError here
                 f"amp.initialize got a model wrapped in {type(model).__name__}: wrap models "
                 "in parallel wrappers after amp.initialize, not before"
             )
@@ -122,7 +128,10 @@ def _check_params_fp32(models: list[torch.nn.Module]) -> None:
     if _amp_state.allow_incoming_model_not_fp32:
         return
     for model in models:
-        for kind, named in (("param", model.named_parameters()), ("buffer", model.named_buffers())):
+        for kind, named in (
+            ("param", model.named_parameters()),
+            ("buffer", model.named_buffers()),
+        ):
             for name, tensor in named:
                 if tensor.is_floating_point() and tensor.dtype is not torch.float32:
                     message = (
@@ -139,7 +148,7 @@ def _check_optimizers(optimizers: list[Any]) -> None:
 
     for optimizer in optimizers:
         if isinstance(optimizer, fp16_utils.FP16_Optimizer):
-            raise RuntimeError(
+            raise RuntimeError(  # noqa: TRY004 - Apex raised RuntimeError here
                 "amp.initialize got an FP16_Optimizer: pass the bare optimizer, amp manages "
                 "master weights itself"
             )
@@ -155,7 +164,9 @@ def _print_options(properties: Properties) -> None:
     if _amp_state.verbosity <= 0:
         return
     level = properties.opt_level
-    print(f"Selected optimization level {level}: {OPT_LEVEL_BRIEF.get(level or '', '')}")
+    print(
+        f"Selected optimization level {level}: {OPT_LEVEL_BRIEF.get(level or '', '')}"
+    )
     print("Processing user overrides (additional kwargs that are not None)...")
     print("After processing overrides, optimization options are:")
     for name, value in properties.as_dict().items():
@@ -237,7 +248,9 @@ def initialize(
                 convert_network(model, properties.cast_model_type)
             else:
                 model.to(properties.cast_model_type)
-            _patch_forward(model, properties.cast_model_type, cast_model_outputs or torch.float32)
+            _patch_forward(
+                model, properties.cast_model_type, cast_model_outputs or torch.float32
+            )
             for module in model.modules():
                 module._register_state_dict_hook(_fp32_state_dict_hook)
         for optimizer in optimizer_list:
@@ -261,7 +274,9 @@ def initialize(
 
     _amp_state.loss_scalers = [
         LossScaler(
-            properties.loss_scale, min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale
+            properties.loss_scale,
+            min_loss_scale=min_loss_scale,
+            max_loss_scale=max_loss_scale,
         )
         for _ in range(num_losses)
     ]
@@ -271,4 +286,3 @@ def initialize(
     returned_models = model_list if models_was_list else model_list[0]
     returned_optimizers = optimizer_list if optimizers_was_list else optimizer_list[0]
     return returned_models, returned_optimizers
-

@@ -37,29 +37,41 @@ class FusedLayerNorm(torch.nn.LayerNorm):
     """LayerNorm whose output follows the autocast dtype, as Apex's fused kernel does."""
 
     def __init__(
-        self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True,
+        self,
+        normalized_shape: Any,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
         memory_efficient: bool = False,
-    ) -> None:  # fmt: skip
-        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine)
+    ) -> None:
+        super().__init__(
+            normalized_shape, eps=eps, elementwise_affine=elementwise_affine
+        )
         self.memory_efficient = memory_efficient
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         dtype = _autocast_dtype(input)
         if dtype is None:
-            return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+            return F.layer_norm(
+                input, self.normalized_shape, self.weight, self.bias, self.eps
+            )
         with torch.autocast(input.device.type, enabled=False):
             weight = self.weight.to(dtype) if self.weight is not None else None
             bias = self.bias.to(dtype) if self.bias is not None else None
-            return F.layer_norm(input.to(dtype), self.normalized_shape, weight, bias, self.eps)
+            return F.layer_norm(
+                input.to(dtype), self.normalized_shape, weight, bias, self.eps
+            )
 
 
 class FusedRMSNorm(torch.nn.Module):
     """RMSNorm with Apex's default eps 1e-5 (torch.nn.RMSNorm defaults to finfo.eps)."""
 
     def __init__(
-        self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True,
+        self,
+        normalized_shape: Any,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
         memory_efficient: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         if isinstance(normalized_shape, int):
             normalized_shape = (normalized_shape,)
@@ -72,13 +84,15 @@ class FusedRMSNorm(torch.nn.Module):
         else:
             self.register_parameter("weight", None)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         dtype = _autocast_dtype(input)
         if dtype is None:
             return _rms_norm(input, self.normalized_shape, self.weight, self.eps)
         with torch.autocast(input.device.type, enabled=False):
             weight = self.weight.to(dtype) if self.weight is not None else None
-            return _rms_norm(input.to(dtype), self.normalized_shape, weight, self.eps).to(dtype)
+            return _rms_norm(
+                input.to(dtype), self.normalized_shape, weight, self.eps
+            ).to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -87,13 +101,21 @@ class FusedRMSNorm(torch.nn.Module):
 class MixedFusedLayerNorm(FusedLayerNorm):
     """LayerNorm whose output has the params' dtype."""
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
-        out = F.layer_norm(input.float(), self.normalized_shape, self.weight.float(), self.bias.float(), self.eps)
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(
+            input.float(),
+            self.normalized_shape,
+            self.weight.float(),
+            self.bias.float(),
+            self.eps,
+        )
         return out.to(self.weight.dtype)
 
 
 class MixedFusedRMSNorm(FusedRMSNorm):
     """RMSNorm whose output has the params' dtype."""
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
-        return _rms_norm(input, self.normalized_shape, self.weight, self.eps).to(self.weight.dtype)
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _rms_norm(input, self.normalized_shape, self.weight, self.eps).to(
+            self.weight.dtype
+        )

@@ -44,7 +44,9 @@ def _check_dtype(param: torch.Tensor) -> None:
 
 
 def _post_backward_models_are_masters(
-    scaler: LossScaler, params: list[torch.Tensor], stashed_grads: list[torch.Tensor | None]
+    scaler: LossScaler,
+    params: list[torch.Tensor],
+    stashed_grads: list[torch.Tensor | None],
 ) -> None:
     fresh: list[torch.Tensor] = []
     fresh_with_stash: list[torch.Tensor] = []
@@ -195,14 +197,18 @@ def process_optimizer(optimizer: Any, properties: Any) -> Any:
             stash: AmpStash = self._amp_stash
             with torch.no_grad():
                 # Round each fp32 master to the nearest fp16 into the model.
-                for model, master in zip(stash.all_fp16_params, stash.all_fp32_from_fp16_params):
+                for model, master in zip(
+                    stash.all_fp16_params, stash.all_fp32_from_fp16_params
+                ):
                     model.copy_(master)
             for master in stash.all_fp32_from_fp16_params:
                 master.grad = None
             return result
 
         optimizer.step = types.MethodType(step_with_masters, optimizer)
-        optimizer.zero_grad = types.MethodType(_zero_grad_with_master_weights, optimizer)
+        optimizer.zero_grad = types.MethodType(
+            _zero_grad_with_master_weights, optimizer
+        )
         original_add_param_group = optimizer.add_param_group
 
         def add_param_group_with_masters(self: Any, group: dict[str, Any]) -> None:
@@ -226,7 +232,9 @@ def process_optimizer(optimizer: Any, properties: Any) -> Any:
                     kept.append(param)
             original_add_param_group({**group, "params": kept})
 
-        optimizer.add_param_group = types.MethodType(add_param_group_with_masters, optimizer)
+        optimizer.add_param_group = types.MethodType(
+            add_param_group_with_masters, optimizer
+        )
     else:
         optimizer._lazy_init_maybe_master_weights = types.MethodType(
             _lazy_init_no_master_weights, optimizer

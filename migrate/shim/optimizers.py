@@ -17,7 +17,9 @@ from torch.optim import Optimizer
 class _FusedBase(Optimizer):
     """``zero_grad()`` takes no arguments and honours ``set_grad_none``, as in Apex."""
 
-    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], set_grad_none: bool) -> None:
+    def __init__(
+        self, params: Iterable[Any], defaults: dict[str, Any], set_grad_none: bool
+    ) -> None:
         super().__init__(params, defaults)
         self.set_grad_none = set_grad_none
 
@@ -53,8 +55,13 @@ class FusedAdam(_FusedBase):
             raise RuntimeError("FusedAdam does not support AMSGrad")
         if master_weights and not capturable:
             raise RuntimeError("FusedAdam master_weights requires capturable=True")
-        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
-                        weight_decay=weight_decay)  # fmt: skip
+        defaults = {
+            "lr": lr,
+            "bias_correction": bias_correction,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+        }
         super().__init__(params, defaults, set_grad_none)
         self.adam_w_mode = adam_w_mode
         self.capturable = capturable
@@ -67,8 +74,8 @@ class FusedAdam(_FusedBase):
             beta1, beta2 = group["betas"]
             group["step"] = group.get("step", 0) + 1
             step = group["step"]
-            bc1 = 1 - beta1**step if group["bias_correction"] else 1.0
-            bc2 = 1 - beta2**step if group["bias_correction"] else 1.0
+            bc1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
+            bc2 = 1 - beta2 ** step if group["bias_correction"] else 1.0
             decay = group["weight_decay"]
             for param in group["params"]:
                 if param.grad is None:
@@ -114,8 +121,13 @@ class FusedSGD(_FusedBase):
     ) -> None:
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
-                        weight_decay=weight_decay, nesterov=nesterov)  # fmt: skip
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "dampening": dampening,
+            "weight_decay": weight_decay,
+            "nesterov": nesterov,
+        }
         super().__init__(params, defaults, set_grad_none)
         self.wd_after_momentum = wd_after_momentum
         self.materialize_master_grads = materialize_master_grads
@@ -162,7 +174,9 @@ class FusedAdagrad(_FusedBase):
         set_grad_none: bool = True,
         adagrad_w_mode: bool = False,
     ) -> None:
-        super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay), set_grad_none)
+        super().__init__(
+            params, {"lr": lr, "eps": eps, "weight_decay": weight_decay}, set_grad_none
+        )
         self.adagrad_w_mode = adagrad_w_mode
 
     @torch.no_grad()
@@ -209,9 +223,15 @@ class FusedLAMB(_FusedBase):
     ) -> None:
         if amsgrad:
             raise RuntimeError("FusedLAMB does not support AMSGrad")
-        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
-                        weight_decay=weight_decay, grad_averaging=grad_averaging,
-                        max_grad_norm=max_grad_norm)  # fmt: skip
+        defaults = {
+            "lr": lr,
+            "bias_correction": bias_correction,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "grad_averaging": grad_averaging,
+            "max_grad_norm": max_grad_norm,
+        }
         super().__init__(params, defaults, set_grad_none)
         self.adam_w_mode = adam_w_mode
         self.use_nvlamb = use_nvlamb
@@ -219,19 +239,30 @@ class FusedLAMB(_FusedBase):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         loss = self._closure_loss(closure)
-        grads = [p.grad.float() for g in self.param_groups for p in g["params"] if p.grad is not None]
+        grads = [
+            p.grad.float()
+            for g in self.param_groups
+            for p in g["params"]
+            if p.grad is not None
+        ]
         if not grads:
             return loss
-        global_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        global_norm = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g) for g in grads])
+        )
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             beta3 = 1 - beta1 if group["grad_averaging"] else 1.0
             group["step"] = group.get("step", 0) + 1
             step = group["step"]
-            bc1 = 1 - beta1**step if group["bias_correction"] else 1.0
-            bc2 = 1 - beta2**step if group["bias_correction"] else 1.0
+            bc1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
+            bc2 = 1 - beta2 ** step if group["bias_correction"] else 1.0
             max_norm, decay = group["max_grad_norm"], group["weight_decay"]
-            clip = (global_norm / max_norm).clamp(min=1.0) if max_norm > 0 else torch.ones(())
+            clip = (
+                (global_norm / max_norm).clamp(min=1.0)
+                if max_norm > 0
+                else torch.ones(())
+            )
             for param in group["params"]:
                 if param.grad is None:
                     continue
@@ -282,8 +313,14 @@ class FusedNovoGrad(_FusedBase):
             raise RuntimeError("FusedNovoGrad does not support AMSGrad")
         if norm_type not in (0, 2):
             raise RuntimeError("FusedNovoGrad supports norm_type 0 (max) and 2 only")
-        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
-                        weight_decay=weight_decay, grad_averaging=grad_averaging)  # fmt: skip
+        defaults = {
+            "lr": lr,
+            "bias_correction": bias_correction,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "grad_averaging": grad_averaging,
+        }
         super().__init__(params, defaults, set_grad_none)
         self.reg_inside_moment = reg_inside_moment
         self.norm_type = norm_type
@@ -297,7 +334,7 @@ class FusedNovoGrad(_FusedBase):
             beta3 = 1 - beta1 if group["grad_averaging"] else 1.0
             group["step"] = group.get("step", 0) + 1
             step = group["step"]
-            bc1 = 1 - beta1**step if group["bias_correction"] else 1.0
+            bc1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
             bc2 = math.sqrt(1 - beta2**step) if group["bias_correction"] else 1.0
             decay = group["weight_decay"]
             for param in group["params"]:
@@ -305,12 +342,20 @@ class FusedNovoGrad(_FusedBase):
                     continue
                 grad = param.grad.float()
                 weight = param.float()
-                norm = grad.abs().max() if self.norm_type == 0 else torch.linalg.vector_norm(grad)
+                norm = (
+                    grad.abs().max()
+                    if self.norm_type == 0
+                    else torch.linalg.vector_norm(grad)
+                )
                 norm_sq = norm * norm
                 state = self.state[param]
                 if not state:
                     state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros((), dtype=torch.float32) if self.init_zero else norm_sq.clone()
+                    state["exp_avg_sq"] = (
+                        torch.zeros((), dtype=torch.float32)
+                        if self.init_zero
+                        else norm_sq.clone()
+                    )
                 else:
                     state["exp_avg_sq"].mul_(beta2).add_(norm_sq, alpha=1 - beta2)
                 denom = state["exp_avg_sq"].sqrt() / bc2 + group["eps"]
@@ -329,7 +374,9 @@ class FusedNovoGrad(_FusedBase):
 class FusedMixedPrecisionLamb(FusedLAMB):
     """LAMB that keeps its moments in fp32 for low-precision params (as FusedLAMB here does)."""
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, step: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self, params: Iterable[Any], lr: float = 1e-3, step: int = 0, **kwargs: Any
+    ) -> None:
         kwargs.pop("reduced_precision_dtype", None)
         super().__init__(params, lr=lr, **kwargs)
         for group in self.param_groups:

@@ -50,23 +50,37 @@ class DistributedDataParallel(torch.nn.Module):
         bucket_cap_mb = max(1.0, message_size * bytes_per_element / 2**20)
         torch_ddp = None
         if _distributed():
-            device_ids = [torch.cuda.current_device()] if next(module.parameters()).is_cuda else None
+            device_ids = (
+                [torch.cuda.current_device()]
+                if next(module.parameters()).is_cuda
+                else None
+            )
             torch_ddp = torch.nn.parallel.DistributedDataParallel(
-                module, device_ids=device_ids, broadcast_buffers=False, bucket_cap_mb=bucket_cap_mb
+                module,
+                device_ids=device_ids,
+                broadcast_buffers=False,
+                bucket_cap_mb=bucket_cap_mb,
             )
         # Kept out of the module tree so state_dict keys stay ``module.*``, as with Apex.
         self.__dict__["_torch_ddp"] = torch_ddp
 
+    @property
+    def _ddp(self) -> torch.nn.parallel.DistributedDataParallel | None:
+        ddp: torch.nn.parallel.DistributedDataParallel | None = self.__dict__[
+            "_torch_ddp"
+        ]
+        return ddp
+
     def enable_allreduce(self) -> None:
-        if self._torch_ddp is not None:
-            self._torch_ddp.require_backward_grad_sync = True
+        if self._ddp is not None:
+            self._ddp.require_backward_grad_sync = True
 
     def disable_allreduce(self) -> None:
-        if self._torch_ddp is not None:
-            self._torch_ddp.require_backward_grad_sync = False
+        if self._ddp is not None:
+            self._ddp.require_backward_grad_sync = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        runner = self._torch_ddp if self._torch_ddp is not None else self.module
+        runner: torch.nn.Module = self._ddp if self._ddp is not None else self.module
         return runner(*args, **kwargs)
 
 
@@ -84,17 +98,23 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         channel_last: bool = False,
         fuse_relu: bool = False,
     ) -> None:
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, process_group)
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, process_group
+        )
         if channel_last:
-            raise NotImplementedError("channel_last SyncBatchNorm has no torch equivalent")
+            raise NotImplementedError(
+                "channel_last SyncBatchNorm has no torch equivalent"
+            )
         self.channel_last = channel_last
         self.fuse_relu = fuse_relu
 
-    def _check_input_dim(self, input: torch.Tensor) -> None:  # noqa: A002
+    def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
-    def forward(self, input: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:  # noqa: A002
+    def forward(
+        self, input: torch.Tensor, z: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if _distributed():
             out = super().forward(input)
         else:
@@ -108,7 +128,11 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
                 self.momentum if self.momentum is not None else 0.0,
                 self.eps,
             )
-            if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            if (
+                self.training
+                and self.track_running_stats
+                and self.num_batches_tracked is not None
+            ):
                 self.num_batches_tracked.add_(1)
         if z is not None:
             out = out + z
@@ -135,7 +159,9 @@ def convert_syncbn_model(
         converted.load_state_dict(module.state_dict())
         converted.to(next(iter(module.state_dict().values())).device)
     for name, child in module.named_children():
-        converted.add_module(name, convert_syncbn_model(child, process_group, channel_last))
+        converted.add_module(
+            name, convert_syncbn_model(child, process_group, channel_last)
+        )
     return converted
 
 
@@ -159,9 +185,12 @@ class LARC:
     """Layer-wise adaptive rate control around an optimizer (clip or scale mode)."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, trust_coefficient: float = 0.02,
-        clip: bool = True, eps: float = 1e-8,
-    ) -> None:  # fmt: skip
+        self,
+        optimizer: torch.optim.Optimizer,
+        trust_coefficient: float = 0.02,
+        clip: bool = True,
+        eps: float = 1e-8,
+    ) -> None:
         self.optim = optimizer
         self.trust_coefficient = trust_coefficient
         self.clip = clip
@@ -213,8 +242,10 @@ class LARC:
                     param_norm = torch.linalg.vector_norm(param.data)
                     grad_norm = torch.linalg.vector_norm(param.grad.data)
                     if param_norm != 0 and grad_norm != 0:
-                        adaptive = self.trust_coefficient * param_norm / (
-                            grad_norm + param_norm * decay + self.eps
+                        adaptive = (
+                            self.trust_coefficient
+                            * param_norm
+                            / (grad_norm + param_norm * decay + self.eps)
                         )
                         if self.clip:
                             adaptive = torch.clamp(adaptive / group["lr"], max=1)

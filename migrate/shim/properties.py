@@ -94,12 +94,11 @@ class Properties:
             return
         opt_level = options["opt_level"]
         if name == "cast_model_type":
-            if opt_level == "O1" and value is not None and value is not False:
-                if value is not torch.float32:
-                    raise RuntimeError(
-                        f"opt_level O1 keeps the model in FP32 and casts around functions; "
-                        f"cast_model_type={value} needs opt_level O2 or O3"
-                    )
+            if opt_level == "O1" and value not in (None, False, torch.float32):
+                raise RuntimeError(
+                    f"opt_level O1 keeps the model in FP32 and casts around functions; "
+                    f"cast_model_type={value} needs opt_level O2 or O3"
+                )
         elif name == "patch_torch_functions":
             if opt_level != "O1" and value:
                 raise RuntimeError(

@@ -48,7 +48,9 @@ class _PrecisionCounter(TorchDispatchMode):
         super().__init__()
         self.counts: Counter[str] = Counter()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket in _MATMUL_OPS:
             first = out[0] if isinstance(out, (tuple, list)) else out
@@ -91,21 +93,24 @@ class Recorder:
         if self.finished:
             return
         index = self.optimizer_ids.setdefault(id(optimizer), len(self.optimizer_ids))
+        loss: float | None
         if self.pending_loss is not None:
             loss, scale, source = self.pending_loss
         else:
             loss, scale, source = self.pending_backward_loss, None, "backward"
-        self.write({
-            "kind": "step",
-            "step": self.steps,
-            "optimizer": index,
-            "taken": taken,
-            "loss": _finite_or_none(loss),
-            "loss_source": source,
-            "scale": scale,
-            "scale_calls": self.scale_calls_since_step,
-            "param_norm": _finite_or_none(_param_norm(optimizer)),
-        })  # fmt: skip
+        self.write(
+            {
+                "kind": "step",
+                "step": self.steps,
+                "optimizer": index,
+                "taken": taken,
+                "loss": _finite_or_none(loss),
+                "loss_source": source,
+                "scale": scale,
+                "scale_calls": self.scale_calls_since_step,
+                "param_norm": _finite_or_none(_param_norm(optimizer)),
+            }
+        )
         self.steps += 1
         self.pending_loss = None
         self.pending_backward_loss = None
@@ -120,9 +125,15 @@ class Recorder:
         if self.finished:
             return
         self.finished = True
-        self.write({"kind": "summary", "steps": self.steps, "stopped_at_limit": stopped,
-                    "matmul_dtypes": dict(self.counter.counts),
-                    "forced_o0": self.forced_o0})  # fmt: skip
+        self.write(
+            {
+                "kind": "summary",
+                "steps": self.steps,
+                "stopped_at_limit": stopped,
+                "matmul_dtypes": dict(self.counter.counts),
+                "forced_o0": self.forced_o0,
+            }
+        )
 
 
 def _finite_or_none(value: float | None) -> float | None:
@@ -146,7 +157,9 @@ def _hook_native(recorder: Recorder) -> None:
     original_step = GradScaler.step
 
     def scale(self: GradScaler, outputs: Any) -> Any:
-        recorder.note_loss(outputs, self.get_scale() if self.is_enabled() else None, "GradScaler.scale")
+        recorder.note_loss(
+            outputs, self.get_scale() if self.is_enabled() else None, "GradScaler.scale"
+        )
         return original_scale(self, outputs)
 
     def step(self: GradScaler, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -209,13 +222,22 @@ def _hook_shim(recorder: Recorder, force_fp32: bool) -> None:
         optimizer.step = step
 
     def initialize_o0(models: Any, optimizers: Any = None, **kwargs: Any) -> Any:
-        for name in ("enabled", "opt_level", "cast_model_type", "patch_torch_functions",
-                     "keep_batchnorm_fp32", "master_weights", "loss_scale"):  # fmt: skip
+        for name in (
+            "enabled",
+            "opt_level",
+            "cast_model_type",
+            "patch_torch_functions",
+            "keep_batchnorm_fp32",
+            "master_weights",
+            "loss_scale",
+        ):
             kwargs.pop(name, None)
         recorder.forced_o0 += 1
         result = original_initialize(models, optimizers, opt_level="O0", **kwargs)
         if optimizers is not None:
-            for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
+            for optimizer in (
+                optimizers if isinstance(optimizers, list) else [optimizers]
+            ):
                 replay_skips(optimizer)
         return result
 
@@ -240,7 +262,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--apex", action="store_true")
     parser.add_argument("--fp32", action="store_true")
-    parser.add_argument("--skip-steps", default="", help="comma-separated steps to skip (--fp32)")
+    parser.add_argument(
+        "--skip-steps", default="", help="comma-separated steps to skip (--fp32)"
+    )
     parser.add_argument("--cuda-on-cpu", choices=("auto", "yes", "no"), default="auto")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
@@ -252,27 +276,39 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     mapping = {"auto": None, "yes": True, "no": False}[options.cuda_on_cpu]
     if options.cuda_on_cpu == "no" and not torch.cuda.is_available():
-        print("ampmigrate verify: --device cuda, but CUDA is not available", file=sys.stderr)
+        print(
+            "ampmigrate verify: --device cuda, but CUDA is not available",
+            file=sys.stderr,
+        )
         return 2
     cuda_on_cpu = prepare(apex=options.apex, cuda_on_cpu=mapping)
-    stream = open(options.out, "w", encoding="utf-8")  # noqa: SIM115 - closed by os._exit/atexit
-    recorder = Recorder(stream, options.steps)
-    recorder.skip_steps = frozenset(int(n) for n in options.skip_steps.split(",") if n)
-    recorder.write({"kind": "meta", "apex": options.apex, "fp32": options.fp32,
-                    "cuda_on_cpu": cuda_on_cpu, "torch": torch.__version__,
-                    "cuda": torch.cuda.is_available() and not cuda_on_cpu})  # fmt: skip
-    _hook_native(recorder)
-    if options.apex:
-        _hook_shim(recorder, options.fp32)
-    _seed(options.seed)
-    recorder.counter.__enter__()
-    try:
-        run_script(options.script, options.args)
-    except SystemExit as exit_:
-        if exit_.code not in (None, 0):
-            raise
-    recorder.finish(stopped=False)
-    stream.close()
+    # The stream is flushed after every record: a run stopped by os._exit keeps them all.
+    with open(options.out, "w", encoding="utf-8") as stream:
+        recorder = Recorder(stream, options.steps)
+        recorder.skip_steps = frozenset(
+            int(n) for n in options.skip_steps.split(",") if n
+        )
+        recorder.write(
+            {
+                "kind": "meta",
+                "apex": options.apex,
+                "fp32": options.fp32,
+                "cuda_on_cpu": cuda_on_cpu,
+                "torch": torch.__version__,
+                "cuda": torch.cuda.is_available() and not cuda_on_cpu,
+            }
+        )
+        _hook_native(recorder)
+        if options.apex:
+            _hook_shim(recorder, options.fp32)
+        _seed(options.seed)
+        recorder.counter.__enter__()
+        try:
+            run_script(options.script, options.args)
+        except SystemExit as exit_:
+            if exit_.code not in (None, 0):
+                raise
+        recorder.finish(stopped=False)
     return 0
 
 

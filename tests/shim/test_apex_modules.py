@@ -13,31 +13,82 @@ from migrate.shim import fp16_utils, normalization, optimizers, parallel
 
 # Public Apex names that training code in the wild imports (module, names).
 APEX_NAMES = {
-    "apex.amp": ["initialize", "scale_loss", "master_params", "state_dict", "load_state_dict",
-                 "disable_casts", "init", "half_function", "float_function", "promote_function",
-                 "register_half_function", "register_float_function", "register_promote_function",
-                 "_amp_state"],
+    "apex.amp": [
+        "initialize",
+        "scale_loss",
+        "master_params",
+        "state_dict",
+        "load_state_dict",
+        "disable_casts",
+        "init",
+        "half_function",
+        "float_function",
+        "promote_function",
+        "register_half_function",
+        "register_float_function",
+        "register_promote_function",
+        "_amp_state",
+    ],
     "apex.amp.scaler": ["LossScaler"],
-    "apex.fp16_utils": ["FP16_Optimizer", "network_to_half", "BN_convert_float", "FP16Model",
-                        "to_python_float", "prep_param_lists", "model_grads_to_master_grads",
-                        "master_params_to_model_params", "tofp16", "clip_grad_norm",
-                        "convert_network", "LossScaler", "DynamicLossScaler"],
-    "apex.optimizers": ["FusedAdam", "FusedSGD", "FusedLAMB", "FusedNovoGrad", "FusedAdagrad",
-                        "FusedMixedPrecisionLamb"],
-    "apex.parallel": ["DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model", "LARC",
-                      "ReduceOp", "create_syncbn_process_group"],
-    "apex.normalization": ["FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm",
-                           "MixedFusedRMSNorm"],
-}  # fmt: skip
+    "apex.fp16_utils": [
+        "FP16_Optimizer",
+        "network_to_half",
+        "BN_convert_float",
+        "FP16Model",
+        "to_python_float",
+        "prep_param_lists",
+        "model_grads_to_master_grads",
+        "master_params_to_model_params",
+        "tofp16",
+        "clip_grad_norm",
+        "convert_network",
+        "LossScaler",
+        "DynamicLossScaler",
+    ],
+    "apex.optimizers": [
+        "FusedAdam",
+        "FusedSGD",
+        "FusedLAMB",
+        "FusedNovoGrad",
+        "FusedAdagrad",
+        "FusedMixedPrecisionLamb",
+    ],
+    "apex.parallel": [
+        "DistributedDataParallel",
+        "SyncBatchNorm",
+        "convert_syncbn_model",
+        "LARC",
+        "ReduceOp",
+        "create_syncbn_process_group",
+    ],
+    "apex.normalization": [
+        "FusedLayerNorm",
+        "FusedRMSNorm",
+        "MixedFusedLayerNorm",
+        "MixedFusedRMSNorm",
+    ],
+}
 
 
 def test_every_public_apex_name_resolves_in_a_fresh_process() -> None:
-    lines = ["import migrate.shim", "migrate.shim.install()", "import apex", "from apex import amp",
-             "import apex.amp as aa", "assert aa is amp is apex.amp"]  # fmt: skip
+    lines = [
+        "import migrate.shim",
+        "migrate.shim.install()",
+        "import apex",
+        "from apex import amp",
+        "import apex.amp as aa",
+        "assert aa is amp is apex.amp",
+    ]
     for module, names in APEX_NAMES.items():
         lines.append(f"from {module} import {', '.join(names)}")
     lines.append("print('ok')")
-    done = subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", "\n".join(lines)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
 
@@ -51,11 +102,19 @@ def test_unemulated_apex_module_is_a_clear_import_error() -> None:
 
 
 def test_shim_does_not_import_the_codemod_side() -> None:
-    code = ("import sys, migrate.shim, migrate.shim.amp, migrate.shim.record\n"
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('libcst', 'click')\n"
-            "       or m.startswith(('migrate.rules', 'migrate.engine', 'migrate.cli'))]\n"
-            "assert not bad, bad\n")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys, migrate.shim, migrate.shim.amp, migrate.shim.record\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('libcst', 'click')\n"
+        "       or m.startswith(('migrate.rules', 'migrate.engine', 'migrate.cli'))]\n"
+        "assert not bad, bad\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -75,7 +134,9 @@ def test_fused_adam_default_is_adamw_and_l2_mode_is_adam() -> None:
     fused = quadratic_steps(lambda p: optimizers.FusedAdam(p, lr=0.1, weight_decay=0.3))
     adamw = quadratic_steps(lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.3))
     adam = quadratic_steps(lambda p: torch.optim.Adam(p, lr=0.1, weight_decay=0.3))
-    l2 = quadratic_steps(lambda p: optimizers.FusedAdam(p, lr=0.1, weight_decay=0.3, adam_w_mode=False))
+    l2 = quadratic_steps(
+        lambda p: optimizers.FusedAdam(p, lr=0.1, weight_decay=0.3, adam_w_mode=False)
+    )
     torch.testing.assert_close(fused, adamw)
     torch.testing.assert_close(l2, adam)
     assert not torch.allclose(fused, adam, atol=1e-3)
@@ -83,12 +144,22 @@ def test_fused_adam_default_is_adamw_and_l2_mode_is_adam() -> None:
 
 def test_fused_sgd_and_adagrad_match_torch() -> None:
     torch.testing.assert_close(
-        quadratic_steps(lambda p: optimizers.FusedSGD(p, lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=True)),
-        quadratic_steps(lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=True)),
+        quadratic_steps(
+            lambda p: optimizers.FusedSGD(
+                p, lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=True
+            )
+        ),
+        quadratic_steps(
+            lambda p: torch.optim.SGD(
+                p, lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=True
+            )
+        ),
     )
     torch.testing.assert_close(
         quadratic_steps(lambda p: optimizers.FusedAdagrad(p, lr=0.1, weight_decay=0.1)),
-        quadratic_steps(lambda p: torch.optim.Adagrad(p, lr=0.1, weight_decay=0.1, eps=1e-10)),
+        quadratic_steps(
+            lambda p: torch.optim.Adagrad(p, lr=0.1, weight_decay=0.1, eps=1e-10)
+        ),
     )
 
 
@@ -101,11 +172,19 @@ def test_fused_adam_rejects_amsgrad_and_zero_grad_takes_no_arguments() -> None:
 
 
 def test_fp16_optimizer_skips_on_overflow_and_keeps_fp32_masters() -> None:
-    model = fp16_utils.network_to_half(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)))
-    assert list(model.state_dict())[0].startswith("1.")
-    assert model[1][1].weight.dtype is torch.float32 and model[1][0].weight.dtype is torch.float16
-    optimizer = fp16_utils.FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                          dynamic_loss_scale=True, verbose=False)  # fmt: skip
+    model = fp16_utils.network_to_half(
+        torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    )
+    assert next(iter(model.state_dict())).startswith("1.")
+    assert (
+        model[1][1].weight.dtype is torch.float32
+        and model[1][0].weight.dtype is torch.float16
+    )
+    optimizer = fp16_utils.FP16_Optimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        dynamic_loss_scale=True,
+        verbose=False,
+    )
     before = model[1][0].weight.detach().clone()
     optimizer.zero_grad()
     optimizer.backward(model(torch.randn(4, 3)).float().sum() * float("inf"))
@@ -118,7 +197,11 @@ def test_fp16_optimizer_skips_on_overflow_and_keeps_fp32_masters() -> None:
     optimizer.backward(model(torch.randn(4, 3)).float().pow(2).sum())
     optimizer.step()
     assert not optimizer.overflow and not torch.equal(before, model[1][0].weight)
-    assert all(p.dtype is torch.float32 for group in optimizer.param_groups for p in group["params"])
+    assert all(
+        p.dtype is torch.float32
+        for group in optimizer.param_groups
+        for p in group["params"]
+    )
 
 
 def test_fused_layer_norm_follows_autocast_dtype_and_rms_norm_eps() -> None:
@@ -134,7 +217,9 @@ def test_fused_layer_norm_follows_autocast_dtype_and_rms_norm_eps() -> None:
 
 
 def test_parallel_wrappers_without_a_process_group() -> None:
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.InstanceNorm2d(4))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.InstanceNorm2d(4)
+    )
     model[1].running_mean.fill_(0.5)
     converted = parallel.convert_syncbn_model(model)
     assert isinstance(converted[1], parallel.SyncBatchNorm)

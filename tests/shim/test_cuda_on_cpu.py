@@ -18,8 +18,7 @@ pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="cuda_on_cpu is for machines without CUDA"
 )
 
-CUDA_TRAINING_SCRIPT = textwrap.dedent(
-    """
+CUDA_TRAINING_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
 
@@ -62,12 +61,19 @@ CUDA_TRAINING_SCRIPT = textwrap.dedent(
         "legacy_scaler_enabled": legacy_scaler.is_enabled(),
         "scale": scaler.get_scale(),
     }))
-    """
-)
+    """)
 
 
-def run_shim(script: Path, *args: str, native: bool = True) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "migrate.shim", *(["--native"] if native else []), str(script)]
+def run_shim(
+    script: Path, *args: str, native: bool = True
+) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "migrate.shim",
+        *(["--native"] if native else []),
+        str(script),
+    ]
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, timeout=120, check=False
     )
@@ -84,7 +90,9 @@ def cuda_script_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ob
     return report
 
 
-def test_cuda_script_runs_as_main_with_its_arguments(cuda_script_report: dict[str, object]) -> None:
+def test_cuda_script_runs_as_main_with_its_arguments(
+    cuda_script_report: dict[str, object],
+) -> None:
     assert cuda_script_report["name"] == "__main__"
     assert cuda_script_report["argv"] == ["--epochs", "1"]
     assert cuda_script_report["path0"] == cuda_script_report["script_dir"]
@@ -107,12 +115,16 @@ def test_cuda_autocast_computes_linear_in_float16_on_cpu(
     assert cuda_script_report["weight_dtype"] == "torch.float32"
 
 
-def test_explicit_dtype_and_enabled_flag_are_kept(cuda_script_report: dict[str, object]) -> None:
+def test_explicit_dtype_and_enabled_flag_are_kept(
+    cuda_script_report: dict[str, object],
+) -> None:
     assert cuda_script_report["explicit_dtype"] == "torch.bfloat16"
     assert cuda_script_report["disabled_dtype"] == "torch.float32"
 
 
-def test_cuda_grad_scalers_are_enabled_on_cpu(cuda_script_report: dict[str, object]) -> None:
+def test_cuda_grad_scalers_are_enabled_on_cpu(
+    cuda_script_report: dict[str, object],
+) -> None:
     assert cuda_script_report["scaler_enabled"] is True
     assert cuda_script_report["legacy_scaler_enabled"] is True
     assert cuda_script_report["scale"] in (65536.0, 32768.0)
@@ -120,7 +132,9 @@ def test_cuda_grad_scalers_are_enabled_on_cpu(cuda_script_report: dict[str, obje
 
 def test_script_exit_status_and_traceback_come_through(tmp_path: Path) -> None:
     failing = tmp_path / "fails.py"
-    failing.write_text("import sys\nprint('before')\nraise ValueError('boom in script')\n")
+    failing.write_text(
+        "import sys\nprint('before')\nraise ValueError('boom in script')\n"
+    )
     completed = run_shim(failing)
     assert completed.returncode == 1
     assert "ValueError: boom in script" in completed.stderr
@@ -152,6 +166,10 @@ def test_install_is_idempotent_in_one_process() -> None:
         "assert out.dtype == torch.float16, out.dtype\n"
     )
     completed = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert completed.returncode == 0, completed.stderr

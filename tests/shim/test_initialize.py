@@ -27,14 +27,24 @@ def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 def test_property_table(level: str, expected: tuple[object, ...]) -> None:
     amp.initialize(*model_and_optimizer(), opt_level=level, verbosity=0)
     properties = _amp_state.opt_properties
-    observed = (properties.cast_model_type, properties.patch_torch_functions,
-                properties.keep_batchnorm_fp32, properties.master_weights, properties.loss_scale)  # fmt: skip
+    observed = (
+        properties.cast_model_type,
+        properties.patch_torch_functions,
+        properties.keep_batchnorm_fp32,
+        properties.master_weights,
+        properties.loss_scale,
+    )
     assert observed == expected
 
 
 def test_overrides_are_applied_and_converted() -> None:
-    amp.initialize(*model_and_optimizer(), opt_level="O2", keep_batchnorm_fp32="False",
-                   loss_scale="128", verbosity=0)  # fmt: skip
+    amp.initialize(
+        *model_and_optimizer(),
+        opt_level="O2",
+        keep_batchnorm_fp32="False",
+        loss_scale="128",
+        verbosity=0,
+    )
     assert _amp_state.opt_properties.keep_batchnorm_fp32 is False
     assert _amp_state.opt_properties.loss_scale == 128.0
     assert not _amp_state.loss_scalers[0].dynamic
@@ -48,7 +58,10 @@ def test_overrides_are_applied_and_converted() -> None:
         ({"opt_level": "O1", "cast_model_type": torch.float16}, "O2 or O3"),
         ({"opt_level": "O1", "keep_batchnorm_fp32": True}, "keep_batchnorm_fp32"),
         ({"opt_level": "O1", "master_weights": True}, "master_weights"),
-        ({"opt_level": "O2", "patch_torch_functions": True}, "only valid with opt_level O1"),
+        (
+            {"opt_level": "O2", "patch_torch_functions": True},
+            "only valid with opt_level O1",
+        ),
     ],
 )
 def test_invalid_options_raise(kwargs: dict[str, object], message: str) -> None:
@@ -78,7 +91,10 @@ def test_tuples_are_rejected() -> None:
 def test_enabled_false_is_a_no_op() -> None:
     model, optimizer = model_and_optimizer()
     weight = model[0].weight
-    assert amp.initialize(model, optimizer, enabled=False, opt_level="O2") == (model, optimizer)
+    assert amp.initialize(model, optimizer, enabled=False, opt_level="O2") == (
+        model,
+        optimizer,
+    )
     assert model[0].weight is weight and weight.dtype is torch.float32
     loss = model(torch.randn(3, 4)).sum()
     with amp.scale_loss(loss, optimizer) as scaled:
@@ -87,9 +103,11 @@ def test_enabled_false_is_a_no_op() -> None:
 
 def test_scale_loss_before_initialize_raises() -> None:
     _, optimizer = model_and_optimizer()
-    with pytest.raises(RuntimeError, match="before amp.initialize"):
-        with amp.scale_loss(torch.ones(()), optimizer):
-            pass
+    with (
+        pytest.raises(RuntimeError, match="before amp.initialize"),
+        amp.scale_loss(torch.ones(()), optimizer),
+    ):
+        pass
 
 
 def test_half_model_and_wrapped_model_and_fp16_optimizer_are_refused() -> None:

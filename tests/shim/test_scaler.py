@@ -39,7 +39,11 @@ def reference_schedule(
 @pytest.mark.parametrize(
     ("overflows", "floor", "cap"),
     [
-        ([True, True, False, False, False, True, False, False, False, False], None, 2.0**24),
+        (
+            [True, True, False, False, False, True, False, False, False, False],
+            None,
+            2.0**24,
+        ),
         ([True] * 6 + [False] * 7, 2.0**13, 2.0**24),  # the floor stops the halving
         ([False] * 12, None, 2.0**17),  # growth stops at the cap
     ],
@@ -49,7 +53,9 @@ def test_schedule_follows_apex_rule_under_injected_overflows(
     overflows: list[bool], floor: float | None, cap: float
 ) -> None:
     window = 3
-    scaler = LossScaler("dynamic", scale_window=window, min_loss_scale=floor, max_loss_scale=cap)
+    scaler = LossScaler(
+        "dynamic", scale_window=window, min_loss_scale=floor, max_loss_scale=cap
+    )
     expected = reference_schedule(overflows, window, min(cap, 2.0**16), floor, cap)
     observed = []
     for overflow in overflows:
@@ -73,7 +79,11 @@ def test_static_scale_never_skips_but_counts_clean_passes() -> None:
 def test_unscale_with_stashed_checks_only_new_grads() -> None:
     scaler = LossScaler("dynamic")
     scaler.clear_overflow_state()
-    new, stashed, out = [torch.full((2,), 4.0)], [torch.full((2,), math.inf)], [torch.zeros(2)]
+    new, stashed, out = (
+        [torch.full((2,), 4.0)],
+        [torch.full((2,), math.inf)],
+        [torch.zeros(2)],
+    )
     scaler.unscale_with_stashed(new, stashed, out)
     assert not scaler.update_scale()
     assert torch.isinf(out[0]).all()
@@ -102,7 +112,9 @@ def test_scale_loss_skips_step_and_halves_on_overflow_then_steps() -> None:
             assert scaled.dtype is torch.float32
             scaled.backward()
         optimizer.step()
-        history.append((amp.state_dict()["loss_scaler0"], torch.equal(before, model.weight)))
+        history.append(
+            (amp.state_dict()["loss_scaler0"], torch.equal(before, model.weight))
+        )
     assert history[0] == ({"loss_scale": 2.0**15, "unskipped": 0}, True)
     assert history[1] == ({"loss_scale": 2.0**15, "unskipped": 1}, False)
 
@@ -116,7 +128,8 @@ def test_scale_loss_yields_scaled_fp32_loss_and_unscales_grads_in_place() -> Non
         assert scaled.item() == pytest.approx(loss.item() * 2.0**10, rel=1e-6)
         scaled.backward()
     expected = torch.autograd.functional.jacobian(
-        lambda w: torch.nn.functional.linear(x, w, model.bias).sum(), model.weight.detach()
+        lambda w: torch.nn.functional.linear(x, w, model.bias).sum(),
+        model.weight.detach(),
     )
     torch.testing.assert_close(model.weight.grad, expected, rtol=2e-3, atol=1e-3)
 
@@ -124,7 +137,9 @@ def test_scale_loss_yields_scaled_fp32_loss_and_unscales_grads_in_place() -> Non
 def test_delay_unscale_accumulates_scaled_then_unscales_once() -> None:
     model, optimizer = make_training("O1", max_loss_scale=2.0**10)
     x = torch.randn(8, 4)
-    with amp.scale_loss(model(x).float().sum(), optimizer, delay_unscale=True) as scaled:
+    with amp.scale_loss(
+        model(x).float().sum(), optimizer, delay_unscale=True
+    ) as scaled:
         scaled.backward()
     assert amp.state_dict()["loss_scaler0"]["unskipped"] == 0  # no update while delayed
     assert model.bias.grad.abs().item() == pytest.approx(8 * 2.0**10)
@@ -138,7 +153,9 @@ def test_one_scaler_per_loss_id() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", num_losses=2, verbosity=0)
+    model, optimizer = amp.initialize(
+        model, optimizer, opt_level="O1", num_losses=2, verbosity=0
+    )
     loss = model(torch.randn(2, 4)).float().sum() * math.inf
     with amp.scale_loss(loss, optimizer, loss_id=1) as scaled:
         scaled.backward()
