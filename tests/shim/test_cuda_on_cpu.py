@@ -5,6 +5,7 @@ Each case runs in a fresh interpreter, because ``install()`` patches torch for t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -173,3 +174,37 @@ def test_install_is_idempotent_in_one_process() -> None:
         check=False,
     )
     assert completed.returncode == 0, completed.stderr
+
+
+APEX_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    from apex import amp
+    from apex.optimizers import FusedAdam
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1)).cuda()
+    optimizer = FusedAdam(model.parameters(), lr=1e-2)
+    model, optimizer = amp.initialize(model, optimizer, opt_level=sys.argv[1], verbosity=0)
+    x, y = torch.randn(16, 4).cuda(), torch.randn(16, 1).cuda()
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+    print(json.dumps({"weight": str(model[0].weight.dtype), "bn": str(model[1].weight.dtype),
+                      "amp": amp.state_dict()["loss_scaler0"]}))
+    """)
+
+
+def test_apex_script_runs_unmodified_under_the_shim(tmp_path: Path) -> None:
+    script = tmp_path / "train_apex.py"
+    script.write_text(APEX_SCRIPT)
+    completed = run_shim(script, "O2", native=False)
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert report["weight"] == "torch.float16" and report["bn"] == "torch.float32"
+    assert report["amp"]["loss_scale"] <= 2.0**16
+    if importlib.util.find_spec("apex") is None:  # --native installs no Apex stand-in
+        native = run_shim(script, "O2", native=True)
+        assert native.returncode != 0 and "No module named 'apex'" in native.stderr
