@@ -5,8 +5,9 @@ Faithful to Apex: the patch is process-wide and only reaches names looked up aft
 ``from torch import mm`` bound earlier is not cast); fp16 casts of fp32 ``nn.Parameter``s are
 cached until the next ``scale_loss`` exit; ``disable_casts()`` turns every wrapper into a
 pass-through. Our extension: Apex only cast CUDA tensors, the shim casts floating tensors on
-any device, so O1 also runs (in float16) on the CPU. Not emulated: Apex's RNN backend
-redirection (``_VF.lstm`` and friends run in their input dtype).
+any device, so O1 also runs (in float16) on the CPU. RNNs are cast at ``torch._VF`` (input,
+hidden state and each weight to fp16) rather than through Apex's re-flattened fp16 weight
+buffer: same dtypes, different plumbing.
 """
 
 from __future__ import annotations
@@ -397,7 +398,11 @@ def init(
     for name in (*lists.TENSOR_FP16, *lists.TENSOR_PROMOTE):
         _patch(handle, tensor, name + "_", lambda fn: _make_match_self(fn, handle))
 
-    # 5. Banned functions: refuse fp16 arguments, or run them in fp32 when allowed.
+    # 5. RNNs: the full-sequence kernels and the cells run in fp16 (weights cached).
+    for name in lists.VF_FP16:
+        _cast_patch(handle, torch._VF, name, maybe_half, try_caching=True)
+
+    # 6. Banned functions: refuse fp16 arguments, or run them in fp32 when allowed.
     for name in lists.FUNCTIONAL_BANNED:
         if allow_banned:
             _cast_patch(handle, functional, name, maybe_float, try_caching=False)

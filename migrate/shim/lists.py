@@ -59,3 +59,10 @@ def _also_on_tensor(names: tuple[str, ...]) -> tuple[str, ...]:
 TENSOR_FP16 = _TENSOR_OWN_FP16 + _also_on_tensor(TORCH_FP16)
 TENSOR_FP32 = _TENSOR_OWN_FP32 + _also_on_tensor(TORCH_FP32)
 TENSOR_PROMOTE = _TENSOR_OWN_PROMOTE + _also_on_tensor(TORCH_PROMOTE)
+
+#: Recurrent kernels reached through ``torch._VF`` (what nn.LSTM/GRU/RNN and the cells call).
+#: Apex redirected them so that input, hidden state and weights run in fp16.
+VF_FP16 = (
+    "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell",
+    "rnn_relu_cell",
+)  # fmt: skip

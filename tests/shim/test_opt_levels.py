@@ -205,3 +205,17 @@ def test_o1_patch_is_undone_by_reset() -> None:
     casting.reset()
     assert F.linear(torch.randn(2, 3), torch.randn(4, 3)).dtype is torch.float32
     assert not hasattr(torch.Tensor.__add__, "__wrapped__")
+
+
+def test_o1_runs_rnns_in_fp16_and_grads_reach_fp32_weights() -> None:
+    lstm, cell = torch.nn.LSTM(4, 8), torch.nn.GRUCell(4, 8)
+    o1_model()
+    out, (hidden, _) = lstm(torch.randn(5, 2, 4))
+    assert out.dtype is torch.float16 and hidden.dtype is torch.float16
+    assert cell(torch.randn(2, 4)).dtype is torch.float16
+    out.float().sum().backward()
+    assert lstm.weight_ih_l0.dtype is torch.float32
+    assert (
+        lstm.weight_ih_l0.grad is not None
+        and lstm.weight_ih_l0.grad.dtype is torch.float32
+    )
