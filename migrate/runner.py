@@ -167,13 +167,16 @@ def _migrate_all(
     from concurrent.futures import ProcessPoolExecutor
 
     workers = min(jobs, len(tasks))
+    # Biggest files first, so no worker is left with a large one at the end; the
+    # caller sorts results by path, so the order of work never shows.
+    by_size = sorted(tasks, key=lambda task: len(task.data), reverse=True)
     with ProcessPoolExecutor(
         max_workers=workers, mp_context=_process_context()
     ) as pool:
-        chunk = max(1, len(tasks) // (workers * 4))
+        chunk = max(1, len(tasks) // (workers * 16))
         return [
             _tick(result, ticks)
-            for result in pool.map(migrate_task, tasks, chunksize=chunk)
+            for result in pool.map(migrate_task, by_size, chunksize=chunk)
         ]
 
 
