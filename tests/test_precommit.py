@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -70,6 +71,21 @@ def test_check_hook_fails_on_apex_file_and_passes_on_clean_file(repo: Path) -> N
     assert (repo / "train.py").read_text() == AUTOCAST
     passing = pre_commit(repo, "ampmigrate-check", "clean.py")
     assert passing.returncode == 0, passing.stdout + passing.stderr
+
+
+def test_check_hook_runs_on_notebooks(repo: Path) -> None:
+    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": []}
+    notebook = {
+        "cells": [{**cell, "source": AUTOCAST.splitlines(keepends=True)}],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (repo / "train.ipynb").write_text(json.dumps(notebook, indent=1) + "\n")
+    git("add", "train.ipynb", cwd=repo)
+    result = pre_commit(repo, "ampmigrate-check", "train.ipynb")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "would migrate train.ipynb" in result.stdout
 
 
 def test_rewrite_hook_migrates_and_fails_the_commit_then_passes(repo: Path) -> None:
