@@ -339,13 +339,31 @@ def _judge(
                 "updates its scales per backward pass while GradScaler updates once per step"
             )
     if same_cadence:
-        scale_mismatch = [
+        # Scales are compared only where both are dynamic: against a static Apex scale (O0,
+        # O3, loss_scale=N) a scale value alone changes nothing unless it makes steps skip,
+        # and skipped steps and their effect on the losses are judged above.
+        both_dynamic = [
             index
             for index in range(count)
-            if None
-            not in (original.steps[index]["scale"], migrated.steps[index]["scale"])
-            and original.steps[index]["scale"] != migrated.steps[index]["scale"]
+            if original.steps[index].get("dynamic")
+            and migrated.steps[index].get("dynamic")
         ]
+        scale_mismatch = [
+            index
+            for index in both_dynamic
+            if original.steps[index]["scale"] != migrated.steps[index]["scale"]
+        ]
+        static = [
+            index
+            for index in range(count)
+            if original.steps[index].get("dynamic") is False
+            and migrated.steps[index].get("dynamic")
+        ]
+        if static:
+            note += (
+                ". The original's loss scale is static (Apex never skips a step with it), the "
+                "migration's is a dynamic GradScaler: scales not compared"
+            )
         if scale_mismatch:
             at = scale_mismatch[0]
             reasons.append(

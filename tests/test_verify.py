@@ -131,6 +131,7 @@ def record(
     share: float = 1.0,
     scale_calls: int = 1,
     forced_o0: int = 0,
+    dynamic: bool = True,
 ) -> RunRecord:
     """A synthetic run: rows of (loss, scale, taken, param_norm)."""
     steps = [
@@ -141,6 +142,7 @@ def record(
             "loss": loss,
             "loss_source": "test",
             "scale": scale,
+            "dynamic": dynamic,
             "scale_calls": scale_calls,
             "param_norm": norm,
         }
@@ -198,3 +200,13 @@ def test_precision_mismatch_is_a_divergence() -> None:
         record("o", MIXED), record("m", MIXED, share=0.0), None
     )
     assert verdict == "diverge" and any("precision differs" in r for r in reasons)
+
+
+def test_static_apex_scale_against_gradscaler_is_judged_on_losses_not_scale_values() -> None:
+    static = [(loss, 1.0, True, norm) for loss, _, _, norm in MIXED]
+    dynamic = [(loss, 65536.0, True, norm) for loss, _, _, norm in MIXED]
+    verdict, reasons, note, _ = verify._judge(
+        record("o", static, dynamic=False), record("m", dynamic), None
+    )
+    assert verdict == "match", reasons
+    assert "static" in note

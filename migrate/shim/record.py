@@ -67,7 +67,8 @@ class Recorder:
         self.limit = steps
         self.steps = 0
         self.optimizer_ids: dict[int, int] = {}
-        self.pending_loss: tuple[float, float | None, str] | None = None
+        # (loss, scale, dynamic scale?, where it was seen)
+        self.pending_loss: tuple[float, float | None, bool | None, str] | None = None
         self.pending_backward_loss: float | None = None
         self.scale_calls_since_step = 0
         self.skip_steps: frozenset[int] = frozenset()
@@ -80,9 +81,11 @@ class Recorder:
         self.stream.write(json.dumps(record) + "\n")
         self.stream.flush()
 
-    def note_loss(self, loss: Any, scale: float | None, source: str) -> None:
+    def note_loss(
+        self, loss: Any, scale: float | None, dynamic: bool | None, source: str
+    ) -> None:
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            self.pending_loss = (float(loss.detach().float()), scale, source)
+            self.pending_loss = (float(loss.detach().float()), scale, dynamic, source)
             self.scale_calls_since_step += 1
 
     def note_backward(self, tensor: torch.Tensor) -> None:
@@ -94,10 +97,16 @@ class Recorder:
             return
         index = self.optimizer_ids.setdefault(id(optimizer), len(self.optimizer_ids))
         loss: float | None
+        dynamic: bool | None
         if self.pending_loss is not None:
-            loss, scale, source = self.pending_loss
+            loss, scale, dynamic, source = self.pending_loss
         else:
-            loss, scale, source = self.pending_backward_loss, None, "backward"
+            loss, scale, dynamic, source = (
+                self.pending_backward_loss,
+                None,
+                None,
+                "backward",
+            )
         self.write(
             {
                 "kind": "step",
@@ -107,6 +116,7 @@ class Recorder:
                 "loss": _finite_or_none(loss),
                 "loss_source": source,
                 "scale": scale,
+                "dynamic": dynamic,
                 "scale_calls": self.scale_calls_since_step,
                 "param_norm": _finite_or_none(_param_norm(optimizer)),
             }
@@ -157,8 +167,10 @@ def _hook_native(recorder: Recorder) -> None:
     original_step = GradScaler.step
 
     def scale(self: GradScaler, outputs: Any) -> Any:
+        enabled = self.is_enabled()
+        scale = self.get_scale() if enabled else None
         recorder.note_loss(
-            outputs, self.get_scale() if self.is_enabled() else None, "GradScaler.scale"
+            outputs, scale, True if enabled else None, "GradScaler.scale"
         )
         return original_scale(self, outputs)
 
@@ -199,7 +211,9 @@ def _hook_shim(recorder: Recorder, force_fp32: bool) -> None:
 
     def listener(event: str, **data: Any) -> None:
         if event == "scale_loss":
-            recorder.note_loss(data["loss"], data["scale"], "amp.scale_loss")
+            recorder.note_loss(
+                data["loss"], data["scale"], data["dynamic"], "amp.scale_loss"
+            )
         elif event == "step_skipped":
             recorder.note_step(data["optimizer"], taken=False)
 
