@@ -11,8 +11,10 @@ in (indent, key order, escaping), or not at all.
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import tokenize
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,13 +140,26 @@ def to_program(notebook: Notebook) -> Program | None:
 def _hide_magics(source: str, magics: list[str]) -> str:
     lines = source.splitlines(keepends=True)
     for number, text in enumerate(lines):
-        if _MAGIC_LINE.match(text):
+        # `% 2)` continuing an open bracket is Python, not a magic.
+        if _MAGIC_LINE.match(text) and not _inside_statement("".join(lines[:number])):
             content = text.rstrip("\r\n")
             ending = text[len(content) :]
             indent = content[: len(content) - len(content.lstrip(" \t"))]
             lines[number] = indent + _PLACEHOLDER.format(len(magics)) + ending
             magics.append(content.lstrip(" \t"))
     return "".join(lines)
+
+
+def _inside_statement(text: str) -> bool:
+    """Whether ``text`` ends inside a bracket, a string or a backslash continuation."""
+    try:
+        for _ in tokenize.generate_tokens(io.StringIO(text).readline):
+            pass
+    except tokenize.TokenError:  # "EOF in multi-line statement/string"
+        return True
+    except (SyntaxError, ValueError):  # other IPython syntax the tokenizer rejects
+        return False
+    return False
 
 
 def from_program(notebook: Notebook, program: Program, migrated: str) -> dict[int, str]:

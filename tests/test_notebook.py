@@ -86,6 +86,15 @@ def test_program_joins_code_cells_and_hides_magics() -> None:
     ) == (5, 2)
 
 
+def test_operators_continuing_a_statement_are_not_magics() -> None:
+    source = 'x = (1\n     % 2)\ny = 3 \\\n    % 2\ntext = """\n!not a shell line\n"""\n%time x'
+    notebook = nb.load(notebook_json([code(source)]).encode())
+    program = nb.to_program(notebook)
+    assert program is not None
+    assert program.magics == ("%time x",)
+    compile(program.text, "<notebook>", "exec")
+
+
 def test_unchanged_program_round_trips_to_no_changed_cells() -> None:
     notebook = nb.load(notebook_json(CELLS).encode())
     program = nb.to_program(notebook)
