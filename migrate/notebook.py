@@ -44,14 +44,30 @@ class CellSpan:
     line_count: int
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How a notebook's JSON was written: what json.dumps needs to write it the same way."""
+
+    indent: int | None
+    ensure_ascii: bool
+    final_newline: bool
+    bom: bool
+    crlf: bool
+
+    def render(self, data: Any) -> str:
+        text = json.dumps(data, indent=self.indent, ensure_ascii=self.ensure_ascii)
+        text += "\n" if self.final_newline else ""
+        # JSON strings escape their newlines, so every raw one is layout.
+        text = text.replace("\n", "\r\n") if self.crlf else text
+        return "\ufeff" + text if self.bom else text
+
+
 @dataclass
 class Notebook:
     """A parsed notebook and what is needed to write it back unchanged elsewhere."""
 
     data: dict[str, Any]
-    layout: (
-        tuple[int | None, bool, bool, bool] | None
-    )  # indent, ensure_ascii, final newline, BOM
+    layout: Layout | None  # None: no json.dumps settings reproduce the file
 
     @property
     def cells(self) -> list[dict[str, Any]]:
@@ -201,7 +217,6 @@ def dump(notebook: Notebook, sources: dict[int, str]) -> bytes:
         raise NotebookError(
             "the notebook's JSON layout cannot be reproduced, so it is not rewritten"
         )
-    indent, ensure_ascii, final_newline, bom = notebook.layout
     for index, source in sources.items():
         cell = notebook.cells[index]
         # nbformat stores source as a list of lines or as one string; keep whichever it was.
@@ -210,20 +225,16 @@ def dump(notebook: Notebook, sources: dict[int, str]) -> bytes:
             if isinstance(cell.get("source"), list)
             else source
         )
-    text = json.dumps(notebook.data, indent=indent, ensure_ascii=ensure_ascii) + (
-        "\n" if final_newline else ""
-    )
-    return ("\ufeff" + text if bom else text).encode("utf-8")
+    return notebook.layout.render(notebook.data).encode("utf-8")
 
 
-def _detect_layout(
-    text: str, parsed: Any, bom: bool
-) -> tuple[int | None, bool, bool, bool] | None:
+def _detect_layout(text: str, parsed: Any, bom: bool) -> Layout | None:
     """The json.dumps settings that reproduce ``text`` exactly, if there are any."""
+    crlf = "\r\n" in text
     final_newline = text.endswith("\n")
     for indent in (1, 2, 4, None):
         for ensure_ascii in (False, True):
-            rendered = json.dumps(parsed, indent=indent, ensure_ascii=ensure_ascii)
-            if rendered + ("\n" if final_newline else "") == text:
-                return indent, ensure_ascii, final_newline, bom
+            layout = Layout(indent, ensure_ascii, final_newline, False, crlf)
+            if layout.render(parsed) == text:
+                return Layout(indent, ensure_ascii, final_newline, bom, crlf)
     return None

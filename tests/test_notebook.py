@@ -166,14 +166,26 @@ def test_unusual_json_layout_is_not_rewritten(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cells = [code("import torch\nwith torch.cuda.amp.autocast():\n    pass")]
-    odd = notebook_json(cells, indent=3).replace(
-        "\n", "\r\n"
-    )  # a layout json.dumps cannot reproduce
+    odd = notebook_json(cells, indent=3)  # a layout not tried: written by hand, say
     (tmp_path / "nb.ipynb").write_bytes(odd.encode())
     result = run_cli(tmp_path, monkeypatch, "--write", "nb.ipynb")
     assert result.exit_code == 2
     assert "JSON layout" in result.stderr
     assert (tmp_path / "nb.ipynb").read_bytes() == odd.encode()
+
+
+def test_crlf_and_bom_notebook_keeps_its_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cells = [code(["import torch\n", "with torch.cuda.amp.autocast():\n", "    pass"])]
+    original = notebook_json(cells).replace("\n", "\r\n")
+    (tmp_path / "nb.ipynb").write_bytes(b"\xef\xbb\xbf" + original.encode())
+    result = run_cli(tmp_path, monkeypatch, "--write", "nb.ipynb")
+    assert result.exit_code == 0, result.output
+    expected = original.replace(
+        "torch.cuda.amp.autocast()", 'torch.autocast(\\"cuda\\")'
+    )
+    assert (tmp_path / "nb.ipynb").read_bytes() == b"\xef\xbb\xbf" + expected.encode()
 
 
 def test_non_python_kernel_and_invalid_json(
