@@ -15,7 +15,9 @@ unmodified on a machine without one:
   alone, so ``device.type == "cuda"`` still holds and such a script keeps its CUDA code path.
 - ``torch.cuda.synchronize``, ``set_device``, ``current_device``, ``get_device_name``,
   ``reset_peak_memory_stats`` and friends become harmless; ``torch.backends.cudnn.*`` settings
-  already are on a CPU build.
+  already are on a CPU build. ``torch.cuda.Stream``/``stream()``/``current_stream()`` and
+  ``Tensor.record_stream`` do nothing (CPU work is already ordered); ``torch.cuda.Event``
+  measures wall-clock time for ``elapsed_time``.
 
 ``torch.cuda.is_available()`` returns True and ``torch.cuda.device_count()`` returns 1 after
 ``install()``. Training scripts usually pick their device with
@@ -26,6 +28,8 @@ checked on. Only call ``install()`` when CUDA really is absent; it refuses other
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -162,6 +166,75 @@ class CudaAmpGradScaler(CpuGradScaler):
         )
 
 
+class CpuStream:
+    """Stand-in for ``torch.cuda.Stream``: work on the CPU is already in order."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **_kwargs: Any) -> None:
+        self.device = torch.device("cpu")
+        self.priority = priority
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: CpuEvent | None = None) -> CpuEvent:
+        event = event if event is not None else CpuEvent()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def __enter__(self) -> CpuStream:  # noqa: PYI034 - Python 3.10 has no typing.Self
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        pass
+
+
+class CpuEvent:
+    """Stand-in for ``torch.cuda.Event``: records wall-clock time for ``elapsed_time``."""
+
+    def __init__(
+        self,
+        enable_timing: bool = False,
+        blocking: bool = False,
+        interprocess: bool = False,
+    ) -> None:
+        self.enable_timing = enable_timing
+        self._time: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self._time = time.perf_counter()
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end_event: CpuEvent) -> float:
+        """Milliseconds between this event and ``end_event``, like CUDA events."""
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("both events must be recorded before elapsed_time()")
+        return (end_event._time - self._time) * 1000.0
+
+
+_CPU_STREAM = CpuStream()
+
+
+def _stream_context(stream: Any = None) -> contextlib.nullcontext[Any]:
+    return contextlib.nullcontext(stream)
+
+
 def _returns(value: Any) -> Callable[..., Any]:
     def fake(*_args: Any, **_kwargs: Any) -> Any:
         return value
@@ -185,6 +258,16 @@ def _patch_torch_cuda() -> None:
         "ipc_collect",
     ):
         setattr(cuda, name, _returns(None))
+    # Prefetchers (Apex's ImageNet example) overlap copies on a side stream; on the CPU
+    # everything is already ordered, so streams and events only need to exist.
+    cuda.Stream = CpuStream  # type: ignore[misc,assignment]
+    cuda.Event = CpuEvent  # type: ignore[misc,assignment]
+    cuda.current_stream = _returns(_CPU_STREAM)
+    cuda.default_stream = _returns(_CPU_STREAM)
+    cuda.stream = _stream_context  # type: ignore[assignment]
+    # Patched on the class: torch's argument parser rejects a non-CUDA stream before any
+    # torch-function mode could see the call.
+    torch.Tensor.record_stream = _returns(None)  # type: ignore[method-assign]
     cuda.amp.autocast = CudaAmpAutocast  # type: ignore[misc,assignment]
     cuda.amp.GradScaler = CudaAmpGradScaler  # type: ignore[misc,assignment]
 

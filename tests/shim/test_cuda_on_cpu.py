@@ -32,6 +32,16 @@ CUDA_TRAINING_SCRIPT = textwrap.dedent("""
     legacy_scaler = torch.cuda.amp.GradScaler()
     inputs = torch.randn(32, 8, device=device)
     targets = torch.randn(32, 1).cuda(non_blocking=True)
+    # A prefetcher in the style of Apex's ImageNet example, timed with CUDA events.
+    side_stream, start, end = torch.cuda.Stream(), torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    with torch.cuda.stream(side_stream):
+        inputs = inputs.cuda(non_blocking=True)
+    torch.cuda.current_stream().wait_stream(side_stream)
+    inputs.record_stream(torch.cuda.current_stream())
+    end.record()
+    torch.cuda.synchronize()
+    elapsed_ms = start.elapsed_time(end)
     with torch.autocast("cuda"):
         hidden = model[0](inputs)
         loss = torch.nn.functional.mse_loss(model(inputs).float(), targets)
@@ -61,6 +71,7 @@ CUDA_TRAINING_SCRIPT = textwrap.dedent("""
         "scaler_enabled": scaler.is_enabled(),
         "legacy_scaler_enabled": legacy_scaler.is_enabled(),
         "scale": scaler.get_scale(),
+        "elapsed_ms": elapsed_ms,
     }))
     """)
 
@@ -106,6 +117,7 @@ def test_cuda_placement_stays_on_cpu_and_keeps_cuda_code_path(
     assert cuda_script_report["device_type"] == "cuda"
     assert cuda_script_report["param_device"] == "cpu"
     assert cuda_script_report["input_device"] == "cpu"
+    assert cuda_script_report["elapsed_ms"] >= 0  # streams and events exist and time
 
 
 def test_cuda_autocast_computes_linear_in_float16_on_cpu(
