@@ -207,6 +207,10 @@ def migrate_task(task: _Task) -> FileResult:
         return _failed(candidate, str(error))
     except OSError as error:
         return _failed(candidate, f"cannot write: {error.strerror or error}")
+    except Exception as error:  # noqa: BLE001 - a bug on one file must not stop the run
+        # Nothing was written: writes come last and raise only OSError.
+        reason = f"internal error, file not written: {type(error).__name__}: {error}"
+        return _failed(candidate, reason + " (please report this)")
 
 
 def _migrate_python(task: _Task) -> FileResult:

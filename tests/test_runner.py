@@ -110,6 +110,25 @@ def test_internal_error_names_the_file_and_writes_nothing(
     assert (tmp_path / "train.py").read_text() == AUTOCAST
 
 
+def test_an_engine_bug_on_one_file_fails_that_file_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = migrate.engine.migrate_source
+
+    def buggy_on_one_file(source: str, options: object) -> MigrationResult:
+        if "poison" in source:
+            raise KeyError("scope")
+        return real(source, options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(migrate.engine, "migrate_source", buggy_on_one_file)
+    write_tree(tmp_path, {"a.py": "# poison\n" + AUTOCAST, "b.py": AUTOCAST})
+    first, second = migrate_tree(tmp_path, monkeypatch, write=True)
+    assert first.status is Status.FAILED
+    assert first.error.startswith("internal error, file not written: KeyError: 'scope'")
+    assert (tmp_path / "a.py").read_text() == "# poison\n" + AUTOCAST
+    assert second.status is Status.CHANGED and second.written
+
+
 def test_output_that_does_not_compile_is_never_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
