@@ -200,7 +200,8 @@ def migrate_command(
             diff=diff,
             output_format=OutputFormat(output_format),
             jobs=jobs,
-            color=color,
+            # https://no-color.org: a set NO_COLOR turns colour off unless --color asks.
+            color=False if color is None and os.environ.get("NO_COLOR") else color,
             report_path=report_path,
             device=device,
             dtype=dtype,

@@ -192,3 +192,13 @@ def test_diff_is_coloured_only_when_asked_or_on_a_terminal(project: Path) -> Non
     coloured = cli("--color", "train.py").stdout
     assert "\x1b[" not in plain  # CliRunner's stdout is not a terminal
     assert "\x1b[32m+with torch.autocast" in coloured
+
+
+def test_no_color_environment_variable_wins_over_the_terminal(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    result = CliRunner().invoke(main, ["train.py"], color=True)  # as if on a terminal
+    assert "\x1b[" not in result.stdout
+    monkeypatch.delenv("NO_COLOR")
+    assert "\x1b[" in CliRunner().invoke(main, ["train.py"], color=True).stdout
