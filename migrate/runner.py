@@ -102,8 +102,8 @@ def run(
 ) -> list[FileResult]:
     """Migrate every file under ``paths`` as ``config`` says; results sorted by path.
 
-    ``progress(n)``, when given, is entered with the number of files that need
-    parsing and advanced once per file (the CLI draws a bar with it).
+    ``progress(n)``, when given, is called with the number of files that need
+    parsing and its iterator advanced once per file (the CLI draws a bar with it).
     """
     candidates, errors = discover(paths, config)
     results = [
