@@ -207,24 +207,35 @@ class _PendingRun:
         self.command = command
         self.out = out
         workdir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            command,
-            cwd=workdir,
-            env=_environment(device),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        # Output goes to files, not pipes: a chatty script never blocks on a full pipe while
+        # the other run is being waited for.
+        self.stdout_path = out.with_suffix(".stdout")
+        self.stderr_path = out.with_suffix(".stderr")
+        with (
+            open(self.stdout_path, "wb") as stdout,
+            open(self.stderr_path, "wb") as stderr,
+        ):
+            self.process = subprocess.Popen(
+                command,
+                cwd=workdir,
+                env=_environment(device),
+                stdout=stdout,
+                stderr=stderr,
+            )
 
     def wait(self, timeout: float) -> RunRecord:
         try:
-            stdout, stderr = self.process.communicate(timeout=timeout)
-            returncode = self.process.returncode
+            returncode = self.process.wait(timeout=timeout)
+            killed = ""
         except subprocess.TimeoutExpired:
             self.process.kill()
-            stdout, stderr = self.process.communicate()
-            stderr += f"\nampmigrate verify: killed after {timeout:.0f} s"
-            returncode = -9
+            self.process.wait()
+            returncode, killed = (
+                -9,
+                f"\nampmigrate verify: killed after {timeout:.0f} s",
+            )
+        stdout = self.stdout_path.read_text(encoding="utf-8", errors="replace")
+        stderr = self.stderr_path.read_text(encoding="utf-8", errors="replace") + killed
         record = RunRecord(self.label, self.command, returncode, stdout, stderr)
         if self.out.exists():
             for line in self.out.read_text(encoding="utf-8").splitlines():
@@ -254,8 +265,10 @@ def _tolerances(
             why = "not run"
         elif calibration.failed:
             why = "the fp32 run failed"
-        else:
+        elif not calibration.summary.get("forced_o0"):
             why = "the original never called amp.initialize"
+        else:
+            why = "the fp32 run recorded fewer steps"
         note = (
             f"fixed tolerance (no calibration: {why}): relative loss difference <= "
             f"{UNCALIBRATED_LOSS_TOL:g}, relative param-norm difference <= {UNCALIBRATED_NORM_TOL:g}"
@@ -424,21 +437,34 @@ def compare(
             )
             return _PendingRun(label, command, out, root / label, device)
 
-        original_run = start("original", original_path, apex=True, fp32=False)
-        migrated_run = start("migrated", migrated_path, apex=False, fp32=False)
-        original_record = original_run.wait(timeout)
-        calibration_run = None
-        if calibrate and not original_record.failed:
-            # Started once the original is done: it replays the original's skipped steps.
-            calibration_run = start(
-                "fp32",
-                original_path,
-                apex=True,
-                fp32=True,
-                skip_steps=original_record.skipped_steps,
+        runs: list[_PendingRun] = []
+        try:
+            original_run = start("original", original_path, apex=True, fp32=False)
+            runs.append(original_run)
+            migrated_run = start("migrated", migrated_path, apex=False, fp32=False)
+            runs.append(migrated_run)
+            original_record = original_run.wait(timeout)
+            calibration_run = None
+            if calibrate and not original_record.failed:
+                # Started once the original is done: it replays the original's skipped steps.
+                calibration_run = start(
+                    "fp32",
+                    original_path,
+                    apex=True,
+                    fp32=True,
+                    skip_steps=original_record.skipped_steps,
+                )
+                runs.append(calibration_run)
+            migrated_record = migrated_run.wait(timeout)
+            calibration_record = (
+                calibration_run.wait(timeout) if calibration_run else None
             )
-        migrated_record = migrated_run.wait(timeout)
-        calibration_record = calibration_run.wait(timeout) if calibration_run else None
+        finally:
+            # Interrupted (Ctrl-C, timeout in a caller): leave no training run behind.
+            for run in runs:
+                if run.process.poll() is None:
+                    run.process.kill()
+                    run.process.wait()
 
     failures = [run for run in (original_record, migrated_record) if run.failed]
     if failures:
