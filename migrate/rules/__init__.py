@@ -58,4 +58,4 @@ def run_rules(module: cst.Module, source: str, options: Options) -> tuple[cst.Mo
     findings = sorted(ctx.findings, key=lambda f: (f.line, f.column, f.code))
     if ctx.plan.empty:
         return module, findings
-    return apply_plan(ctx.module, ctx.plan), findings
+    return apply_plan(ctx), findings

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from migrate.rules._context import Plan
+from migrate.rules._context import ModuleContext, Plan
 
 
 def _is_import(statement: cst.CSTNode) -> bool:
@@ -99,10 +99,16 @@ def _with_leading_lines(
 
 
 class PlanApplier(cst.CSTTransformer):
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, touched: set[int]) -> None:
         super().__init__()
         self.plan = plan
         self._placeholders: set[cst.CSTNode] = set()
+        # ids of the nodes on a path from the module to an edit: the walk skips the rest
+        self._touched = touched
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        super().on_visit(node)
+        return id(node) in self._touched
 
     # --- generic hook: expression edits and structural edits by original node
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
@@ -307,5 +313,20 @@ class PlanApplier(cst.CSTTransformer):
         return module.with_changes(body=body)
 
 
-def apply_plan(module: cst.Module, plan: Plan) -> cst.Module:
-    return module.visit(PlanApplier(plan))
+def apply_plan(ctx: ModuleContext) -> cst.Module:
+    """The module with every planned edit made, visiting only the subtrees that change."""
+    plan = ctx.plan
+    edited: set[cst.CSTNode] = {
+        *plan.replace, *plan.remove, *plan.replace_statement, *plan.unwrap, *plan.before,
+        *plan.after, *plan.new_params, *plan.new_keywords,
+    }
+    for first, (last, _) in plan.wrap.items():
+        edited.update((first, last))
+    touched = {id(ctx.module)}
+    for node in edited:
+        touched.add(id(node))
+        for ancestor in ctx.ancestors(node):
+            if id(ancestor) in touched:
+                break
+            touched.add(id(ancestor))
+    return ctx.module.visit(PlanApplier(plan, touched))

@@ -9,13 +9,15 @@ original nodes lets several rules touch one block without stepping on each other
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import defaultdict
+from contextlib import contextmanager
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst._nodes.internal import CodegenState
 
 from migrate.findings import Finding, make_finding
 from migrate.options import Options
@@ -84,11 +86,35 @@ def _classify_import(module_path: str, name: str) -> tuple[str, str] | None:
     return None
 
 
-class _Indexer(cst.CSTVisitor):
+_SKIPPED_FIELDS = frozenset(
+    {
+        "lpar", "rpar", "lbracket", "rbracket", "lbrace", "rbrace", "comma", "semicolon", "equal",
+        "colon", "dot", "header", "footer", "leading_lines", "lines_after_decorators",
+        "trailing_whitespace", "asynchronous", "operator", "star_tok", "default_indent",
+    }
+)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(kind: type) -> tuple[str, ...]:
+    """The fields of a node type that can hold the nodes the rules care about, in source order."""
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = tuple(
+            f.name for f in fields(kind) if not f.name.startswith("whitespace") and f.name not in _SKIPPED_FIELDS
+        )
+        if "decorators" in names:  # decorators come first in the source, last in the dataclass
+            names = ("decorators", *(name for name in names if name != "decorators"))
+        _FIELDS[kind] = names
+    return names
+
+
+class _Indexer:
     """One pass over the tree: parents, children, nodes by type, and bindings per scope.
 
-    The rules query this index instead of visiting the tree again: every libcst visit
-    rebuilds the nodes it passes, which costs far more than a dictionary look-up.
+    It walks the dataclass fields itself instead of using a libcst visitor: a libcst visit
+    rebuilds every node it passes, which costs several times more than this walk. The
+    ``visit_X`` / ``leave_X`` methods below are dispatched by node type, as a visitor's are.
     """
 
     INDEXED = (cst.Call, cst.Name, cst.Decorator, cst.ImportFrom, cst.With)
@@ -100,22 +126,38 @@ class _Indexer(cst.CSTVisitor):
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self.children: dict[cst.CSTNode, list[cst.CSTNode]] = defaultdict(list)
         self.nodes: dict[type, list[cst.CSTNode]] = defaultdict(list)
+        self.scope: dict[cst.CSTNode, Scope] = {}
         self._stack: list[Scope] = []
-        self._path: list[cst.CSTNode] = []
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self._path:
-            parent = self._path[-1]
-            self.parents[node] = parent
-            self.children[parent].append(node)
-        self._path.append(node)
-        if isinstance(node, self.INDEXED):
-            self.nodes[type(node)].append(node)
-        return super().on_visit(node)
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        super().on_leave(original_node)
-        self._path.pop()
+    def index(self, root: cst.Module) -> None:
+        pending: list[tuple[cst.CSTNode, cst.CSTNode | None, bool]] = [(root, None, False)]
+        while pending:
+            node, parent, leaving = pending.pop()
+            kind = type(node)
+            if leaving:
+                leave = getattr(self, "leave_" + kind.__name__, None)
+                if leave is not None:
+                    leave(node)
+                continue
+            if parent is not None:
+                self.parents[node] = parent
+                self.children[parent].append(node)
+            if self._stack:
+                self.scope[node] = self._stack[-1]
+            if isinstance(node, self.INDEXED):
+                self.nodes[kind].append(node)
+            visit = getattr(self, "visit_" + kind.__name__, None)
+            if visit is not None:
+                visit(node)
+            pending.append((node, None, True))
+            found: list[cst.CSTNode] = []
+            for name in _child_fields(kind):
+                value = getattr(node, name)
+                if isinstance(value, cst.CSTNode):
+                    found.append(value)
+                elif isinstance(value, (list, tuple)):
+                    found.extend(item for item in value if isinstance(item, cst.CSTNode))
+            pending.extend((child, node, False) for child in reversed(found))
 
     # scopes
     def visit_Module(self, node: cst.Module) -> None:
@@ -231,6 +273,60 @@ class _Indexer(cst.CSTVisitor):
             self.imports[scope][bound].append(Binding(*classified, alias, node))
 
 
+# --------------------------------------------------------------------------- positions
+
+
+class _OffsetState(CodegenState):
+    """Code generation that notes where each node starts and ends, as character offsets.
+
+    It follows libcst's own position provider (syntactic positions win over the whole
+    extent, so a statement starts after its leading comment lines), but counts characters
+    instead of splitting every token into lines.
+    """
+
+    def __init__(self, module: cst.Module) -> None:
+        super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
+        self.offset = 0
+        self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
+        self._starts: list[int] = []
+
+    def add_token(self, value: str) -> None:
+        self.tokens.append(value)
+        self.offset += len(value)
+
+    def add_indent_tokens(self) -> None:
+        for token in self.indent_tokens:
+            self.add_token(token)
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self._starts.append(self.offset)
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start = self._starts.pop()
+        self.spans.setdefault(node, (start, self.offset))
+
+    @contextmanager
+    def record_syntactic_position(
+        self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None, end_node: cst.CSTNode | None = None
+    ) -> Iterator[None]:
+        start = self.offset
+        try:
+            yield
+        finally:
+            end = self.offset
+            if start_node is not None:
+                start = self.spans[start_node][0]
+            if end_node is not None:
+                end = self.spans[end_node][1]
+            self.spans[node] = (start, end)
+
+
+def _offsets(module: cst.Module) -> dict[cst.CSTNode, tuple[int, int]]:
+    state = _OffsetState(module)
+    module._codegen(state)
+    return state.spans
+
+
 # --------------------------------------------------------------------------- plan
 
 
@@ -292,14 +388,16 @@ class ModuleContext:
         self.options = options
         self.module = module
         index = _Indexer()
-        module.visit(index)
+        index.index(module)
         self.imports = index.imports
         self.locals = index.locals
         self.scope_parent = index.scope_parent
         self._parents = index.parents
         self._children = index.children
         self._nodes = index.nodes
-        self._positions: dict[cst.CSTNode, object] | None = None
+        self._scope = index.scope
+        self._positions: dict[cst.CSTNode, tuple[int, int]] | None = None
+        self._line_starts: list[int] = []
         self._call_order: dict[int, int] | None = None
         self.plan = Plan()
         self.findings: list[Finding] = []
@@ -313,22 +411,26 @@ class ModuleContext:
         self._all_names: set[str] | None = None
 
     # positions and findings
-    def _span(self, node: cst.CSTNode):  # type: ignore[no-untyped-def]
-        # positions cost a full code-generation pass: only files with findings pay it
+    def _span(self, node: cst.CSTNode) -> tuple[int, int]:
+        """First and last line of ``node`` (leading blank and comment lines excluded)."""
+        # positions cost a code-generation pass: only files with findings pay it
         if self._positions is None:
-            provider = PositionProvider()
-            try:
-                # the provider's own code-generation pass, without the metadata wrapper's
-                # dependency machinery (2-3x cheaper)
-                provider._gen_impl(self.module)
-                self._positions = dict(provider._computed)
-            except AttributeError:  # a libcst without these internals
-                self._positions = dict(MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider))
-        return self._positions[node]
+            self._positions = _offsets(self.module)
+            self._line_starts = [0]
+            for number, char in enumerate(self.source):
+                if char == "\n":
+                    self._line_starts.append(number + 1)
+        start, end = self._positions[node]
+        return self._line_of(start), self._line_of(max(start, end - 1))
+
+    def _line_of(self, offset: int) -> int:
+        return bisect_right(self._line_starts, offset)
 
     def position(self, node: cst.CSTNode) -> tuple[int, int]:
-        start = self._span(node).start
-        return start.line, start.column + 1
+        """1-based line and column of ``node`` in the input."""
+        line, _ = self._span(node)
+        assert self._positions is not None
+        return line, self._positions[node][0] - self._line_starts[line - 1] + 1
 
     def report(self, code: str, node: cst.CSTNode, message: str | None = None) -> None:
         line, column = self.position(node)
@@ -340,9 +442,8 @@ class ModuleContext:
         """True (and reported) when a `# ampmigrate: skip` comment covers ``node``'s statement."""
         if not self.skip_lines:
             return False
-        statement = self.statement_of(node)
-        span = self._span(statement)
-        if any(span.start.line <= line <= span.end.line for line in self.skip_lines):
+        first, last = self._span(self.statement_of(node))
+        if any(first <= line <= last for line in self.skip_lines):
             self.report("AMP050", node)
             return True
         return False
@@ -404,6 +505,10 @@ class ModuleContext:
         return self.parent(block)
 
     def scope_of(self, node: cst.CSTNode) -> Scope:
+        """The innermost function, lambda, class or module whose body holds ``node``."""
+        known = self._scope.get(node)
+        if known is not None:
+            return known
         for parent in self.ancestors(node):
             if isinstance(parent, (cst.FunctionDef, cst.Lambda, cst.Module)):
                 return parent
