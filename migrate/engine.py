@@ -5,12 +5,14 @@ The runner owns files; tests call this directly.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import libcst as cst
 
 from migrate.findings import Finding, make_finding
 from migrate.options import Options
+from migrate.rules import run_rules
 from migrate.rules._context import SKIP_COMMENT
 
 
@@ -62,8 +64,18 @@ def _file_skip_line(source: str) -> int | None:
 
 def migrate_source(source: str, options: Options = Options()) -> MigrationResult:
     """Migrate one module's source text. Raises SourceSyntaxError or InternalError."""
-    from migrate.rules import run_rules  # imported late: the rules import this module's siblings
+    # libcst trees are large and acyclic (reference counting frees them): the cycle
+    # collector's passes over them during one file are pure overhead (about 10%)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _migrate(source, options)
+    finally:
+        if collecting:
+            gc.enable()
 
+
+def _migrate(source: str, options: Options) -> MigrationResult:
     module = parse(source)
     skip_line = _file_skip_line(source)
     if skip_line is not None:

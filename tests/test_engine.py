@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
+import migrate.engine
 import migrate.rules
 from migrate.engine import InternalError, SourceSyntaxError, migrate_source
 from migrate.findings import CODES
@@ -48,7 +49,7 @@ def test_output_that_does_not_compile_is_an_internal_error(monkeypatch: pytest.M
     def broken_rules(module, source, options):
         return cst.Module(body=[cst.SimpleStatementLine([cst.Return()])]), []
 
-    monkeypatch.setattr(migrate.rules, "run_rules", broken_rules)
+    monkeypatch.setattr(migrate.engine, "run_rules", broken_rules)
     with pytest.raises(InternalError):
         migrate_source("from apex import amp\n")
 

@@ -269,7 +269,7 @@ class AmpModel:
         options = ctx.options
         args = [
             cst.Arg(syntax.string(options.device)),
-            syntax.keyword("dtype", cst.parse_expression(f"torch.{options.dtype}")),
+            syntax.keyword("dtype", syntax.dotted(f"torch.{options.dtype}")),
         ]
         enabled = scaler.enabled if scaler.autocast_enabled is None else scaler.autocast_enabled
         if enabled == "off":

@@ -74,7 +74,7 @@ def _rewrite(ctx: ModuleContext, call: cst.Call, replacement: Replacement) -> cs
     for position in range(len(kept) - 1):
         if not isinstance(kept[position].comma, cst.Comma):
             kept[position] = kept[position].with_changes(comma=cst.Comma(whitespace_after=syntax.ONE_SPACE))
-    return call.with_changes(func=cst.parse_expression(target), args=kept)
+    return call.with_changes(func=syntax.dotted(target), args=kept)
 
 
 def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:

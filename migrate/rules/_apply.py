@@ -15,6 +15,9 @@ import libcst as cst
 from migrate.rules._context import ModuleContext, Plan
 
 
+_IMPORT_TORCH = cst.parse_statement("import torch\n")
+
+
 def _is_import(statement: cst.CSTNode) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(
         isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
@@ -281,7 +284,7 @@ class PlanApplier(cst.CSTTransformer):
             position = 0
             while position < len(body) and (_is_docstring(body[position]) or _is_future_import(body[position])):
                 position += 1
-            statement = cst.parse_statement("import torch\n")
+            statement = _IMPORT_TORCH
             if position < len(body) and position > 0 and not _is_import(body[position]):
                 statement = statement.with_changes(leading_lines=[cst.EmptyLine()])
             if position < len(body) and any(line.comment for line in body[position].leading_lines):

@@ -8,6 +8,7 @@ original nodes lets several rules touch one block without stepping on each other
 
 from __future__ import annotations
 
+import ast
 import re
 from bisect import bisect_right
 from collections import defaultdict
@@ -131,32 +132,51 @@ class _Indexer:
 
     def index(self, root: cst.Module) -> None:
         pending: list[tuple[cst.CSTNode, cst.CSTNode | None, bool]] = [(root, None, False)]
+        parents, children, scope, nodes = self.parents, self.children, self.scope, self.nodes
+        indexed = {kind: True for kind in self.INDEXED}
+        hooks: dict[type, tuple[object, object]] = {}
+        is_node: dict[type, bool] = {}  # isinstance on the CSTNode ABC is slow; types repeat
         while pending:
             node, parent, leaving = pending.pop()
             kind = type(node)
+            hook = hooks.get(kind)
+            if hook is None:
+                hook = hooks[kind] = (
+                    getattr(self, "visit_" + kind.__name__, None),
+                    getattr(self, "leave_" + kind.__name__, None),
+                )
             if leaving:
-                leave = getattr(self, "leave_" + kind.__name__, None)
-                if leave is not None:
-                    leave(node)
+                hook[1](node)  # type: ignore[operator]
                 continue
             if parent is not None:
-                self.parents[node] = parent
-                self.children[parent].append(node)
+                parents[node] = parent
+                children[parent].append(node)
             if self._stack:
-                self.scope[node] = self._stack[-1]
-            if isinstance(node, self.INDEXED):
-                self.nodes[kind].append(node)
-            visit = getattr(self, "visit_" + kind.__name__, None)
-            if visit is not None:
-                visit(node)
-            pending.append((node, None, True))
+                scope[node] = self._stack[-1]
+            if kind in indexed:
+                nodes[kind].append(node)
+            if hook[0] is not None:
+                hook[0](node)  # type: ignore[operator]
+            if hook[1] is not None:
+                pending.append((node, None, True))
             found: list[cst.CSTNode] = []
             for name in _child_fields(kind):
                 value = getattr(node, name)
-                if isinstance(value, cst.CSTNode):
+                value_kind = type(value)
+                if value_kind is list or value_kind is tuple:
+                    for item in value:
+                        item_kind = type(item)
+                        known = is_node.get(item_kind)
+                        if known is None:
+                            known = is_node[item_kind] = issubclass(item_kind, cst.CSTNode)
+                        if known:
+                            found.append(item)
+                    continue
+                known = is_node.get(value_kind)
+                if known is None:
+                    known = is_node[value_kind] = issubclass(value_kind, cst.CSTNode)
+                if known:
                     found.append(value)
-                elif isinstance(value, (list, tuple)):
-                    found.extend(item for item in value if isinstance(item, cst.CSTNode))
             pending.extend((child, node, False) for child in reversed(found))
 
     # scopes
@@ -396,8 +416,11 @@ class ModuleContext:
         self._children = index.children
         self._nodes = index.nodes
         self._scope = index.scope
+        self._tracked = {name for bindings in self.imports.values() for name in bindings}
         self._positions: dict[cst.CSTNode, tuple[int, int]] | None = None
         self._line_starts: list[int] = []
+        self._first_lines: dict[cst.CSTNode, int] | None = None
+        self._statement_offsets: dict[cst.CSTNode, tuple[dict[cst.CSTNode, tuple[int, int]], str]] = {}
         self._call_order: dict[int, int] | None = None
         self.plan = Plan()
         self.findings: list[Finding] = []
@@ -411,26 +434,65 @@ class ModuleContext:
         self._all_names: set[str] | None = None
 
     # positions and findings
-    def _span(self, node: cst.CSTNode) -> tuple[int, int]:
-        """First and last line of ``node`` (leading blank and comment lines excluded)."""
-        # positions cost a code-generation pass: only files with findings pay it
+    def _locate(self, node: cst.CSTNode) -> tuple[int, int, int]:
+        """1-based start line, start column and end line of ``node`` in the input.
+
+        Only the top-level statement holding ``node`` is generated again (with offsets);
+        Python's own parser says on which line that statement starts. Findings are rare
+        and local, so this costs a fraction of a whole-module position pass.
+        """
+        top = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, cst.Module):
+                break
+            top = ancestor
+        first_lines = self._top_level_lines()
+        if top not in first_lines:
+            return self._locate_in_module(node)
+        known = self._statement_offsets.get(top)
+        if known is None:
+            state = _OffsetState(self.module)
+            top._codegen(state)
+            known = self._statement_offsets[top] = (state.spans, "".join(state.tokens))
+        spans, code = known
+        # the line the statement's own code (leading comment lines included) starts on
+        origin = first_lines[top] - code.count("\n", 0, spans[top][0])
+        start, end = spans[node]
+        column = start - (code.rfind("\n", 0, start) + 1) + 1
+        return origin + code.count("\n", 0, start), column, origin + code.count("\n", 0, max(start, end - 1))
+
+    def _top_level_lines(self) -> dict[cst.CSTNode, int]:
+        """The line each top-level statement's syntax starts on, from ``ast``."""
+        if self._first_lines is None:
+            self._first_lines = {}
+            try:
+                body = ast.parse(self.source).body
+            except (SyntaxError, ValueError, RecursionError):
+                return self._first_lines
+            # libcst starts a decorated definition at `def`/`class`, as ast's lineno does
+            lines = [statement.lineno for statement in body]
+            index = 0
+            for statement in self.module.body:
+                if index >= len(lines):
+                    self._first_lines = {}
+                    break
+                self._first_lines[statement] = lines[index]
+                index += len(statement.body) if isinstance(statement, cst.SimpleStatementLine) else 1
+        return self._first_lines
+
+    def _locate_in_module(self, node: cst.CSTNode) -> tuple[int, int, int]:
+        """The same, from a position pass over the whole module (when ``ast`` disagrees)."""
         if self._positions is None:
             self._positions = _offsets(self.module)
-            self._line_starts = [0]
-            for number, char in enumerate(self.source):
-                if char == "\n":
-                    self._line_starts.append(number + 1)
+            self._line_starts = [0, *(i + 1 for i, char in enumerate(self.source) if char == "\n")]
         start, end = self._positions[node]
-        return self._line_of(start), self._line_of(max(start, end - 1))
-
-    def _line_of(self, offset: int) -> int:
-        return bisect_right(self._line_starts, offset)
+        line = bisect_right(self._line_starts, start)
+        return line, start - self._line_starts[line - 1] + 1, bisect_right(self._line_starts, max(start, end - 1))
 
     def position(self, node: cst.CSTNode) -> tuple[int, int]:
         """1-based line and column of ``node`` in the input."""
-        line, _ = self._span(node)
-        assert self._positions is not None
-        return line, self._positions[node][0] - self._line_starts[line - 1] + 1
+        line, column, _ = self._locate(node)
+        return line, column
 
     def report(self, code: str, node: cst.CSTNode, message: str | None = None) -> None:
         line, column = self.position(node)
@@ -442,7 +504,7 @@ class ModuleContext:
         """True (and reported) when a `# ampmigrate: skip` comment covers ``node``'s statement."""
         if not self.skip_lines:
             return False
-        first, last = self._span(self.statement_of(node))
+        first, _, last = self._locate(self.statement_of(node))
         if any(first <= line <= last for line in self.skip_lines):
             self.report("AMP050", node)
             return True
@@ -535,6 +597,8 @@ class ModuleContext:
     # name resolution
     def resolve(self, name: str, at: cst.CSTNode) -> Binding | None:
         """The import binding ``name`` refers to at ``at``, if it is one we track."""
+        if name not in self._tracked:
+            return None  # most names are never bound by an import we track
         scope: Scope | None = self.scope_of(at)
         first = True
         while scope is not None:

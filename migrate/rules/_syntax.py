@@ -55,8 +55,17 @@ def prepend_args(call: cst.Call, new: Sequence[cst.Arg]) -> cst.Call:
     return call.with_changes(args=[*built, *args])
 
 
+def dotted(name: str) -> cst.Name | cst.Attribute:
+    """``torch.amp.GradScaler`` as nodes, without a trip through the parser."""
+    first, *rest = name.split(".")
+    node: cst.Name | cst.Attribute = cst.Name(first)
+    for part in rest:
+        node = cst.Attribute(value=node, attr=cst.Name(part))
+    return node
+
+
 def call(func: str, args: Sequence[cst.Arg] = ()) -> cst.Call:
-    return cst.Call(func=cst.parse_expression(func), args=list(args))
+    return cst.Call(func=dotted(func), args=list(args))
 
 
 def attribute_call(owner: cst.BaseExpression, method: str, args: Sequence[cst.Arg] = ()) -> cst.Call:

@@ -91,17 +91,17 @@ def _rewrite_call(device: str, obj: str, spelling: str, call: cst.Call) -> cst.C
         if args is None:
             return None
         call = call.with_changes(args=args)
-        func = cst.parse_expression("torch.autocast") if spelling == "dotted" else call.func
+        func = syntax.dotted("torch.autocast") if spelling == "dotted" else call.func
         return syntax.prepend_args(call.with_changes(func=func), [cst.Arg(device_arg)])
     if obj == "GradScaler":
         if any(arg.star for arg in call.args):
             return None
-        func = cst.parse_expression("torch.amp.GradScaler") if spelling == "dotted" else call.func
+        func = syntax.dotted("torch.amp.GradScaler") if spelling == "dotted" else call.func
         return syntax.prepend_args(call.with_changes(func=func), [cst.Arg(device_arg)])
     if obj in ("custom_fwd", "custom_bwd"):
         if any(arg.keyword is None for arg in call.args):
             return None  # custom_fwd(fn) applied by hand: rare, left alone
-        func = cst.parse_expression(f"torch.amp.{obj}") if spelling == "dotted" else call.func
+        func = syntax.dotted(f"torch.amp.{obj}") if spelling == "dotted" else call.func
         return syntax.prepend_args(
             call.with_changes(func=func), [syntax.keyword("device_type", device_arg)]
         )
@@ -153,7 +153,7 @@ class _Finder:
         names = [dotted_name(alias.name) for alias in node.names]
         if module in ("torch.cuda.amp", "torch.cpu.amp") and _movable(node):
             ctx.plan.replace[node] = lambda updated: updated.with_changes(
-                module=cst.parse_expression("torch.amp")
+                module=syntax.dotted("torch.amp")
             )
         elif module in ("torch.cuda", "torch.cpu") and names == ["amp"]:
             ctx.plan.replace[node] = lambda updated: updated.with_changes(module=cst.Name("torch"))
