@@ -673,10 +673,3 @@ class ModuleContext:
         names.add(f"{preferred}_{counter}")
         return f"{preferred}_{counter}"
 
-
-def parse_expression(code: str) -> cst.BaseExpression:
-    return cst.parse_expression(code)
-
-
-def parse_statement(code: str) -> cst.BaseStatement:
-    return cst.parse_statement(code)

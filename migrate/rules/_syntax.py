@@ -78,11 +78,6 @@ def strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
     return node
 
 
-def arg_value(arg: cst.Arg) -> cst.BaseExpression:
-    """An argument's value, ready to be reused in another call (no trailing layout)."""
-    return arg.value
-
-
 def expression_statement(expression: cst.BaseExpression) -> cst.SimpleStatementLine:
     return cst.SimpleStatementLine([cst.Expr(expression)])
 
@@ -107,9 +102,3 @@ def bind_arguments(call: cst.Call, parameters: Sequence[str]) -> dict[str, cst.A
             return None
     return bound
 
-
-def rebuild_call(func: str, positional: Sequence[cst.BaseExpression], keywords: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:
-    """``func(a, b, k=v)`` from expressions (layout of the old call is not kept)."""
-    args = [cst.Arg(value) for value in positional]
-    args += [keyword(name, value) for name, value in keywords]
-    return call(func, args)
