@@ -46,7 +46,6 @@ class Scaler:
     # created in a method that may not run: a disabled default stands in until it does
     may_be_disabled: bool = False
     model_names: set[str] = field(default_factory=set)
-    optimizers: set[str] = field(default_factory=set)
 
 
 def literal(node: cst.BaseExpression) -> object:
