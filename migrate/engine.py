@@ -14,6 +14,7 @@ from migrate.findings import Finding, make_finding
 from migrate.options import Options
 from migrate.rules import run_rules
 from migrate.rules._context import SKIP_COMMENT
+from migrate.rules._render import render
 
 
 class SourceSyntaxError(Exception):
@@ -82,7 +83,7 @@ def _migrate(source: str, options: Options) -> MigrationResult:
         note = make_finding("AMP050", skip_line, 1, "`# ampmigrate: skip` at the top: the whole file was left as it was")
         return MigrationResult(source, False, (note,), skipped=True)
     new_module, findings = run_rules(module, source, options)
-    new_source = new_module.code if new_module is not module else source
+    new_source = render(module, new_module, source) if new_module is not module else source
     if new_source != source:
         try:
             compile(new_source, "<migrated>", "exec")

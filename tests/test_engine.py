@@ -156,3 +156,18 @@ def test_rules_document_themselves(rule) -> None:
     assert doc.startswith(f"{rule.RULE}: ")
     for section in ("What it rewrites", "Before::", "After::", "References"):
         assert section in doc, f"{rule.RULE} lacks {section!r}"
+
+
+def test_rendering_reuses_input_text_exactly() -> None:
+    """Untouched statements come from the input text; the result must be libcst's own."""
+    from pathlib import Path
+
+    from migrate.rules import run_rules
+    from migrate.rules._render import render
+
+    for case in sorted((Path(__file__).resolve().parent.parent / "fixtures").glob("*/*.in.py")):
+        source = case.read_text(encoding="utf-8")
+        module = cst.parse_module(source)
+        updated, _ = run_rules(module, source, Options())
+        if updated is not module:
+            assert render(module, updated, source) == updated.code, case.name

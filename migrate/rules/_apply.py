@@ -191,6 +191,10 @@ class PlanApplier(cst.CSTTransformer):
         plan = self.plan
         before = list(plan.before.get(original, ()))
         after = list(plan.after.get(original, ()))
+        if not before and not after and not (
+            original in plan.replace_statement or original in plan.remove or original in plan.unwrap
+        ) and not self._vacuous(updated):
+            return [updated], []  # the same node: rendering can reuse its input text
         leading = list(updated.leading_lines)
         if original in plan.replace_statement:
             middle = list(plan.replace_statement[original])
