@@ -85,6 +85,24 @@ def test_verify_accepts_the_tools_own_output(pair: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "original",
+    sorted(VERIFY_FIXTURES.glob("*.original.py")),
+    ids=lambda p: p.name.removesuffix(".original.py"),
+)
+def test_verify_accepts_the_tools_migration_of_each_verify_original(
+    original: Path, tmp_path: Path
+) -> None:
+    """The engine's own migration (FusedAdam -> AdamW included) trains like the original."""
+    from migrate.engine import migrate_source
+
+    migrated = tmp_path / original.name.replace(".original.py", ".migrated.py")
+    migrated.write_text(migrate_source(original.read_text(encoding="utf-8")).source, encoding="utf-8")
+    result = verify.compare(original, migrated, steps=STEPS)
+    assert result.exit_code == 0, result.report()
+
+
+@pytest.mark.slow
 def test_run_cli_prints_side_by_side_report(capsys: pytest.CaptureFixture[str]) -> None:
     code = verify.run_cli(
         str(VERIFY_FIXTURES / "clip.original.py"),
