@@ -515,7 +515,13 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         name in bound and literal(bound[name].value) is not None for name in _CASTING_SETTINGS
     ):
         if not disabled:
-            ctx.report("AMP001", call)
+            if level_expression is not None:
+                what = f"opt_level is chosen at run time ({normalized(level_expression)}): O2/O3 runs now use"
+            elif level in ("O2", "O3"):
+                what = f"{level} was migrated to"
+            else:
+                what = "The O2-style casting settings were migrated to"
+            ctx.report("AMP001", call, f"{what} torch.autocast + GradScaler, the nearest native recipe")
     elif level == "O1" and not disabled:
         ctx.report("AMP012", call)
 
