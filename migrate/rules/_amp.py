@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -315,7 +316,7 @@ def _arm(ctx: ModuleContext, branch: cst.If, node: cst.CSTNode) -> bool | None:
     return None
 
 
-def fp32_only(ctx: ModuleContext, step: cst.CSTNode, sites: list[cst.CSTNode]) -> bool:
+def fp32_only(ctx: ModuleContext, step: cst.CSTNode, sites: Sequence[cst.CSTNode]) -> bool:
     """The step sits in an arm of an `if` whose other arm holds every scaled backward of
     its function: it belongs to the fp32 path, which never touches the scaler."""
     function = ctx.function_of(step)

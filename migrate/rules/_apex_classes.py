@@ -90,7 +90,7 @@ def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...])
         if isinstance(result, str):
             ctx.report("AMP042", call, result)
             continue
-        ctx.plan.replace[call] = lambda _, result=result: result
+        ctx.plan.substitute(call, result)
         ctx.plan.needs_torch_import = True
         ctx.consumed.add(root)
         target = cst.Module([]).code_for_node(result.func)

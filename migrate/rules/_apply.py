@@ -9,10 +9,11 @@ attached to a statement that goes away move to the next statement emitted.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import libcst as cst
 
-from migrate.rules._context import ModuleContext, Plan
+from migrate.rules._context import ModuleContext, Plan, Statement
 
 
 _IMPORT_TORCH = cst.parse_statement("import torch\n")
@@ -85,9 +86,7 @@ def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
     return position
 
 
-def _with_leading_lines(
-    statement: cst.BaseStatement, lines: Sequence[cst.EmptyLine]
-) -> cst.BaseStatement:
+def _with_leading_lines(statement: Statement, lines: Sequence[cst.EmptyLine]) -> Statement:
     if not lines:
         return statement
     existing = list(statement.leading_lines)
@@ -185,8 +184,8 @@ class PlanApplier(cst.CSTTransformer):
         )
 
     def _emit(
-        self, original: cst.CSTNode, updated: cst.BaseStatement
-    ) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+        self, original: cst.CSTNode, updated: Statement
+    ) -> tuple[list[Statement], list[cst.EmptyLine]]:
         """Statements that stand for ``original``, and comment lines left without a home."""
         plan = self.plan
         before = list(plan.before.get(original, ()))
@@ -204,7 +203,7 @@ class PlanApplier(cst.CSTTransformer):
             leading.extend(_orphaned_comments(updated, middle))
         elif original in plan.unwrap:
             assert isinstance(updated, cst.With)
-            middle = list(updated.body.body)  # type: ignore[attr-defined]
+            middle = list(cast(Sequence[Statement], cast(cst.IndentedBlock, updated.body).body))
             header = updated.body.header if isinstance(updated.body, cst.IndentedBlock) else None
             if header is not None and header.comment is not None:
                 leading.append(cst.EmptyLine(comment=header.comment))
@@ -217,10 +216,10 @@ class PlanApplier(cst.CSTTransformer):
         return emitted, []
 
     def _emit_run(
-        self, pairs: list[tuple[cst.CSTNode, cst.BaseStatement]], pending: list[cst.EmptyLine]
-    ) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+        self, pairs: list[tuple[cst.CSTNode, Statement]], pending: list[cst.EmptyLine]
+    ) -> tuple[list[Statement], list[cst.EmptyLine]]:
         """Emit consecutive statements; comments of removed ones move to the next one kept."""
-        body: list[cst.BaseStatement] = []
+        body: list[Statement] = []
         for original, updated in pairs:
             emitted, lost = self._emit(original, updated)
             if emitted:

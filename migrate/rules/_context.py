@@ -25,6 +25,8 @@ from migrate.options import Options
 
 _N = TypeVar("_N", bound=cst.CSTNode)
 Block = cst.Module | cst.IndentedBlock
+# what a block holds (libcst types its bodies more loosely)
+Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement
 Scope = cst.Module | cst.FunctionDef | cst.ClassDef | cst.Lambda
 
 SKIP_COMMENT = re.compile(r"#\s*ampmigrate:\s*skip\b")
@@ -359,11 +361,11 @@ class Plan:
     # statements removed (their comments move to the next statement emitted)
     remove: set[cst.CSTNode] = field(default_factory=set)
     # statements replaced by others
-    replace_statement: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=dict)
+    replace_statement: dict[cst.CSTNode, list[Statement]] = field(default_factory=dict)
     # `with` statements replaced by their own (updated) body
     unwrap: set[cst.CSTNode] = field(default_factory=set)
-    before: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=lambda: defaultdict(list))
-    after: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=lambda: defaultdict(list))
+    before: dict[cst.CSTNode, list[Statement]] = field(default_factory=lambda: defaultdict(list))
+    after: dict[cst.CSTNode, list[Statement]] = field(default_factory=lambda: defaultdict(list))
     # first statement -> (last statement, with item): statements first..last go in a `with`
     wrap: dict[cst.CSTNode, tuple[cst.CSTNode, cst.WithItem]] = field(default_factory=dict)
     # function definitions that get new parameters (name, default or None)
@@ -375,10 +377,14 @@ class Plan:
         default_factory=lambda: defaultdict(list)
     )
     # module-level statements added right after the imports (a scaler shared by functions)
-    module_globals: list[cst.BaseStatement] = field(default_factory=list)
+    module_globals: list[Statement] = field(default_factory=list)
     # module-level helper functions added after the imports
-    module_helpers: list[cst.BaseStatement] = field(default_factory=list)
+    module_helpers: list[Statement] = field(default_factory=list)
     needs_torch_import: bool = False
+
+    def substitute(self, node: cst.CSTNode, replacement: cst.CSTNode) -> None:
+        """Replace ``node`` by a fixed new node (whatever happened inside it)."""
+        self.replace[node] = lambda _updated: replacement
 
     @property
     def empty(self) -> bool:

@@ -170,7 +170,7 @@ def forward_span(
     in_phase = True
     while True:
         block = ctx.block_of(current)
-        body = list(block.body)
+        body: list[cst.CSTNode] = list(block.body)
         for statement in reversed(body[: body.index(current)]):
             if _is_boundary(ctx, statement):
                 # an earlier backward or step: what comes before belongs to the previous
@@ -192,7 +192,7 @@ def forward_span(
     if not chain:
         return None
 
-    forward = None
+    forward: cst.CSTNode | None = None
     for wanted in (True, False):
         candidates = [statement for statement, phase in chain if phase or not wanted]
         for statement in candidates:  # latest first: the last hit is the earliest statement
@@ -210,7 +210,7 @@ def forward_span(
         return None  # already under autocast
 
     block = ctx.block_of(forward)
-    body = list(block.body)
+    body = list[cst.CSTNode](block.body)
     limit = _ancestor_in(ctx, anchor, block)
     end = body.index(limit) if limit is not None else len(body)
     last = forward

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import libcst as cst
 
@@ -83,7 +84,8 @@ def expression_statement(expression: cst.BaseExpression) -> cst.SimpleStatementL
 
 
 def assign_statement(target: cst.BaseExpression, value: cst.BaseExpression) -> cst.SimpleStatementLine:
-    return cst.SimpleStatementLine([cst.Assign(targets=[cst.AssignTarget(target)], value=value)])
+    assignable = cast(cst.BaseAssignTargetExpression, target)
+    return cst.SimpleStatementLine([cst.Assign(targets=[cst.AssignTarget(assignable)], value=value)])
 
 
 def bind_arguments(call: cst.Call, parameters: Sequence[str]) -> dict[str, cst.Arg] | None:

@@ -43,6 +43,6 @@ def plan(ctx: ModuleContext) -> None:
             "torch.autocast",
             [cst.Arg(syntax.string(ctx.options.device)), syntax.keyword("enabled", cst.Name("False"))],
         )
-        ctx.plan.replace[use.call] = lambda _, r=replacement: r
+        ctx.plan.substitute(use.call, replacement)
         ctx.plan.needs_torch_import = True
         ctx.consumed.add(use.base)

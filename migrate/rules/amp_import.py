@@ -108,7 +108,7 @@ def _catches_import_error(handler: cst.ExceptHandler) -> bool:
     if handler.type is None:
         return True
     types = handler.type.elements if isinstance(handler.type, cst.Tuple) else [handler.type]
-    names = {dotted_name(t.value if isinstance(t, cst.Element) else t) for t in types}
+    names = {dotted_name(t.value) if isinstance(t, cst.BaseElement) else dotted_name(t) for t in types}
     return bool(names & _IMPORT_ERRORS)
 
 
@@ -137,7 +137,7 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
 
 
 def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
-    removable: dict[cst.CSTNode, set[cst.ImportAlias]] = {}
+    removable: dict[cst.Import | cst.ImportFrom, set[cst.ImportAlias]] = {}
     for scope_imports in ctx.imports.values():
         for bindings in scope_imports.values():
             for binding in bindings:
@@ -159,7 +159,7 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
             if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
                 _drop_import_statement(ctx, line)
             else:
-                ctx.plan.replace[statement] = lambda _: cst.Pass()
+                ctx.plan.substitute(statement, cst.Pass())
             continue
         kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
 

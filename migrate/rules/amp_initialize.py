@@ -39,7 +39,7 @@ import libcst as cst
 
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, Scaler, literal, normalized
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._context import ModuleContext, Statement, dotted_name
 from migrate.rules.amp_master_params import in_clip
 
 RULE = "amp_initialize"
@@ -71,7 +71,7 @@ def bind_arguments(call: cst.Call) -> dict[str, cst.Arg] | None:
     return bound if bound is not None and "models" in bound else None
 
 
-def _alias_assignment(target: cst.BaseExpression, value: cst.BaseExpression) -> cst.BaseStatement | None:
+def _alias_assignment(target: cst.BaseExpression, value: cst.BaseExpression) -> cst.SimpleStatementLine | None:
     """``target = value`` for the parts of an unpacking that do not already match."""
     pairs: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []
 
@@ -374,12 +374,12 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         and isinstance(optimizers, (cst.Name, cst.Attribute))
     ):
         # Apex returned the model alone when the optimizers turned out to be None
-        value = cst.IfExp(
+        conditional = cst.IfExp(
             test=cst.Comparison(optimizers, [cst.ComparisonTarget(cst.IsNot(), cst.Name("None"))]),
             body=result.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
             orelse=models,
         )
-        alias = syntax.assign_statement(target, value)
+        alias = syntax.assign_statement(target, conditional)
 
     # what the call asked for
     level_arg = bound.get("opt_level")
@@ -583,8 +583,8 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         static_scale=static_scale,
     )
     for element in models.elements if isinstance(models, (cst.List, cst.Tuple)) else [models]:
-        value = element.value if isinstance(element, cst.BaseElement) else element
-        dotted = dotted_name(value)
+        expression = element.value if isinstance(element, cst.BaseElement) else element
+        dotted = dotted_name(expression)
         if dotted is not None:
             scaler.model_names.add(dotted.split(".")[-1])
     model.scalers.append(scaler)
@@ -602,7 +602,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     if klass is not None and function is not None and function.name.value != "__init__":
         scaler.may_be_disabled = _default_in_init(ctx, klass, name)
 
-    replacement = [alias] if alias is not None else []
+    replacement: list[Statement] = [alias] if alias is not None else []
     if function is None and ctx.function_of(call) is not None:
         ctx.plan.module_globals.append(creation)
         if replacement:

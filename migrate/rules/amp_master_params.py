@@ -42,6 +42,8 @@ References
 
 from __future__ import annotations
 
+from typing import cast
+
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
@@ -71,7 +73,7 @@ def _parameters_of(optimizer: cst.BaseExpression, as_list: bool = False) -> cst.
     return cst.parse_expression(f"[{code}]" if as_list else f"({code})")
 
 
-def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode, clip: cst.Call) -> cst.CSTNode | None:
+def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode, clip: cst.Call) -> cst.If | None:
     """The `if` around ``statement`` when its `else` is the same clip of other parameters."""
     block = ctx.parent(statement)
     owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
@@ -189,7 +191,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
             unscale = syntax.expression_statement(
                 syntax.attribute_call(found[1], "unscale_", [cst.Arg(optimizer.deep_clone())])
             )
-            other = collapsible.orelse.body.body[0]  # type: ignore[union-attr]
+            other = cast(cst.SimpleStatementLine, cast(cst.IndentedBlock, cast(cst.Else, collapsible.orelse).body).body[0])
             ctx.plan.replace_statement[collapsible] = [unscale, other.with_changes(leading_lines=())]
             ctx.consumed.add(use.base)
             return
@@ -198,14 +200,14 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
         replacement = _parameters_of(optimizer)
         if len(outer.args) == 1:
             replacement = replacement.with_changes(lpar=[], rpar=[])
-        ctx.plan.replace[call] = lambda _, r=replacement: r
+        ctx.plan.substitute(call, replacement)
     elif outer_name == "list" and len(outer.args) == 1:  # type: ignore[union-attr]
-        ctx.plan.replace[outer] = lambda _, o=optimizer: _parameters_of(o, as_list=True)
+        ctx.plan.substitute(outer, _parameters_of(optimizer, as_list=True))  # type: ignore[arg-type]
     else:
         replacement = _parameters_of(optimizer)
         if isinstance(outer, cst.Call) and len(outer.args) == 1:
             replacement = replacement.with_changes(lpar=[], rpar=[])
-        ctx.plan.replace[call] = lambda _, r=replacement: r
+        ctx.plan.substitute(call, replacement)
     ctx.consumed.add(use.base)
 
 

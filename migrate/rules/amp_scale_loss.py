@@ -121,7 +121,7 @@ def _wrap(
     first: cst.CSTNode, last: cst.CSTNode, report_at: cst.CSTNode,
 ) -> None:
     """Plan ``with torch.autocast(...)`` over first..last, merged with overlapping spans."""
-    block = list(ctx.block_of(first).body)
+    block: list[cst.CSTNode] = list(ctx.block_of(first).body)
     # merge with a span already planned in the same block when they overlap
     for other_first, (other_last, _) in list(ctx.plan.wrap.items()):
         if ctx.block_of(other_first) is not ctx.block_of(first):
@@ -129,8 +129,8 @@ def _wrap(
         a, b = block.index(first), block.index(last)
         c, d = block.index(other_first), block.index(other_last)
         if a <= d and c <= b:
-            item = ctx.plan.wrap.pop(other_first)[1]
-            ctx.plan.wrap[block[min(a, c)]] = (block[max(b, d)], item)
+            kept = ctx.plan.wrap.pop(other_first)[1]
+            ctx.plan.wrap[block[min(a, c)]] = (block[max(b, d)], kept)
             return
     item = model.autocast_item(scaler, access, first)
     if item is None:
@@ -199,9 +199,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[i
     loss = syntax.strip_parens(loss_arg.value)
     asname = with_node.items[0].asname.name.value  # type: ignore[union-attr]
     for name in _scaled_loss_names(ctx, with_node, asname):
-        ctx.plan.replace[name] = lambda _, loss=loss, access=access: syntax.attribute_call(
-            access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())]
-        )
+        ctx.plan.substitute(name, syntax.attribute_call(access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())]))
     collapsible = _fp32_branch(ctx, with_node, asname, loss)
     if collapsible is not None:
         # `if fp16: <scaled backward> else: loss.backward()`: a disabled GradScaler's
@@ -307,8 +305,8 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
         if found is None:
             continue
         _, access = found
-        ctx.plan.replace[step] = lambda _, access=access, optimizer=optimizer: syntax.attribute_call(
-            access.deep_clone(), "step", [cst.Arg(syntax.strip_parens(optimizer).deep_clone())]
+        ctx.plan.substitute(
+            step, syntax.attribute_call(access.deep_clone(), "step", [cst.Arg(syntax.strip_parens(optimizer).deep_clone())])
         )
         key = optimizer_key(ctx, optimizer, step)
         model.steps[step] = key

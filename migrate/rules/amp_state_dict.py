@@ -74,9 +74,7 @@ def plan(ctx: ModuleContext) -> None:
             if call.args:
                 ctx.report("AMP032", call, "amp.state_dict(destination) is not migrated: call scaler.state_dict()")
                 continue
-            ctx.plan.replace[call] = lambda updated, a=access: updated.with_changes(
-                func=cst.Attribute(a, cst.Name("state_dict"))
-            )
+            ctx.plan.substitute(call, call.with_changes(func=cst.Attribute(access, cst.Name("state_dict"))))
         else:
             if len(call.args) != 1 or call.args[0].star:
                 ctx.report("AMP032", call, "amp.load_state_dict with unexpected arguments: migrate it by hand")

@@ -125,7 +125,12 @@ class _Finder:
         device, obj, spelling = target
         if _rewrite_call(device, obj, spelling, node) is None:
             return
-        ctx.plan.replace[node] = lambda updated, t=target: _rewrite_call(*t, updated) or updated
+
+        def rewrite(updated: cst.CSTNode) -> cst.CSTNode:
+            assert isinstance(updated, cst.Call)
+            return _rewrite_call(device, obj, spelling, updated) or updated
+
+        ctx.plan.replace[node] = rewrite
         if spelling == "dotted":
             ctx.consumed.add(node.func)
 
@@ -138,10 +143,12 @@ class _Finder:
         if target is None or target[1] not in ("custom_fwd", "custom_bwd") or ctx.skipped(node):
             return
 
-        def decorate(updated: cst.CSTNode, target=target) -> cst.CSTNode:
+        device, obj, spelling = target
+
+        def decorate(updated: cst.CSTNode) -> cst.CSTNode:
             assert isinstance(updated, cst.Decorator)
             as_call = cst.Call(func=updated.decorator)
-            return updated.with_changes(decorator=_rewrite_call(*target, as_call))
+            return updated.with_changes(decorator=_rewrite_call(device, obj, spelling, as_call))
 
         ctx.plan.replace[node] = decorate
 
