@@ -27,6 +27,40 @@ class _FusedBase(Optimizer):
         super().zero_grad(set_to_none=self.set_grad_none)
 
     @staticmethod
+    def _advance(group: dict[str, Any]) -> tuple[float, float]:
+        """Count one more step for ``group``; its two bias corrections (1.0 when off)."""
+        group["step"] = group.get("step", 0) + 1
+        if not group["bias_correction"]:
+            return 1.0, 1.0
+        beta1, beta2 = group["betas"]
+        return 1 - beta1 ** group["step"], 1 - beta2 ** group["step"]
+
+    @staticmethod
+    def _adam_update(
+        group: dict[str, Any],
+        grad: torch.Tensor,
+        weight: torch.Tensor,
+        exp_avg: torch.Tensor,
+        exp_avg_sq: torch.Tensor,
+        corrections: tuple[float, float],
+        adam_w_mode: bool,
+        first_moment_weight: float,
+    ) -> torch.Tensor:
+        """Adam's step direction (moments updated in place); weight decay as L2 or
+        decoupled (AdamW), as ``adam_w_mode`` says. FusedAdam and FusedLAMB share it."""
+        beta1, beta2 = group["betas"]
+        decay = group["weight_decay"]
+        if not adam_w_mode and decay != 0:
+            grad = grad + decay * weight
+        exp_avg.mul_(beta1).add_(grad, alpha=first_moment_weight)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bc1, bc2 = corrections
+        update = (exp_avg / bc1) / ((exp_avg_sq / bc2).sqrt() + group["eps"])
+        if adam_w_mode and decay != 0:
+            update = update + decay * weight
+        return update
+
+    @staticmethod
     def _closure_loss(closure: Callable[[], Any] | None) -> Any:
         if closure is None:
             return None
@@ -71,12 +105,8 @@ class FusedAdam(_FusedBase):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         loss = self._closure_loss(closure)
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            group["step"] = group.get("step", 0) + 1
-            step = group["step"]
-            bc1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
-            bc2 = 1 - beta2 ** step if group["bias_correction"] else 1.0
-            decay = group["weight_decay"]
+            corrections = self._advance(group)
+            beta1 = group["betas"][0]
             for param in group["params"]:
                 if param.grad is None:
                     continue
@@ -90,13 +120,9 @@ class FusedAdam(_FusedBase):
                 weight = param.float()
                 exp_avg = state["exp_avg"].float()
                 exp_avg_sq = state["exp_avg_sq"].float()
-                if not self.adam_w_mode and decay != 0:
-                    grad = grad + decay * weight
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                update = (exp_avg / bc1) / ((exp_avg_sq / bc2).sqrt() + group["eps"])
-                if self.adam_w_mode and decay != 0:
-                    update = update + decay * weight
+                update = self._adam_update(
+                    group, grad, weight, exp_avg, exp_avg_sq, corrections, self.adam_w_mode, 1 - beta1
+                )
                 weight.add_(update, alpha=-group["lr"])
                 param.copy_(weight)
                 state["exp_avg"].copy_(exp_avg)
@@ -251,12 +277,9 @@ class FusedLAMB(_FusedBase):
             torch.stack([torch.linalg.vector_norm(g) for g in grads])
         )
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
+            beta1 = group["betas"][0]
             beta3 = 1 - beta1 if group["grad_averaging"] else 1.0
-            group["step"] = group.get("step", 0) + 1
-            step = group["step"]
-            bc1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
-            bc2 = 1 - beta2 ** step if group["bias_correction"] else 1.0
+            corrections = self._advance(group)
             max_norm, decay = group["max_grad_norm"], group["weight_decay"]
             clip = (
                 (global_norm / max_norm).clamp(min=1.0)
@@ -272,14 +295,9 @@ class FusedLAMB(_FusedBase):
                     state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
                 grad = param.grad.float() / clip
                 weight = param.float()
-                if not self.adam_w_mode and decay != 0:
-                    grad = grad + decay * weight
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(grad, alpha=beta3)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                update = (exp_avg / bc1) / ((exp_avg_sq / bc2).sqrt() + group["eps"])
-                if self.adam_w_mode and decay != 0:
-                    update = update + decay * weight
+                update = self._adam_update(
+                    group, grad, weight, state["exp_avg"], state["exp_avg_sq"], corrections, self.adam_w_mode, beta3
+                )
                 ratio = 1.0
                 if self.use_nvlamb or decay != 0:
                     weight_norm = float(torch.linalg.vector_norm(weight))
@@ -332,10 +350,8 @@ class FusedNovoGrad(_FusedBase):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             beta3 = 1 - beta1 if group["grad_averaging"] else 1.0
-            group["step"] = group.get("step", 0) + 1
-            step = group["step"]
-            bc1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
-            bc2 = math.sqrt(1 - beta2**step) if group["bias_correction"] else 1.0
+            bc1, bc2_squared = self._advance(group)
+            bc2 = math.sqrt(bc2_squared)
             decay = group["weight_decay"]
             for param in group["params"]:
                 if param.grad is None:
