@@ -163,7 +163,7 @@ class AmpModel:
             if access is not None:
                 return scaler, access
         for scaler in candidates:
-            if function is not None and self._thread(scaler, function, set()):
+            if function is not None and self._thread(scaler, function):
                 return scaler, cst.Name(scaler.name)
         return None
 
@@ -232,35 +232,31 @@ class AmpModel:
             for call in callers
         )
 
-    def _thread(self, scaler: Scaler, function: cst.FunctionDef, visiting: set[cst.FunctionDef]) -> bool:
-        """Make ``scaler`` a parameter of ``function`` if every caller can pass it."""
+    def _thread(self, scaler: Scaler, function: cst.FunctionDef) -> bool:
+        """Make ``scaler`` a parameter of ``function`` if every caller can pass it.
+
+        Checked first with ``_threadable`` (no edits), so a chain that fails half way
+        never leaves parameters behind.
+        """
         key = (id(scaler), function)
-        if key in self._threaded:
-            return self._threaded[key]
+        if key not in self._threaded:
+            self._threaded[key] = self._threadable(scaler.function, scaler.klass, function, frozenset())
+            if self._threaded[key]:
+                self._plan_thread(scaler, function)
+        return self._threaded[key]
+
+    def _plan_thread(self, scaler: Scaler, function: cst.FunctionDef) -> None:
         ctx = self.ctx
-        if function in visiting or not isinstance(ctx.parent(function), cst.Module):
-            return False
-        params = function.params
-        callers = self.calls_by_function_name.get(function.name.value, [])
-        if isinstance(params.star_arg, cst.Param) or params.kwonly_params or params.posonly_params or not callers:
-            self._threaded[key] = False
-            return False
-        passed: list[tuple[cst.Call, cst.BaseExpression]] = []
-        for call in callers:
+        for call in self.calls_by_function_name[function.name.value]:
             caller = ctx.function_of(call)
             access = self._reach(scaler, caller)
-            if access is None and caller is not None and self._thread(scaler, caller, visiting | {function}):
+            if access is None and caller is not None and self._thread(scaler, caller):
                 access = cst.Name(scaler.name)
-            if access is None:
-                self._threaded[key] = False
-                return False
-            passed.append((call, access))
-        has_defaults = any(param.default is not None for param in params.params)
-        ctx.plan.new_params[function].append((scaler.name, cst.Name("None") if has_defaults else None))
-        for call, access in passed:
+            if access is None:  # ruled out by _threadable
+                raise AssertionError(f"{function.name.value}: a caller cannot pass the scaler")
             ctx.plan.new_keywords[call].append((scaler.name, access))
-        self._threaded[key] = True
-        return True
+        has_defaults = any(param.default is not None for param in function.params.params)
+        ctx.plan.new_params[function].append((scaler.name, cst.Name("None") if has_defaults else None))
 
     # ------------------------------------------------------------------ generated code
     def autocast_item(self, scaler: Scaler, access: cst.BaseExpression, at: cst.CSTNode) -> cst.WithItem | None:
