@@ -13,6 +13,7 @@ from typing import cast
 
 import libcst as cst
 
+from migrate.rules import _syntax as syntax
 from migrate.rules._context import ModuleContext, Plan, Statement
 
 
@@ -31,14 +32,6 @@ def _is_future_import(statement: cst.CSTNode) -> bool:
         and isinstance(statement.body[0], cst.ImportFrom)
         and isinstance(statement.body[0].module, cst.Name)
         and statement.body[0].module.value == "__future__"
-    )
-
-
-def _is_docstring(statement: cst.CSTNode) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
 
 
@@ -79,7 +72,7 @@ def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
     """Index just after the module's imports (and docstring), before its first definition."""
     position = 0
     for index, statement in enumerate(body):
-        if _is_import(statement) or _guarded_imports(statement) or (_is_docstring(statement) and index == 0):
+        if _is_import(statement) or _guarded_imports(statement) or (syntax.is_docstring(statement) and index == 0):
             position = index + 1
         elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             break
@@ -285,7 +278,7 @@ class PlanApplier(cst.CSTTransformer):
         body = list(module.body)
         if plan.needs_torch_import:
             position = 0
-            while position < len(body) and (_is_docstring(body[position]) or _is_future_import(body[position])):
+            while position < len(body) and (syntax.is_docstring(body[position]) or _is_future_import(body[position])):
                 position += 1
             statement = _IMPORT_TORCH
             if position < len(body) and position > 0 and not _is_import(body[position]):

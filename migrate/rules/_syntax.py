@@ -104,3 +104,12 @@ def bind_arguments(call: cst.Call, parameters: Sequence[str]) -> dict[str, cst.A
             return None
     return bound
 
+
+
+def is_docstring(statement: cst.CSTNode) -> bool:
+    """A statement that is only a string literal (a module, class or function docstring)."""
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )

@@ -267,21 +267,13 @@ def _default_in_init(ctx: ModuleContext, klass: cst.ClassDef, name: str) -> bool
     body = list(init.body.body)
     index = 0
     # after the docstring and the super().__init__() call, before anything that may use it
-    while index < len(body) and (_is_docstring(body[index]) or _calls_super_init(ctx, body[index])):
+    while index < len(body) and (syntax.is_docstring(body[index]) or _calls_super_init(ctx, body[index])):
         index += 1
     if index < len(body):
         ctx.plan.before[body[index]].append(default)
     else:
         ctx.plan.after[body[-1]].append(default)
     return True
-
-
-def _is_docstring(statement: cst.CSTNode) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
 
 
 def _calls_super_init(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
