@@ -16,14 +16,14 @@ from migrate.findings import Finding
 from migrate.options import Options
 from migrate.rules import (
     amp_disable_casts,
-    apex_normalization,
-    apex_optimizers,
-    apex_syncbn,
     amp_import,
     amp_initialize,
     amp_master_params,
     amp_scale_loss,
     amp_state_dict,
+    apex_normalization,
+    apex_optimizers,
+    apex_syncbn,
     torch_cuda_amp,
 )
 from migrate.rules._amp import AmpModel

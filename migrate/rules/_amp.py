@@ -54,7 +54,7 @@ def literal(node: cst.BaseExpression) -> object:
     if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
         return {"True": True, "False": False, "None": None}[node.value]
     try:
-        tree = ast.parse(cst.Module([]).code_for_node(node).strip(), mode="eval")
+        tree = ast.parse(syntax.code(node).strip(), mode="eval")
     except SyntaxError:
         return ...
 
@@ -88,7 +88,7 @@ def normalized(node: cst.BaseExpression) -> str:
     """Code of ``node`` without layout, tuples and lists spelled alike."""
     if isinstance(node, (cst.Tuple, cst.List)):
         return "(" + ",".join(normalized(element.value) for element in node.elements) + ")"
-    return "".join(cst.Module([]).code_for_node(node).split())
+    return "".join(syntax.code(node).split())
 
 
 class AmpModel:

@@ -93,7 +93,7 @@ def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...])
         ctx.plan.substitute(call, result)
         ctx.plan.needs_torch_import = True
         ctx.consumed.add(root)
-        target = cst.Module([]).code_for_node(result.func)
+        target = syntax.code(result.func)
         note = replacement.note
         if callable(note):
             bound = syntax.bind_arguments(call, replacement.parameters) or {}

@@ -16,7 +16,6 @@ import libcst as cst
 from migrate.rules import _syntax as syntax
 from migrate.rules._context import ModuleContext, Plan, Statement
 
-
 _IMPORT_TORCH = cst.parse_statement("import torch\n")
 
 
@@ -57,7 +56,7 @@ def _orphaned_comments(
     gone.with_changes(leading_lines=()).visit(Comments())
     if not found:
         return []
-    kept = "".join(cst.Module([]).code_for_node(statement) for statement in replacement)
+    kept = "".join(syntax.code(statement) for statement in replacement)
     return [cst.EmptyLine(comment=cst.Comment(value)) for value in found if value not in kept]
 
 

@@ -12,8 +12,8 @@ import ast
 import re
 from bisect import bisect_right
 from collections import defaultdict
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
 

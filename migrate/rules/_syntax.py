@@ -11,6 +11,14 @@ NO_SPACE = cst.SimpleWhitespace("")
 ONE_SPACE = cst.SimpleWhitespace(" ")
 
 
+_EMPTY = cst.Module([])
+
+
+def code(node: cst.CSTNode) -> str:
+    """Source code of any node (also one not in a module)."""
+    return _EMPTY.code_for_node(node)
+
+
 def string(value: str) -> cst.SimpleString:
     return cst.SimpleString(f'"{value}"')
 

@@ -69,7 +69,7 @@ def in_clip(ctx: ModuleContext, call: cst.Call) -> bool:
 
 
 def _parameters_of(optimizer: cst.BaseExpression, as_list: bool = False) -> cst.BaseExpression:
-    code = f'p for group in {cst.Module([]).code_for_node(optimizer)}.param_groups for p in group["params"]'
+    code = f'p for group in {syntax.code(optimizer)}.param_groups for p in group["params"]'
     return cst.parse_expression(f"[{code}]" if as_list else f"({code})")
 
 
@@ -94,7 +94,7 @@ def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode, clip: cst.Call
         if len(calls) != 1 or not calls[0].args:
             return None
         blanked = line.deep_replace(calls[0].args[0].value, cst.Name("_"))
-        return "".join(cst.Module([]).code_for_node(blanked.with_changes(leading_lines=())).split())
+        return "".join(syntax.code(blanked.with_changes(leading_lines=())).split())
 
     if shape(mine) is None or shape(mine) != shape(other):
         return None

@@ -51,7 +51,14 @@ from collections import defaultdict
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._amp import AmpCall, AmpModel, Scaler, fp32_only, normalized, optimizer_key
+from migrate.rules._amp import (
+    AmpCall,
+    AmpModel,
+    Scaler,
+    fp32_only,
+    normalized,
+    optimizer_key,
+)
 from migrate.rules._context import ModuleContext
 from migrate.rules._forward import forward_span, parameter_callers
 
@@ -157,7 +164,7 @@ def _fp32_branch(
     scaled_line, fp32_line = body[0], other[0]
     if not (isinstance(scaled_line, cst.SimpleStatementLine) and isinstance(fp32_line, cst.SimpleStatementLine)):
         return None
-    code = cst.Module([]).code_for_node
+    code = syntax.code
     scaled_code = "".join(code(scaled_line.with_changes(leading_lines=())).split())
     fp32_code = "".join(code(fp32_line.with_changes(leading_lines=())).split())
     loss_code = normalized(loss)
