@@ -55,11 +55,7 @@ def command_for(tool: str) -> list[str] | None:
     """How to start ``tool``: its console script, else ``python -m``; None if absent."""
     if tool == "ampmigrate":
         script = shutil.which("ampmigrate")
-        return (
-            [script, "--check"]
-            if script
-            else [sys.executable, "-m", "migrate", "--check"]
-        )
+        return [script, "--check"] if script else [sys.executable, "-m", "migrate", "--check"]
     if tool == "pyupgrade":
         script = shutil.which("pyupgrade")
         return [script, "--py310-plus"] if script else None
@@ -71,9 +67,7 @@ def wall_time(command: list[str], path: Path, repeat: int) -> tuple[float, float
     """Median wall time and median CPU time (user + system, children included)."""
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
-        ),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     walls, cpus = [], []
     for _ in range(repeat):
@@ -90,9 +84,7 @@ def wall_time(command: list[str], path: Path, repeat: int) -> tuple[float, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--repeat",
         type=int,
@@ -105,9 +97,7 @@ def main() -> None:
         plain.write_text(PLAIN)
         apex = Path(folder) / "train_amp.py"
         apex.write_text(EXAMPLE.read_text())
-        print(
-            f"{'tool':12} {'without Apex (wall / cpu)':>28} {'with Apex (wall / cpu)':>28}"
-        )
+        print(f"{'tool':12} {'without Apex (wall / cpu)':>28} {'with Apex (wall / cpu)':>28}")
         for tool in ("ampmigrate", "pyupgrade", "black"):
             command = command_for(tool)
             if command is None:

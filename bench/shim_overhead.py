@@ -77,9 +77,7 @@ def shim_step(level: str) -> Callable[[torch.nn.Module, Batch], Callable[[], Non
     def make(model: torch.nn.Module, batch: Batch) -> Callable[[], None]:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         # 2**10 start: the first steps of an fp16 run at 2**16 would be skipped overflows.
-        model, optimizer = amp.initialize(
-            model, optimizer, opt_level=level, verbosity=0, max_loss_scale=2.0**10
-        )
+        model, optimizer = amp.initialize(model, optimizer, opt_level=level, verbosity=0, max_loss_scale=2.0**10)
         x, y = batch
 
         def step() -> None:
@@ -122,9 +120,7 @@ def main() -> None:
         f"torch {torch.__version__}, CPU, {args.threads} thread(s), float16, "
         f"{args.steps} steps x {args.repeats} repeats (median)"
     )
-    print(
-        f"{'model':<5} {'native autocast':>16} {'shim O1':>10} {'shim O2':>10} {'O1/native':>10} {'O2/native':>10}"
-    )
+    print(f"{'model':<5} {'native autocast':>16} {'shim O1':>10} {'shim O2':>10} {'O1/native':>10} {'O2/native':>10}")
     for name, build in (("mlp", mlp), ("cnn", cnn)):
         native = time_per_step(build, native_step, args.steps, args.repeats)
         o1 = time_per_step(build, shim_step("O1"), args.steps, args.repeats)

@@ -71,9 +71,7 @@ class Block{index}_{block}(nn.Module):
 '''
 
 
-def generate(
-    tree: Path, files: int, lines: int, apex_share: float
-) -> tuple[int, int, int]:
+def generate(tree: Path, files: int, lines: int, apex_share: float) -> tuple[int, int, int]:
     """Write the tree; return (files, lines, files using Apex)."""
     every = max(1, round(1 / apex_share)) if apex_share > 0 else files + 1
     total_lines = apex_files = 0
@@ -91,12 +89,7 @@ def generate(
             count += chunk.count("\n")
             block += 1
         text = "".join(parts)
-        path = (
-            tree
-            / f"pkg{index // 100:02d}"
-            / f"sub{index // 10 % 10}"
-            / f"module_{index:05d}.py"
-        )
+        path = tree / f"pkg{index // 100:02d}" / f"sub{index // 10 % 10}" / f"module_{index:05d}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         total_lines += text.count("\n")
@@ -124,9 +117,7 @@ def timed(command: list[str], expect: set[int]) -> tuple[float, float]:
     """Wall time and CPU time (user + system, worker processes included) of one run."""
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
-        ),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     env.pop("CI", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -142,16 +133,12 @@ def timed(command: list[str], expect: set[int]) -> tuple[float, float]:
     elapsed = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if completed.returncode not in expect:
-        sys.exit(
-            f"{' '.join(command)} exited {completed.returncode}: {completed.stderr[-2000:]}"
-        )
+        sys.exit(f"{' '.join(command)} exited {completed.returncode}: {completed.stderr[-2000:]}")
     return elapsed, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=2500)
     parser.add_argument("--lines", type=int, default=200, help="lines per file")
     parser.add_argument("--apex-share", type=float, default=0.02)
@@ -167,35 +154,24 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="ampmigrate-bench-"))
     tree = args.keep or workdir / "tree"
     try:
-        files, lines, apex_files = generate(
-            tree, args.files, args.lines, args.apex_share
-        )
+        files, lines, apex_files = generate(tree, args.files, args.lines, args.apex_share)
         cores = os.cpu_count() or 1
-        print(
-            f"tree: {files} files, {lines} lines, {apex_files} use Apex; {cores} cores"
-        )
+        print(f"tree: {files} files, {lines} lines, {apex_files} use Apex; {cores} cores")
         ours = [sys.executable, "-m", "migrate", str(tree), "--check"]
         runs = {
             "ampmigrate TREE --check": (ours, {1}),
             "ampmigrate TREE --check -j1": ([*ours, "-j1"], {1}),
             "grep -rl apex TREE": (["grep", "-rl", "apex", str(tree)], {0}),
         }
-        best = {
-            name: min(timed(*run) for _ in range(args.repeat))
-            for name, run in runs.items()
-        }
+        best = {name: min(timed(*run) for _ in range(args.repeat)) for name, run in runs.items()}
         naive = naive_libcst(tree, cores)
         print(f"load average before the naive baseline: {os.getloadavg()[0]:.2f}")
         for name, (wall, cpu) in best.items():
             print(f"{name:34} {wall:7.2f} s wall {cpu:7.2f} s cpu")
         rate = lines / naive
-        print(
-            f"{'naive libcst parse+regenerate':34} {naive:7.2f} s wall  ({rate:,.0f} lines/s, {cores} cores)"
-        )
+        print(f"{'naive libcst parse+regenerate':34} {naive:7.2f} s wall  ({rate:,.0f} lines/s, {cores} cores)")
         speedup = naive / best["ampmigrate TREE --check"][0]
-        print(
-            f"speed-up over naive libcst: {speedup:.1f}x (target >= 20x); target wall time <= 3 s"
-        )
+        print(f"speed-up over naive libcst: {speedup:.1f}x (target >= 20x); target wall time <= 3 s")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -12,9 +12,7 @@ class StaleFileError(OSError):
     """The file changed on disk between reading it and writing the migrated text."""
 
 
-def write_atomic(
-    path: Path, data: bytes, expected_stat: os.stat_result | None = None
-) -> None:
+def write_atomic(path: Path, data: bytes, expected_stat: os.stat_result | None = None) -> None:
     """Replace the contents of ``path`` with ``data``, atomically.
 
     The bytes go to a temporary file in the same folder (so ``os.replace`` is a rename
@@ -28,22 +26,17 @@ def write_atomic(
     target = Path(os.path.realpath(path))
     current = os.stat(target)
     if expected_stat is not None and (
-        current.st_mtime_ns != expected_stat.st_mtime_ns
-        or current.st_size != expected_stat.st_size
+        current.st_mtime_ns != expected_stat.st_mtime_ns or current.st_size != expected_stat.st_size
     ):
         raise StaleFileError(f"{path} changed on disk while it was being migrated")
-    descriptor, temp_name = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=".ampmigrate-tmp"
-    )
+    descriptor, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".ampmigrate-tmp")
     try:
         with os.fdopen(descriptor, "wb") as temp_file:
             temp_file.write(data)
             temp_file.flush()
             os.fsync(temp_file.fileno())
         os.chmod(temp_name, stat.S_IMODE(current.st_mode))
-        if hasattr(os, "chown") and (current.st_uid, current.st_gid) != _owner(
-            temp_name
-        ):
+        if hasattr(os, "chown") and (current.st_uid, current.st_gid) != _owner(temp_name):
             # Only root may give a file away; for anyone else the new file keeps the
             # writer's ownership, as any editor's save would.
             with contextlib.suppress(PermissionError):

@@ -35,14 +35,8 @@ class DefaultGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # The default command itself is hidden and never named on the command line,
         # so a folder called "migrate" is a path like any other.
-        visible = {
-            name for name, command in self.commands.items() if not command.hidden
-        }
-        if (
-            args
-            and args[0] not in visible
-            and args[0] not in ("--help", "-h", "--version")
-        ):
+        visible = {name for name, command in self.commands.items() if not command.hidden}
+        if args and args[0] not in visible and args[0] not in ("--help", "-h", "--version"):
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 
@@ -54,9 +48,7 @@ class DefaultGroup(click.Group):
             prefix="       ",
         )
 
-    def format_options(
-        self, ctx: click.Context, formatter: click.HelpFormatter
-    ) -> None:
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # The default command's options are the ones people need: show them here.
         migrate_command = self.commands[DEFAULT_COMMAND]
         sub_ctx = click.Context(migrate_command, info_name=ctx.info_name, **CONTEXT)  # type: ignore[arg-type]
@@ -64,9 +56,7 @@ class DefaultGroup(click.Group):
             *migrate_command.get_params(sub_ctx),
             *(p for p in self.params if p.name == "version"),
         ]
-        records = [
-            record for param in params if (record := param.get_help_record(sub_ctx))
-        ]
+        records = [record for param in params if (record := param.get_help_record(sub_ctx))]
         with formatter.section("Options"):
             formatter.write_dl(records)
         self.format_commands(ctx, formatter)
@@ -78,9 +68,7 @@ CONTEXT: dict[str, Any] = {
 }
 
 
-@click.group(
-    "ampmigrate", cls=DefaultGroup, context_settings=CONTEXT, no_args_is_help=True
-)
+@click.group("ampmigrate", cls=DefaultGroup, context_settings=CONTEXT, no_args_is_help=True)
 @click.version_option(__version__, "--version", prog_name="ampmigrate")
 def main() -> None:
     """Migrate NVIDIA Apex mixed precision (apex.amp) to native torch.amp.
@@ -153,9 +141,7 @@ def main() -> None:
     default=None,
     help="Variable name of the generated GradScaler [default: scaler].",
 )
-@click.option(
-    "--select", default=None, help="Comma-separated rule names to run (default: all)."
-)
+@click.option("--select", default=None, help="Comma-separated rule names to run (default: all).")
 @click.option(
     "--exclude",
     multiple=True,
@@ -207,9 +193,7 @@ def migrate_command(
             dtype=dtype,
             scaler_name=scaler_name,
             select=(
-                frozenset(name.strip() for name in select.split(",") if name.strip())
-                if select is not None
-                else None
+                frozenset(name.strip() for name in select.split(",") if name.strip()) if select is not None else None
             ),
             exclude=exclude or None,
             extend_exclude=extend_exclude,
@@ -256,9 +240,7 @@ def _check_rule_names(selected: frozenset[str]) -> None:
 
     unknown = sorted(selected - set(RULE_NAMES))
     if unknown:
-        raise click.UsageError(
-            f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(RULE_NAMES)}"
-        )
+        raise click.UsageError(f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(RULE_NAMES)}")
 
 
 def _progress_bar(total: int) -> Iterator[None]:
@@ -274,9 +256,7 @@ class _BarTicks:
     def __init__(self, total: int) -> None:
         self.total = total
         self.done = 0
-        self.bar: Any = click.progressbar(
-            length=total, label="ampmigrate", file=sys.stderr
-        )
+        self.bar: Any = click.progressbar(length=total, label="ampmigrate", file=sys.stderr)
         self.bar.__enter__()
 
     def __iter__(self) -> _BarTicks:
@@ -307,9 +287,7 @@ class _BarTicks:
     show_default=True,
     help="Where to run both scripts (auto: cuda when available).",
 )
-def verify_command(
-    original: str, migrated: str, script_args: Sequence[str], steps: int, device: str
-) -> None:
+def verify_command(original: str, migrated: str, script_args: Sequence[str], steps: int, device: str) -> None:
     """Run ORIGINAL (under the Apex shim) and MIGRATED for a few steps and compare them.
 
     Arguments after `--` are passed to both scripts. Needs torch.

@@ -137,9 +137,7 @@ def _has_table(pyproject: Path) -> bool:
     except OSError:
         return False
     # Cheap test first: most pyproject.toml files never mention us.
-    return b"ampmigrate" in data and "ampmigrate" in _read_toml(pyproject).get(
-        "tool", {}
-    )
+    return b"ampmigrate" in data and "ampmigrate" in _read_toml(pyproject).get("tool", {})
 
 
 def _read_toml(pyproject: Path) -> dict[str, Any]:
@@ -162,9 +160,7 @@ def load_file_settings(pyproject: Path) -> FileSettings:
         raise ConfigError(f"{where} must be a table")
     unknown = sorted(set(table) - _KEYS)
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_KEYS))}"
-        )
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_KEYS))}")
     select = table.get("select")
     return FileSettings(
         path=pyproject,
@@ -173,16 +169,8 @@ def load_file_settings(pyproject: Path) -> FileSettings:
         respect_gitignore=_boolean(table, "respect-gitignore", where),
         device=validate_device(table["device"], where) if "device" in table else None,
         dtype=validate_dtype(table["dtype"], where) if "dtype" in table else None,
-        scaler_name=(
-            validate_scaler_name(table["scaler-name"], where)
-            if "scaler-name" in table
-            else None
-        ),
-        select=(
-            frozenset(_string_list(table, "select", where) or ())
-            if select is not None
-            else None
-        ),
+        scaler_name=(validate_scaler_name(table["scaler-name"], where) if "scaler-name" in table else None),
+        select=(frozenset(_string_list(table, "select", where) or ()) if select is not None else None),
     )
 
 
@@ -205,25 +193,19 @@ def _boolean(table: dict[str, Any], key: str, where: str) -> bool | None:
 
 def validate_device(value: object, where: str = "--device") -> str:
     if not isinstance(value, str) or not _DEVICE.match(value):
-        raise ConfigError(
-            f"{where}: device must be a torch device type such as 'cuda' or 'cpu', got {value!r}"
-        )
+        raise ConfigError(f"{where}: device must be a torch device type such as 'cuda' or 'cpu', got {value!r}")
     return value
 
 
 def validate_dtype(value: object, where: str = "--dtype") -> str:
     if value not in DTYPES:
-        raise ConfigError(
-            f"{where}: dtype must be one of {', '.join(DTYPES)}, got {value!r}"
-        )
+        raise ConfigError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {value!r}")
     return str(value)
 
 
 def validate_scaler_name(value: object, where: str = "--scaler-name") -> str:
     if not isinstance(value, str) or not value.isidentifier():
-        raise ConfigError(
-            f"{where}: scaler-name must be a Python identifier, got {value!r}"
-        )
+        raise ConfigError(f"{where}: scaler-name must be a Python identifier, got {value!r}")
     return value
 
 
@@ -247,18 +229,12 @@ def build_config(
 ) -> Config:
     """Merge defaults, the project's [tool.ampmigrate] table and command-line values."""
     pyproject = find_pyproject(paths)
-    settings = (
-        load_file_settings(pyproject) if pyproject else FileSettings(path=Path.cwd())
-    )
+    settings = load_file_settings(pyproject) if pyproject else FileSettings(path=Path.cwd())
     if write and check:
         raise ConfigError("--write and --check cannot be used together")
     options = Options(
-        device=(
-            validate_device(device) if device is not None else settings.device or "cuda"
-        ),
-        dtype=(
-            validate_dtype(dtype) if dtype is not None else settings.dtype or "float16"
-        ),
+        device=(validate_device(device) if device is not None else settings.device or "cuda"),
+        dtype=(validate_dtype(dtype) if dtype is not None else settings.dtype or "float16"),
         scaler_name=(
             validate_scaler_name(scaler_name)
             if scaler_name is not None
@@ -279,19 +255,13 @@ def build_config(
         report_path=report_path,
         options=options,
         exclude=(
-            exclude
-            if exclude is not None
-            else (settings.exclude if settings.exclude is not None else DEFAULT_EXCLUDE)
+            exclude if exclude is not None else (settings.exclude if settings.exclude is not None else DEFAULT_EXCLUDE)
         ),
         extend_exclude=settings.extend_exclude + extend_exclude,
         respect_gitignore=(
             respect_gitignore
             if respect_gitignore is not None
-            else (
-                settings.respect_gitignore
-                if settings.respect_gitignore is not None
-                else True
-            )
+            else (settings.respect_gitignore if settings.respect_gitignore is not None else True)
         ),
         project_root=pyproject.parent if pyproject else _default_root(paths),
         config_file=pyproject,

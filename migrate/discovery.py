@@ -94,9 +94,7 @@ class _Excludes:
 
 def _load_gitignore(folder: str) -> GitIgnoreSpec | None:
     try:
-        with open(
-            os.path.join(folder, ".gitignore"), encoding="utf-8", errors="replace"
-        ) as f:
+        with open(os.path.join(folder, ".gitignore"), encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
@@ -133,9 +131,7 @@ def _ancestor_ignores(folder: str) -> tuple[_Ignore, ...]:
     return tuple(ignores)
 
 
-def discover(
-    paths: list[Path], config: Config
-) -> tuple[list[Candidate], list[DiscoveryError]]:
+def discover(paths: list[Path], config: Config) -> tuple[list[Candidate], list[DiscoveryError]]:
     """All files to migrate under ``paths``, sorted by display name and deduplicated."""
     excludes = _Excludes(config)
     found: dict[str, Candidate] = {}
@@ -148,9 +144,7 @@ def discover(
             ignores = _ancestor_ignores(absolute) if config.respect_gitignore else ()
             walk = _Walk(excludes, absolute, config.respect_gitignore, found, errors)
             walk.folder(absolute, os.path.normpath(given), ignores)
-        elif not excludes.excluded(
-            excludes.relative(absolute, os.path.dirname(absolute)), False
-        ):
+        elif not excludes.excluded(excludes.relative(absolute, os.path.dirname(absolute)), False):
             found.setdefault(absolute, Candidate(Path(absolute), str(given)))
     candidates = sorted(found.values(), key=lambda candidate: candidate.display)
     return candidates, sorted(errors, key=lambda error: error.display)

@@ -80,7 +80,9 @@ def _migrate(source: str, options: Options) -> MigrationResult:
     module = parse(source)
     skip_line = _file_skip_line(source)
     if skip_line is not None:
-        note = make_finding("AMP050", skip_line, 1, "`# ampmigrate: skip` at the top: the whole file was left as it was")
+        note = make_finding(
+            "AMP050", skip_line, 1, "`# ampmigrate: skip` at the top: the whole file was left as it was"
+        )
         return MigrationResult(source, False, (note,), skipped=True)
     new_module, findings = run_rules(module, source, options)
     new_source = render(module, new_module, source) if new_module is not module else source

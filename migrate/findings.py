@@ -78,14 +78,14 @@ CODES: dict[str, Code] = {
         "This amp.initialize call is not a plain assignment the tool can replace "
         "(returned, nested in an expression, or targets that do not match its arguments).",
         "Remove the call by hand (Apex returned the very objects it was given) and create "
-        "`scaler = torch.amp.GradScaler(\"cuda\")` where the training loop can reach it.",
+        '`scaler = torch.amp.GradScaler("cuda")` where the training loop can reach it.',
         False,
     ),
     "AMP011": Code(
         "inference-only-initialize",
         "amp.initialize without optimizers (inference): Apex cast every op globally, "
         "there is no training step to anchor autocast to.",
-        "Wrap the inference code in `with torch.autocast(\"cuda\", dtype=torch.float16):` "
+        'Wrap the inference code in `with torch.autocast("cuda", dtype=torch.float16):` '
         "if you want fp16 inference; the call itself was removed.",
         True,
     ),
@@ -93,16 +93,14 @@ CODES: dict[str, Code] = {
         "global-casting-gone",
         "Apex O1 patched every op of the process, evaluation included; torch.autocast only "
         "covers the regions it wraps.",
-        "If evaluation or inference code relied on running in fp16, wrap it in "
-        "`torch.autocast` too.",
+        "If evaluation or inference code relied on running in fp16, wrap it in " "`torch.autocast` too.",
         True,
     ),
     "AMP020": Code(
         "forward-pass-not-found",
-        "The forward pass feeding this amp.scale_loss could not be found, so no "
-        "torch.autocast was added.",
+        "The forward pass feeding this amp.scale_loss could not be found, so no " "torch.autocast was added.",
         "Wrap the model call and the loss computation in "
-        "`with torch.autocast(\"cuda\", dtype=torch.float16):` by hand.",
+        '`with torch.autocast("cuda", dtype=torch.float16):` by hand.',
         False,
     ),
     "AMP021": Code(
@@ -123,8 +121,7 @@ CODES: dict[str, Code] = {
     ),
     "AMP023": Code(
         "no-initialize-in-file",
-        "amp is used here but amp.initialize is not called in this file, so there is no "
-        "scaler to use.",
+        "amp is used here but amp.initialize is not called in this file, so there is no " "scaler to use.",
         "Migrate the file that calls amp.initialize first, then pass its GradScaler here.",
         False,
     ),
@@ -140,8 +137,7 @@ CODES: dict[str, Code] = {
     "AMP030": Code(
         "amp-module-used-as-value",
         "The apex amp module is stored, passed or compared as a value.",
-        "Pass the GradScaler instead (or nothing: torch.amp is always available), then "
-        "remove the apex import.",
+        "Pass the GradScaler instead (or nothing: torch.amp is always available), then " "remove the apex import.",
         False,
     ),
     "AMP031": Code(
@@ -155,7 +151,7 @@ CODES: dict[str, Code] = {
         "An apex.amp function without an automatic rewrite (the old amp.init API, "
         "register_*_function, half_function, ...).",
         "See the README's table of mappings; custom autograd Functions take "
-        "`@torch.amp.custom_fwd(device_type=\"cuda\", cast_inputs=...)`.",
+        '`@torch.amp.custom_fwd(device_type="cuda", cast_inputs=...)`.',
         False,
     ),
     "AMP040": Code(
@@ -168,8 +164,7 @@ CODES: dict[str, Code] = {
     ),
     "AMP041": Code(
         "apex-module-replaced",
-        "An Apex fused optimizer, norm layer or SyncBatchNorm helper was replaced by its torch "
-        "equivalent.",
+        "An Apex fused optimizer, norm layer or SyncBatchNorm helper was replaced by its torch " "equivalent.",
         "Nothing, usually: the equations are the same. Rounding can differ in the last digits "
         "(fused kernels), and under autocast torch's LayerNorm returns float32 where Apex's "
         "FusedLayerNorm returned float16.",

@@ -23,9 +23,7 @@ from typing import Any
 _MARKER = "__ampmigrate_cell__({})"
 _MARKER_LINE = re.compile(r"^__ampmigrate_cell__\((\d+)\)\n", re.MULTILINE)
 _PLACEHOLDER = "pass  # __ampmigrate_magic_{}__"
-_PLACEHOLDER_LINE = re.compile(
-    r"^([ \t]*)pass  # __ampmigrate_magic_(\d+)__$", re.MULTILINE
-)
+_PLACEHOLDER_LINE = re.compile(r"^([ \t]*)pass  # __ampmigrate_magic_(\d+)__$", re.MULTILINE)
 # Line magics, shell escapes, help (`?obj`, `obj?`) and assignments from them.
 _MAGIC_LINE = re.compile(r"^[ \t]*(?:[%!?]|[\w.]+\?\??[ \t]*$|[\w., \t]+=[ \t]*[%!])")
 _RESERVED = "__ampmigrate_"
@@ -102,9 +100,7 @@ def load(data: bytes) -> Notebook:
     if not isinstance(parsed, dict) or not isinstance(parsed.get("cells"), list):
         raise NotebookError("not a notebook: no list of cells (nbformat 4 is required)")
     for cell in parsed["cells"]:
-        if not isinstance(cell, dict) or not isinstance(
-            cell.get("source", ""), (str, list)
-        ):
+        if not isinstance(cell, dict) or not isinstance(cell.get("source", ""), (str, list)):
             raise NotebookError("not a notebook: a cell has no readable source")
     return Notebook(parsed, _detect_layout(text, parsed, bom))
 
@@ -112,9 +108,7 @@ def load(data: bytes) -> Notebook:
 def is_python(notebook: Notebook) -> bool:
     """Whether the notebook's kernel runs Python (notebooks that do not say are taken to)."""
     metadata = notebook.data.get("metadata") or {}
-    language = (metadata.get("language_info") or {}).get("name") or (
-        metadata.get("kernelspec") or {}
-    ).get("language")
+    language = (metadata.get("language_info") or {}).get("name") or (metadata.get("kernelspec") or {}).get("language")
     return language is None or str(language).lower() in {"python", "python3", "ipython"}
 
 
@@ -136,9 +130,7 @@ def to_program(notebook: Notebook) -> Program | None:
         if source.lstrip().startswith("%%"):
             continue  # a cell magic decides how the whole cell runs: not ours to touch
         if _RESERVED in source:
-            raise NotebookError(
-                f"cell {index + 1} contains the reserved name {_RESERVED!r}"
-            )
+            raise NotebookError(f"cell {index + 1} contains the reserved name {_RESERVED!r}")
         if spans:  # the first cell needs no marker: whatever comes first is its
             parts.append(_MARKER.format(index) + "\n")
             line += 1
@@ -214,17 +206,11 @@ def from_program(notebook: Notebook, program: Program, migrated: str) -> dict[in
 def dump(notebook: Notebook, sources: dict[int, str]) -> bytes:
     """The notebook's bytes with the given cell sources replaced, layout kept."""
     if notebook.layout is None:
-        raise NotebookError(
-            "the notebook's JSON layout cannot be reproduced, so it is not rewritten"
-        )
+        raise NotebookError("the notebook's JSON layout cannot be reproduced, so it is not rewritten")
     for index, source in sources.items():
         cell = notebook.cells[index]
         # nbformat stores source as a list of lines or as one string; keep whichever it was.
-        cell["source"] = (
-            source.splitlines(keepends=True)
-            if isinstance(cell.get("source"), list)
-            else source
-        )
+        cell["source"] = source.splitlines(keepends=True) if isinstance(cell.get("source"), list) else source
     return notebook.layout.render(notebook.data).encode("utf-8")
 
 

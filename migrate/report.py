@@ -97,15 +97,11 @@ class Report:
                 yield f"error: {result.path}: {result.error}", True
                 continue
             if self.config.diff and result.diff:
-                yield (
-                    colorize_diff(result.diff) if color is not False else result.diff
-                ), False
+                yield (colorize_diff(result.diff) if color is not False else result.diff), False
             for diagnostic in result.diagnostics:
                 yield diagnostic.format() + "\n", False
             if result.status is Status.CHANGED and not self.config.diff:
-                yield (
-                    "migrated " if result.written else "would migrate "
-                ) + result.path, True
+                yield ("migrated " if result.written else "would migrate ") + result.path, True
             elif result.status is Status.SKIPPED:
                 yield f"skipped {result.path} (# ampmigrate: skip)", True
 
@@ -116,11 +112,7 @@ class Report:
         return {
             "tool": "ampmigrate",
             "version": __version__,
-            "mode": (
-                "write"
-                if self.config.write
-                else "check" if self.config.check else "diff"
-            ),
+            "mode": ("write" if self.config.write else "check" if self.config.check else "diff"),
             "summary": {
                 "scanned": counts.scanned,
                 "changed": counts.changed,
@@ -165,9 +157,7 @@ class Report:
         """GitHub Actions workflow commands, one annotation per finding or file problem."""
         for result in self.results:
             if result.status is Status.FAILED:
-                yield _workflow_command(
-                    "error", result.error, file=result.path, title="ampmigrate"
-                )
+                yield _workflow_command("error", result.error, file=result.path, title="ampmigrate")
                 continue
             if result.status is Status.CHANGED and not result.written:
                 line = result.first_change
@@ -203,9 +193,7 @@ class Report:
             {
                 "id": PENDING_RULE,
                 "name": "pending-rewrite",
-                "shortDescription": {
-                    "text": "The file uses Apex amp and can be rewritten automatically."
-                },
+                "shortDescription": {"text": "The file uses Apex amp and can be rewritten automatically."},
                 "defaultConfiguration": {"level": "warning"},
             }
         )
@@ -217,13 +205,7 @@ class Report:
                     {
                         "level": "error",
                         "message": {"text": f"{result.path}: {result.error}"},
-                        "locations": [
-                            {
-                                "physicalLocation": {
-                                    "artifactLocation": _artifact(result.path)
-                                }
-                            }
-                        ],
+                        "locations": [{"physicalLocation": {"artifactLocation": _artifact(result.path)}}],
                     }
                 )
                 continue
@@ -240,11 +222,7 @@ class Report:
                     )
                 )
             for d in result.diagnostics:
-                message = (
-                    d.message
-                    if d.cell is None
-                    else f"cell {d.cell}, line {d.line}: {d.message}"
-                )
+                message = d.message if d.cell is None else f"cell {d.cell}, line {d.line}: {d.message}"
                 index = rule_ids.index(d.code) if d.code in CODES else -1
                 line, column = (d.line, d.column) if d.cell is None else (None, None)
                 results.append(
@@ -297,10 +275,7 @@ class Report:
         review = [r for r in self.results if r.needs_review]
         failed = [r for r in self.results if r.status is Status.FAILED]
         skipped = [
-            r
-            for r in self.results
-            if r.status is Status.SKIPPED
-            or any(d.code == "AMP050" for d in r.diagnostics)
+            r for r in self.results if r.status is Status.SKIPPED or any(d.code == "AMP050" for d in r.diagnostics)
         ]
         numerics = [d for d in self.diagnostics if d.code in NUMERICS_CODES]
 
@@ -310,12 +285,8 @@ class Report:
             for result in migrated:
                 notes = [d for d in result.diagnostics if d.fixed]
                 apis = ", ".join(f"`{name}`" for name in result.migrated_apis)
-                lines.append(
-                    f"- `{result.path}`" + (f": rewrote {apis}" if apis else "")
-                )
-                lines += [
-                    f"  - {_md_location(d)}: **{d.code}** {d.message}" for d in notes
-                ]
+                lines.append(f"- `{result.path}`" + (f": rewrote {apis}" if apis else ""))
+                lines += [f"  - {_md_location(d)}: **{d.code}** {d.message}" for d in notes]
         else:
             lines.append("No file needed rewriting.")
         lines.append("")
@@ -325,24 +296,18 @@ class Report:
             for result in review:
                 lines.append(f"- `{result.path}`")
                 lines += [
-                    f"  - [ ] {_md_location(d)}: **{d.code}** {d.message}"
-                    for d in result.diagnostics
-                    if not d.fixed
+                    f"  - [ ] {_md_location(d)}: **{d.code}** {d.message}" for d in result.diagnostics if not d.fixed
                 ]
         elif failed or skipped:
             # Never claim a clean bill of health while some files went unchecked.
-            lines.append(
-                "No finding asks for review in the files that were processed; see below for the others."
-            )
+            lines.append("No finding asks for review in the files that were processed; see below for the others.")
         else:
             lines.append("Nothing: every Apex use found was migrated automatically.")
         lines.append("")
 
         if numerics:
             lines += ["## Where numerics can differ from Apex", ""]
-            lines += [
-                f"- {_md_location(d)}: **{d.code}** {d.message}" for d in numerics
-            ]
+            lines += [f"- {_md_location(d)}: **{d.code}** {d.message}" for d in numerics]
             lines += [
                 "",
                 "Run `ampmigrate verify ORIGINAL MIGRATED` to compare a few training steps of both versions.",
@@ -359,10 +324,7 @@ class Report:
                 if result.status is Status.SKIPPED:
                     lines.append(f"- `{result.path}` (whole file)")
                 else:
-                    lines.append(
-                        f"- `{result.path}`: "
-                        + ", ".join(_md_location(d) for d in where)
-                    )
+                    lines.append(f"- `{result.path}`: " + ", ".join(_md_location(d) for d in where))
             lines.append("")
         if counts.failed or counts.skipped:
             lines.append(
@@ -409,11 +371,7 @@ def _escape_property(text: str) -> str:
 
 
 def _workflow_command(level: str, message: str, **properties: object) -> str:
-    fields = ",".join(
-        f"{key}={_escape_property(str(value))}"
-        for key, value in properties.items()
-        if value is not None
-    )
+    fields = ",".join(f"{key}={_escape_property(str(value))}" for key, value in properties.items() if value is not None)
     return f"::{level} {fields}::{_escape_data(message)}"
 
 

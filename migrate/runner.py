@@ -106,20 +106,14 @@ def run(
     parsing and its iterator advanced once per file (the CLI draws a bar with it).
     """
     candidates, errors = discover(paths, config)
-    results = [
-        FileResult(error.display, Status.FAILED, error=error.reason) for error in errors
-    ]
+    results = [FileResult(error.display, Status.FAILED, error=error.reason) for error in errors]
     tasks: list[_Task] = []
     for candidate in candidates:
         loaded = _read(candidate)
         if isinstance(loaded, FileResult):
             results.append(loaded)
         elif not may_need_migration(loaded[0]):
-            results.append(
-                FileResult(
-                    candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook
-                )
-            )
+            results.append(FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook))
         else:
             tasks.append(
                 _Task(
@@ -148,14 +142,10 @@ def _read(candidate: Candidate) -> tuple[bytes, os.stat_result] | FileResult:
 
 
 def _failed(candidate: Candidate, reason: str) -> FileResult:
-    return FileResult(
-        candidate.display, Status.FAILED, error=reason, notebook=candidate.is_notebook
-    )
+    return FileResult(candidate.display, Status.FAILED, error=reason, notebook=candidate.is_notebook)
 
 
-def _migrate_all(
-    tasks: list[_Task], jobs: int, progress: Callable[[int], Iterator[None]] | None
-) -> list[FileResult]:
+def _migrate_all(tasks: list[_Task], jobs: int, progress: Callable[[int], Iterator[None]] | None) -> list[FileResult]:
     if not tasks:
         return []
     import migrate.engine  # noqa: F401 - imported once here, so forked workers share it
@@ -170,14 +160,9 @@ def _migrate_all(
     # Biggest files first, so no worker is left with a large one at the end; the
     # caller sorts results by path, so the order of work never shows.
     by_size = sorted(tasks, key=lambda task: len(task.data), reverse=True)
-    with ProcessPoolExecutor(
-        max_workers=workers, mp_context=_process_context()
-    ) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_process_context()) as pool:
         chunk = max(1, len(tasks) // (workers * 16))
-        return [
-            _tick(result, ticks)
-            for result in pool.map(migrate_task, by_size, chunksize=chunk)
-        ]
+        return [_tick(result, ticks) for result in pool.map(migrate_task, by_size, chunksize=chunk)]
 
 
 def _tick(result: FileResult, ticks: Iterator[None] | None) -> FileResult:
@@ -207,7 +192,7 @@ def migrate_task(task: _Task) -> FileResult:
         return _failed(candidate, str(error))
     except OSError as error:
         return _failed(candidate, f"cannot write: {error.strerror or error}")
-    except Exception as error:  # noqa: BLE001 - a bug on one file must not stop the run
+    except Exception as error:
         # Nothing was written: writes come last and raise only OSError.
         reason = f"internal error, file not written: {type(error).__name__}: {error}"
         return _failed(candidate, reason + " (please report this)")
@@ -228,19 +213,13 @@ def _migrate_python(task: _Task) -> FileResult:
     try:
         result = migrate_source(text, task.options)
     except SourceSyntaxError as error:
-        line, column, message = _syntax_error_position(
-            text, error.line, error.column, error.message
-        )
-        return _failed(
-            candidate, f"cannot parse: line {line}, column {column}: {message}"
-        )
+        line, column, message = _syntax_error_position(text, error.line, error.column, error.message)
+        return _failed(candidate, f"cannot parse: line {line}, column {column}: {message}")
     except InternalError as error:
         return _failed(candidate, f"internal error, file not written: {error}")
     except RecursionError:
         return _failed(candidate, "cannot parse: nested too deeply")
-    diagnostics = tuple(
-        _place(candidate.display, finding) for finding in result.findings
-    )
+    diagnostics = tuple(_place(candidate.display, finding) for finding in result.findings)
     if result.skipped:
         return FileResult(candidate.display, Status.SKIPPED, diagnostics)
     if not result.changed:
@@ -255,9 +234,7 @@ def _migrate_python(task: _Task) -> FileResult:
             candidate,
             f"internal error, file not written: cannot encode as {encoding}: {error}",
         )
-    diff = (
-        unified_diff(text, result.source, candidate.display) if task.want_diff else ""
-    )
+    diff = unified_diff(text, result.source, candidate.display) if task.want_diff else ""
     if task.write:
         write_atomic(candidate.path, new_data, task.file_stat)
     return FileResult(
@@ -271,9 +248,7 @@ def _migrate_python(task: _Task) -> FileResult:
     )
 
 
-def _syntax_error_position(
-    text: str, line: int, column: int, message: str
-) -> tuple[int, int, str]:
+def _syntax_error_position(text: str, line: int, column: int, message: str) -> tuple[int, int, str]:
     """Python's own parser places syntax errors better than libcst's: prefer it."""
     try:
         compile(text, "<input>", "exec", dont_inherit=True)
@@ -290,15 +265,11 @@ def _check_compiles(source: str, display: str) -> str:
     try:
         compile(source, display, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as error:
-        return (
-            f"internal error, file not written: migrated code does not compile: {error}"
-        )
+        return f"internal error, file not written: migrated code does not compile: {error}"
     return ""
 
 
-def _place(
-    path: str, finding: Finding, cell: int | None = None, line: int | None = None
-) -> Diagnostic:
+def _place(path: str, finding: Finding, cell: int | None = None, line: int | None = None) -> Diagnostic:
     return Diagnostic(
         path,
         line if line is not None else finding.line,
@@ -331,13 +302,9 @@ def _migrate_notebook(task: _Task) -> FileResult:
     try:
         result = migrate_source(program.text, task.options)
     except SourceSyntaxError as error:
-        position = _syntax_error_position(
-            program.text, error.line, error.column, error.message
-        )
+        position = _syntax_error_position(program.text, error.line, error.column, error.message)
         cell, line = program.locate(position[0])
-        return failed(
-            f"cannot parse: cell {cell}, line {line}, column {position[1]}: {position[2]}"
-        )
+        return failed(f"cannot parse: cell {cell}, line {line}, column {position[1]}: {position[2]}")
     except InternalError as error:
         return failed(f"internal error, file not written: {error}")
     except RecursionError:
@@ -359,11 +326,7 @@ def _migrate_notebook(task: _Task) -> FileResult:
         originals = {index: nb.cell_source(notebook.cells[index]) for index in sources}
         new_data = nb.dump(notebook, sources)
     except nb.NotebookError as error:
-        return failed(
-            str(error)
-            if error.args[0].startswith("internal")
-            else f"not written: {error}"
-        )
+        return failed(str(error) if error.args[0].startswith("internal") else f"not written: {error}")
     if not sources:
         return FileResult(candidate.display, Status.UNCHANGED, found, notebook=True)
     diff = ""
@@ -389,9 +352,7 @@ def _migrate_notebook(task: _Task) -> FileResult:
     )
 
 
-_API_USE = re.compile(
-    r"\btorch\.(?:cuda|cpu)\.amp\.\w+|\bamp\.\w+|\bfrom apex(?:\.\w+)* import"
-)
+_API_USE = re.compile(r"\btorch\.(?:cuda|cpu)\.amp\.\w+|\bamp\.\w+|\bfrom apex(?:\.\w+)* import")
 
 
 def migrated_apis(old: str, new: str) -> tuple[str, ...]:
@@ -419,9 +380,7 @@ def unified_diff(old: str, new: str, name: str) -> str:
 
     # a/ and b/ prefixes let `git apply` take the diff; an absolute path has no such use.
     before, after = (name, name) if os.path.isabs(name) else (f"a/{name}", f"b/{name}")
-    lines = difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True), before, after
-    )
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), before, after)
     return "".join(_terminate(lines))
 
 

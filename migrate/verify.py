@@ -122,9 +122,7 @@ class VerifyResult:
 
     @property
     def exit_code(self) -> int:
-        return {"match": EXIT_MATCH, "diverge": EXIT_DIVERGE}.get(
-            self.verdict, EXIT_ERROR
-        )
+        return {"match": EXIT_MATCH, "diverge": EXIT_DIVERGE}.get(self.verdict, EXIT_ERROR)
 
     @property
     def matched(self) -> bool:
@@ -188,9 +186,7 @@ def _record_command(
 
 def _environment(device: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [_package_root(), env.get("PYTHONPATH")])
-    )
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
     if device == "cpu":
         # Hide GPUs so that the CUDA-to-CPU mapping applies even on a CUDA machine.
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -200,9 +196,7 @@ def _environment(device: str) -> dict[str, str]:
 class _PendingRun:
     """A recording subprocess in flight, in a scratch working directory of its own."""
 
-    def __init__(
-        self, label: str, command: list[str], out: Path, workdir: Path, device: str
-    ) -> None:
+    def __init__(self, label: str, command: list[str], out: Path, workdir: Path, device: str) -> None:
         self.label = label
         self.command = command
         self.out = out
@@ -250,9 +244,7 @@ class _PendingRun:
         return record
 
 
-def _tolerances(
-    original: RunRecord, calibration: RunRecord | None, count: int
-) -> tuple[list[float], list[float], str]:
+def _tolerances(original: RunRecord, calibration: RunRecord | None, count: int) -> tuple[list[float], list[float], str]:
     """Per-step (loss, norm) tolerances and a sentence saying where they come from."""
     usable = (
         calibration is not None
@@ -303,8 +295,7 @@ def _judge(
     count = min(len(original.steps), len(migrated.steps))
     if len(original.steps) != len(migrated.steps):
         reasons.append(
-            f"the original recorded {len(original.steps)} optimizer steps, the migration "
-            f"{len(migrated.steps)}"
+            f"the original recorded {len(original.steps)} optimizer steps, the migration " f"{len(migrated.steps)}"
         )
     loss_tols, norm_tols, note = _tolerances(original, calibration, count)
     comparisons: list[StepComparison] = []
@@ -318,27 +309,16 @@ def _judge(
             and norm_diff is not None
             and norm_diff <= norm_tols[index]
         )
-        comparisons.append(
-            StepComparison(
-                index, loss_diff, loss_tols[index], norm_diff, norm_tols[index], ok
-            )
-        )
+        comparisons.append(StepComparison(index, loss_diff, loss_tols[index], norm_diff, norm_tols[index], ok))
     bad = [c for c in comparisons if not c.ok]
     if bad:
         first = bad[0]
         what = []
         if first.loss_diff is None or first.loss_diff > first.loss_tol:
-            what.append(
-                f"loss differs by {_fmt_diff(first.loss_diff)} > {first.loss_tol:.2e}"
-            )
+            what.append(f"loss differs by {_fmt_diff(first.loss_diff)} > {first.loss_tol:.2e}")
         if first.norm_diff is None or first.norm_diff > first.norm_tol:
-            what.append(
-                f"param norm differs by {_fmt_diff(first.norm_diff)} > {first.norm_tol:.2e}"
-            )
-        reasons.append(
-            f"{len(bad)} of {count} steps outside tolerance, first at step {first.step}: "
-            + "; ".join(what)
-        )
+            what.append(f"param norm differs by {_fmt_diff(first.norm_diff)} > {first.norm_tol:.2e}")
+        reasons.append(f"{len(bad)} of {count} steps outside tolerance, first at step {first.step}: " + "; ".join(what))
     same_cadence = original.scales_once_per_step and migrated.scales_once_per_step
     skipped_left = [s for s in original.skipped_steps if s < count]
     skipped_right = [s for s in migrated.skipped_steps if s < count]
@@ -358,19 +338,15 @@ def _judge(
         both_dynamic = [
             index
             for index in range(count)
-            if original.steps[index].get("dynamic")
-            and migrated.steps[index].get("dynamic")
+            if original.steps[index].get("dynamic") and migrated.steps[index].get("dynamic")
         ]
         scale_mismatch = [
-            index
-            for index in both_dynamic
-            if original.steps[index]["scale"] != migrated.steps[index]["scale"]
+            index for index in both_dynamic if original.steps[index]["scale"] != migrated.steps[index]["scale"]
         ]
         static = [
             index
             for index in range(count)
-            if original.steps[index].get("dynamic") is False
-            and migrated.steps[index].get("dynamic")
+            if original.steps[index].get("dynamic") is False and migrated.steps[index].get("dynamic")
         ]
         if static:
             note += (
@@ -386,11 +362,7 @@ def _judge(
                 "at the wrong time?)"
             )
     share_left, share_right = original.low_precision_share, migrated.low_precision_share
-    if (
-        share_left is not None
-        and share_right is not None
-        and abs(share_left - share_right) > PRECISION_SHARE_TOL
-    ):
+    if share_left is not None and share_right is not None and abs(share_left - share_right) > PRECISION_SHARE_TOL:
         reasons.append(
             f"precision differs: {share_left:.0%} of the original's matmul/conv ops ran in "
             f"fp16/bf16, {share_right:.0%} of the migration's (autocast lost or added?)"
@@ -456,9 +428,7 @@ def compare(
                 )
                 runs.append(calibration_run)
             migrated_record = migrated_run.wait(timeout)
-            calibration_record = (
-                calibration_run.wait(timeout) if calibration_run else None
-            )
+            calibration_record = calibration_run.wait(timeout) if calibration_run else None
         finally:
             # Interrupted (Ctrl-C, timeout in a caller): leave no training run behind.
             for run in runs:
@@ -470,13 +440,9 @@ def compare(
     if failures:
         verdict, note = "error", ""
         comparisons: list[StepComparison] = []
-        reasons = [
-            f"the {run.label} script failed (exit {run.returncode})" for run in failures
-        ]
+        reasons = [f"the {run.label} script failed (exit {run.returncode})" for run in failures]
     else:
-        verdict, reasons, note, comparisons = _judge(
-            original_record, migrated_record, calibration_record
-        )
+        verdict, reasons, note, comparisons = _judge(original_record, migrated_record, calibration_record)
     return VerifyResult(
         original=original_record,
         migrated=migrated_record,
@@ -543,9 +509,7 @@ def _format_report(result: VerifyResult) -> str:
     for index in range(count):
         left = original.steps[index] if index < len(original.steps) else None
         right = migrated.steps[index] if index < len(migrated.steps) else None
-        comparison = (
-            result.comparisons[index] if index < len(result.comparisons) else None
-        )
+        comparison = result.comparisons[index] if index < len(result.comparisons) else None
 
         def side(record: dict[str, Any] | None) -> str:
             if record is None:
@@ -584,18 +548,14 @@ def _format_report(result: VerifyResult) -> str:
     return "\n".join(lines)
 
 
-def run_cli(
-    original: str, migrated: str, steps: int, device: str, script_args: tuple[str, ...]
-) -> int:
+def run_cli(original: str, migrated: str, steps: int, device: str, script_args: tuple[str, ...]) -> int:
     """Entry point of ``ampmigrate verify``: print the report, return the exit code (0/1/2)."""
     for path in (original, migrated):
         if not Path(path).is_file():
             print(f"ampmigrate verify: no such file: {path}")
             return EXIT_ERROR
     try:
-        result = compare(
-            original, migrated, steps=steps, device=device, script_args=script_args
-        )
+        result = compare(original, migrated, steps=steps, device=device, script_args=script_args)
     except ValueError as error:
         print(f"ampmigrate verify: {error}")
         return EXIT_ERROR

@@ -19,9 +19,7 @@ from migrate.cli import main
 AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
 AUTOCAST_MIGRATED = 'import torch\n\nwith torch.autocast("cuda"):\n    y = 1\n'
 # ...leaves this as it is, asking for review (AMP032)...
-NEEDS_REVIEW = (
-    'import torch\nfrom apex import amp\n\namp.register_half_function(torch, "mm")\n'
-)
+NEEDS_REVIEW = 'import torch\nfrom apex import amp\n\namp.register_half_function(torch, "mm")\n'
 # ...and never touches this.
 CLEAN = "import torch\n\nx = torch.ones(2)  # no apex here\n"
 
@@ -33,9 +31,7 @@ def subprocess_env() -> dict[str, str]:
     """The environment for a child Python that imports this checkout, installed or not."""
     return {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
-        ),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
 
 
@@ -54,17 +50,12 @@ def make(tmp_path: Path, files: dict[str, str | bytes]) -> None:
             path.write_bytes(content.encode())
 
 
-def test_default_prints_diff_and_writes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_default_prints_diff_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"train.py": AUTOCAST, "clean.py": CLEAN})
     result = invoke(tmp_path, monkeypatch, ".")
     assert result.exit_code == 0
     assert "--- a/train.py\n+++ b/train.py\n" in result.stdout
-    assert (
-        '-with torch.cuda.amp.autocast():\n+with torch.autocast("cuda"):\n'
-        in result.stdout
-    )
+    assert '-with torch.cuda.amp.autocast():\n+with torch.autocast("cuda"):\n' in result.stdout
     assert "clean.py" not in result.stdout
     assert (tmp_path / "train.py").read_text() == AUTOCAST
     assert result.stderr.strip().splitlines()[-1] == (
@@ -73,9 +64,7 @@ def test_default_prints_diff_and_writes_nothing(
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_printed_diff_applies_with_git_apply(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_printed_diff_applies_with_git_apply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"pkg/train.py": AUTOCAST})
     diff = invoke(tmp_path, monkeypatch, "pkg").stdout
     (tmp_path / "fix.patch").write_text(diff)
@@ -83,9 +72,7 @@ def test_printed_diff_applies_with_git_apply(
     assert (tmp_path / "pkg/train.py").read_text() == AUTOCAST_MIGRATED
 
 
-def test_write_rewrites_and_a_second_run_finds_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_write_rewrites_and_a_second_run_finds_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"train.py": AUTOCAST, "clean.py": CLEAN})
     written = invoke(tmp_path, monkeypatch, "--write", ".")
     assert written.exit_code == 0
@@ -99,9 +86,7 @@ def test_write_rewrites_and_a_second_run_finds_nothing(
     assert "0 would change" in again.stderr
 
 
-def test_write_with_diff_shows_what_was_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_write_with_diff_shows_what_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"train.py": AUTOCAST})
     result = invoke(tmp_path, monkeypatch, "--write", "--diff", "train.py")
     assert result.exit_code == 0
@@ -109,9 +94,7 @@ def test_write_with_diff_shows_what_was_written(
     assert (tmp_path / "train.py").read_text() == AUTOCAST_MIGRATED
 
 
-def test_check_exits_1_when_a_file_would_change(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_check_exits_1_when_a_file_would_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"train.py": AUTOCAST})
     result = invoke(tmp_path, monkeypatch, "--check", ".")
     assert result.exit_code == 1
@@ -120,9 +103,7 @@ def test_check_exits_1_when_a_file_would_change(
     assert (tmp_path / "train.py").read_text() == AUTOCAST
 
 
-def test_check_exits_1_when_a_file_needs_review(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_check_exits_1_when_a_file_needs_review(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"review.py": NEEDS_REVIEW})
     result = invoke(tmp_path, monkeypatch, "--check", "review.py")
     assert result.exit_code == 1
@@ -131,18 +112,14 @@ def test_check_exits_1_when_a_file_needs_review(
     assert (tmp_path / "review.py").read_text() == NEEDS_REVIEW
 
 
-def test_check_exits_0_when_nothing_is_left(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_check_exits_0_when_nothing_is_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"clean.py": CLEAN, "done.py": AUTOCAST_MIGRATED})
     result = invoke(tmp_path, monkeypatch, "--check", ".")
     assert result.exit_code == 0
     assert result.stdout == ""
 
 
-def test_review_does_not_fail_without_check(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_review_does_not_fail_without_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"review.py": NEEDS_REVIEW})
     result = invoke(tmp_path, monkeypatch, "review.py")
     assert result.exit_code == 0
@@ -162,12 +139,8 @@ def test_syntax_error_is_reported_and_other_files_still_written(
     assert "2 files scanned, 1 changed, 0 need review, 1 failed" in result.stderr
 
 
-def test_undecodable_bytes_are_reported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    undecodable = (
-        b"from apex import amp\nname = '\xff\xfe'\n"  # not UTF-8, no coding cookie
-    )
+def test_undecodable_bytes_are_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    undecodable = b"from apex import amp\nname = '\xff\xfe'\n"  # not UTF-8, no coding cookie
     make(tmp_path, {"latin.py": undecodable})
     result = invoke(tmp_path, monkeypatch, "--write", "latin.py")
     assert result.exit_code == 2
@@ -175,9 +148,7 @@ def test_undecodable_bytes_are_reported(
     assert (tmp_path / "latin.py").read_bytes() == undecodable
 
 
-def test_unreadable_file_is_reported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_unreadable_file_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests may run as root, for whom chmod 000 stops nothing: refuse the open instead.
     make(tmp_path, {"secret.py": AUTOCAST, "train.py": AUTOCAST})
     real_open = open
@@ -195,12 +166,8 @@ def test_unreadable_file_is_reported(
     assert (tmp_path / "train.py").read_text() == AUTOCAST_MIGRATED
 
 
-@pytest.mark.skipif(
-    not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads any file"
-)
-def test_unreadable_file_by_permissions(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_file_by_permissions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"secret.py": AUTOCAST})
     (tmp_path / "secret.py").chmod(0)
     result = invoke(tmp_path, monkeypatch, "secret.py")
@@ -208,9 +175,7 @@ def test_unreadable_file_by_permissions(
     assert "cannot read" in result.stderr
 
 
-def test_dangling_symlink_and_fifo_named_on_the_command_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_dangling_symlink_and_fifo_named_on_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "gone.py").symlink_to(tmp_path / "nowhere.py")
     os.mkfifo(tmp_path / "pipe.py")  # opening it would block: it must not be read
     result = invoke(tmp_path, monkeypatch, "gone.py", "pipe.py")
@@ -219,9 +184,7 @@ def test_dangling_symlink_and_fifo_named_on_the_command_line(
     assert "error: pipe.py: not a regular file" in result.stderr
 
 
-def test_missing_path_is_an_error_but_the_rest_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_missing_path_is_an_error_but_the_rest_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"train.py": AUTOCAST})
     result = invoke(tmp_path, monkeypatch, "--write", "nope/", "train.py")
     assert result.exit_code == 2
@@ -243,34 +206,22 @@ def test_missing_path_is_an_error_but_the_rest_runs(
     ],
     ids=lambda args: args[0],
 )
-def test_usage_errors_exit_2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
-) -> None:
+def test_usage_errors_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
     make(tmp_path, {"train.py": AUTOCAST})
     result = invoke(tmp_path, monkeypatch, *args)
     assert result.exit_code == 2
     assert (tmp_path / "train.py").read_text() == AUTOCAST
 
 
-def test_select_runs_only_the_named_rules(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_select_runs_only_the_named_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"train.py": AUTOCAST})
-    skipped = invoke(
-        tmp_path, monkeypatch, "--check", "--select", "amp_initialize", "."
-    )
-    assert (
-        skipped.exit_code == 0
-    ), skipped.output  # the torch.cuda.amp rule was not selected
-    selected = invoke(
-        tmp_path, monkeypatch, "--check", "--select", "torch_cuda_amp", "."
-    )
+    skipped = invoke(tmp_path, monkeypatch, "--check", "--select", "amp_initialize", ".")
+    assert skipped.exit_code == 0, skipped.output  # the torch.cuda.amp rule was not selected
+    selected = invoke(tmp_path, monkeypatch, "--check", "--select", "torch_cuda_amp", ".")
     assert selected.exit_code == 1
 
 
-def test_help_names_the_default_command_and_verify(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_help_names_the_default_command_and_verify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     result = invoke(tmp_path, monkeypatch, "--help")
     assert result.exit_code == 0
     assert "ampmigrate [OPTIONS] PATH..." in result.stdout
@@ -278,9 +229,7 @@ def test_help_names_the_default_command_and_verify(
     assert "--check" in result.stdout and "--write" in result.stdout
 
 
-def test_verify_subcommand_delegates_to_run_cli(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_verify_subcommand_delegates_to_run_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import migrate.verify
 
     calls = []
@@ -315,9 +264,7 @@ def test_verify_subcommand_delegates_to_run_cli(
     assert calls == [("old.py", "new.py", 3, "cpu", ("--lr", "0.1"))]
 
 
-def test_a_folder_named_verify_is_migrated_via_dot_slash(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_folder_named_verify_is_migrated_via_dot_slash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"verify/train.py": AUTOCAST})
     result = invoke(tmp_path, monkeypatch, "--check", "./verify")
     assert result.exit_code == 1
@@ -389,9 +336,7 @@ def test_progress_bar_on_a_terminal_for_long_runs(
     assert "ampmigrate" in terminal.getvalue() and "100%" in terminal.getvalue()
 
 
-@pytest.mark.parametrize(
-    "files, ci, terminal", [(300, "true", True), (300, None, False), (10, None, True)]
-)
+@pytest.mark.parametrize("files, ci, terminal", [(300, "true", True), (300, None, False), (10, None, True)])
 def test_no_progress_bar_in_ci_pipes_or_short_runs(
     monkeypatch: pytest.MonkeyPatch, files: int, ci: str | None, terminal: bool
 ) -> None:

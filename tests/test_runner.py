@@ -24,16 +24,12 @@ def write_tree(root: Path, files: dict[str, bytes | str]) -> None:
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
 
 
-def migrate_tree(
-    root: Path, monkeypatch: pytest.MonkeyPatch, **options: object
-) -> list[runner.FileResult]:
+def migrate_tree(root: Path, monkeypatch: pytest.MonkeyPatch, **options: object) -> list[runner.FileResult]:
     monkeypatch.chdir(root)
     return run([Path(".")], build_config([Path(".")], **options))  # type: ignore[arg-type]
 
 
-def test_discovery_skips_vcs_virtualenvs_builds_and_sorts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_discovery_skips_vcs_virtualenvs_builds_and_sorts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_tree(
         tmp_path,
         {
@@ -53,9 +49,7 @@ def test_discovery_skips_vcs_virtualenvs_builds_and_sorts(
     assert [result.path for result in results] == ["a/z.py", "b.py"]
 
 
-def test_crlf_line_endings_are_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_crlf_line_endings_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_tree(tmp_path, {"train.py": AUTOCAST.replace("\n", "\r\n")})
     migrate_tree(tmp_path, monkeypatch, write=True)
     data = (tmp_path / "train.py").read_bytes()
@@ -71,21 +65,15 @@ def test_bom_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert MIGRATED_LINE.encode() in data
 
 
-def test_pep263_encoding_is_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_pep263_encoding_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     source = "# -*- coding: latin-1 -*-\n# Entraîné en demi-précision\n" + AUTOCAST
     write_tree(tmp_path, {"train.py": source.encode("latin-1")})
     migrate_tree(tmp_path, monkeypatch, write=True)
     data = (tmp_path / "train.py").read_bytes()
-    assert data.decode("latin-1") == source.replace(
-        "with torch.cuda.amp.autocast():", MIGRATED_LINE
-    )
+    assert data.decode("latin-1") == source.replace("with torch.cuda.amp.autocast():", MIGRATED_LINE)
 
 
-def test_file_without_apex_is_never_parsed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_file_without_apex_is_never_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def must_not_run(*args: object) -> None:
         raise AssertionError("the pre-filter should have skipped this file")
 
@@ -95,9 +83,7 @@ def test_file_without_apex_is_never_parsed(
     assert result.status is Status.UNCHANGED
 
 
-def test_internal_error_names_the_file_and_writes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_internal_error_names_the_file_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken_engine(source: str, options: object) -> MigrationResult:
         raise InternalError("migrated code does not compile")
 
@@ -110,9 +96,7 @@ def test_internal_error_names_the_file_and_writes_nothing(
     assert (tmp_path / "train.py").read_text() == AUTOCAST
 
 
-def test_an_engine_bug_on_one_file_fails_that_file_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_engine_bug_on_one_file_fails_that_file_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = migrate.engine.migrate_source
 
     def buggy_on_one_file(source: str, options: object) -> MigrationResult:
@@ -129,9 +113,7 @@ def test_an_engine_bug_on_one_file_fails_that_file_only(
     assert second.status is Status.CHANGED and second.written
 
 
-def test_output_that_does_not_compile_is_never_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_output_that_does_not_compile_is_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Even if the engine's own check were bypassed, the runner parses again.
     monkeypatch.setattr(
         migrate.engine,
@@ -145,39 +127,27 @@ def test_output_that_does_not_compile_is_never_written(
     assert (tmp_path / "train.py").read_text() == AUTOCAST
 
 
-def test_file_level_skip_is_reported_as_skipped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_file_level_skip_is_reported_as_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_tree(tmp_path, {"train.py": "# ampmigrate: skip\n" + AUTOCAST})
     [result] = migrate_tree(tmp_path, monkeypatch, write=True)
     assert result.status is Status.SKIPPED
     assert (tmp_path / "train.py").read_text() == "# ampmigrate: skip\n" + AUTOCAST
 
 
-def test_parallel_results_equal_serial_results(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(
-        runner, "_PARALLEL_MIN_BYTES", 0
-    )  # use the pool even for a small tree
-    files: dict[str, bytes | str] = {
-        f"pkg{i % 3}/m{i:02d}.py": AUTOCAST for i in range(12)
-    }
+def test_parallel_results_equal_serial_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "_PARALLEL_MIN_BYTES", 0)  # use the pool even for a small tree
+    files: dict[str, bytes | str] = {f"pkg{i % 3}/m{i:02d}.py": AUTOCAST for i in range(12)}
     files["pkg0/broken.py"] = "from apex import amp\nif True\n"
     files["pkg1/clean.py"] = "x = 1\n"
     write_tree(tmp_path, files)
     serial = migrate_tree(tmp_path, monkeypatch, jobs=1)
     parallel = migrate_tree(tmp_path, monkeypatch, jobs=2)
     assert parallel == serial
-    assert [result.path for result in serial] == sorted(
-        result.path for result in serial
-    )
+    assert [result.path for result in serial] == sorted(result.path for result in serial)
     assert sum(result.status is Status.CHANGED for result in serial) == 12
 
 
-def test_parallel_write_is_idempotent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_parallel_write_is_idempotent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "_PARALLEL_MIN_BYTES", 0)
     write_tree(tmp_path, {f"m{i}.py": AUTOCAST for i in range(6)})
     migrate_tree(tmp_path, monkeypatch, write=True, jobs=2)
@@ -189,14 +159,10 @@ def test_parallel_write_is_idempotent(
 
 def test_unified_diff_marks_a_missing_final_newline() -> None:
     diff = runner.unified_diff("a\nb", "a\nc", "f.py")
-    assert diff.endswith(
-        "-b\n\\ No newline at end of file\n+c\n\\ No newline at end of file\n"
-    )
+    assert diff.endswith("-b\n\\ No newline at end of file\n+c\n\\ No newline at end of file\n")
 
 
-def test_symlinked_folders_are_not_followed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_symlinked_folders_are_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_tree(tmp_path, {"real/train.py": AUTOCAST})
     os.symlink(tmp_path / "real", tmp_path / "loop")
     results = migrate_tree(tmp_path, monkeypatch)

@@ -42,9 +42,7 @@ def e2e_pairs() -> list[tuple[Path, Path]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "wrong", wrong_migrations(), ids=lambda p: p.name.removesuffix(".py")
-)
+@pytest.mark.parametrize("wrong", wrong_migrations(), ids=lambda p: p.name.removesuffix(".py"))
 def test_verify_rejects_wrong_migration(wrong: Path) -> None:
     result = verify.compare(original_of(wrong), wrong, steps=STEPS)
     report = result.report()
@@ -69,19 +67,13 @@ def test_verify_accepts_correct_migration(correct: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "pair", e2e_pairs(), ids=lambda pair: pair[0].name.removesuffix(".in.py")
-)
+@pytest.mark.parametrize("pair", e2e_pairs(), ids=lambda pair: pair[0].name.removesuffix(".in.py"))
 def test_verify_accepts_the_tools_own_output(pair: tuple[Path, Path]) -> None:
     source, migrated = pair
     name = source.name.removesuffix(".in.py")
-    result = verify.compare(
-        source, migrated, steps=STEPS, script_args=E2E_MIXED_ARGS.get(name, ())
-    )
+    result = verify.compare(source, migrated, steps=STEPS, script_args=E2E_MIXED_ARGS.get(name, ()))
     assert result.exit_code == 0, result.report()
-    assert (
-        result.original.low_precision_share
-    ), "the original did not run in mixed precision"
+    assert result.original.low_precision_share, "the original did not run in mixed precision"
 
 
 @pytest.mark.slow
@@ -90,9 +82,7 @@ def test_verify_accepts_the_tools_own_output(pair: tuple[Path, Path]) -> None:
     sorted(VERIFY_FIXTURES.glob("*.original.py")),
     ids=lambda p: p.name.removesuffix(".original.py"),
 )
-def test_verify_accepts_the_tools_migration_of_each_verify_original(
-    original: Path, tmp_path: Path
-) -> None:
+def test_verify_accepts_the_tools_migration_of_each_verify_original(original: Path, tmp_path: Path) -> None:
     """The engine's own migration (FusedAdam -> AdamW included) trains like the original."""
     from migrate.engine import migrate_source
 
@@ -119,15 +109,8 @@ def test_run_cli_prints_side_by_side_report(capsys: pytest.CaptureFixture[str]) 
     assert "verdict: MATCH" in out
 
 
-def test_run_cli_missing_file_is_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert (
-        verify.run_cli(
-            str(tmp_path / "nope.py"), str(tmp_path / "nope.py"), 3, "auto", ()
-        )
-        == 2
-    )
+def test_run_cli_missing_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert verify.run_cli(str(tmp_path / "nope.py"), str(tmp_path / "nope.py"), 3, "auto", ()) == 2
     assert "no such file" in capsys.readouterr().out
 
 
@@ -186,45 +169,31 @@ def test_tolerance_is_calibrated_on_the_fp32_run() -> None:
     close = [(loss * 1.02, scale, taken, norm) for loss, scale, taken, norm in MIXED]
     far = [(loss * 1.2, scale, taken, norm) for loss, scale, taken, norm in MIXED]
     calibration = record("fp32", FP32, share=0.0, forced_o0=1)
-    verdict, _, note, comparisons = verify._judge(
-        record("o", MIXED), record("m", close), calibration
-    )
+    verdict, _, note, comparisons = verify._judge(record("o", MIXED), record("m", close), calibration)
     assert verdict == "match" and "calibrated" in note
-    assert comparisons[0].loss_tol == pytest.approx(
-        verify.FACTOR * 0.02 / 2.02, rel=1e-6
-    )
-    verdict, reasons, _, _ = verify._judge(
-        record("o", MIXED), record("m", far), calibration
-    )
+    assert comparisons[0].loss_tol == pytest.approx(verify.FACTOR * 0.02 / 2.02, rel=1e-6)
+    verdict, reasons, _, _ = verify._judge(record("o", MIXED), record("m", far), calibration)
     assert verdict == "diverge" and "outside tolerance" in reasons[0]
 
 
 def test_skips_and_scales_are_judged_only_at_the_same_cadence() -> None:
     no_skip = [(loss, 65536.0, True, norm) for loss, _, _, norm in MIXED]
-    verdict, reasons, _, _ = verify._judge(
-        record("o", MIXED), record("m", no_skip), None
-    )
+    verdict, reasons, _, _ = verify._judge(record("o", MIXED), record("m", no_skip), None)
     assert verdict == "diverge" and any("skipped steps differ" in r for r in reasons)
     assert any("loss scale differs" in r for r in reasons)
     several_losses = record("o", MIXED, scale_calls=3)
-    verdict, reasons, note, _ = verify._judge(
-        several_losses, record("m", no_skip), None
-    )
+    verdict, reasons, note, _ = verify._judge(several_losses, record("m", no_skip), None)
     assert not any("skipped" in r for r in reasons) and "Not judged" in note
 
 
 def test_precision_mismatch_is_a_divergence() -> None:
-    verdict, reasons, _, _ = verify._judge(
-        record("o", MIXED), record("m", MIXED, share=0.0), None
-    )
+    verdict, reasons, _, _ = verify._judge(record("o", MIXED), record("m", MIXED, share=0.0), None)
     assert verdict == "diverge" and any("precision differs" in r for r in reasons)
 
 
 def test_static_apex_scale_against_gradscaler_is_judged_on_losses_not_scale_values() -> None:
     static = [(loss, 1.0, True, norm) for loss, _, _, norm in MIXED]
     dynamic = [(loss, 65536.0, True, norm) for loss, _, _, norm in MIXED]
-    verdict, reasons, note, _ = verify._judge(
-        record("o", static, dynamic=False), record("m", dynamic), None
-    )
+    verdict, reasons, note, _ = verify._judge(record("o", static, dynamic=False), record("m", dynamic), None)
     assert verdict == "match", reasons
     assert "static" in note

@@ -207,7 +207,9 @@ class AmpModel:
     def _sees(self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, function: cst.FunctionDef | None) -> bool:
         current = function
         while current is not None:
-            if (klass is not None and self.ctx.class_of_method(current) is klass) or (klass is None and current is home):
+            if (klass is not None and self.ctx.class_of_method(current) is klass) or (
+                klass is None and current is home
+            ):
                 return True
             current = self.ctx.function_of(current)
         return False

@@ -41,9 +41,7 @@ def _separator(items: Sequence[cst.Arg] | Sequence[cst.Param]) -> cst.BaseParent
     return cst.SimpleWhitespace(" ")
 
 
-def _orphaned_comments(
-    gone: cst.BaseStatement, replacement: Sequence[cst.BaseStatement]
-) -> list[cst.EmptyLine]:
+def _orphaned_comments(gone: cst.BaseStatement, replacement: Sequence[cst.BaseStatement]) -> list[cst.EmptyLine]:
     """Comments inside a statement that goes away (``# enabled=False`` inside an
     ``amp.initialize(...)`` call, the comment of a ``try:`` line) as lines of their own,
     unless the replacement keeps them."""
@@ -115,10 +113,14 @@ class PlanApplier(cst.CSTTransformer):
             updated = replace(updated)
         if isinstance(updated, cst.Call) and original_node in plan.new_keywords:
             extra = [
-                cst.Arg(value=value, keyword=cst.Name(name), equal=cst.AssignEqual(
-                    whitespace_before=cst.SimpleWhitespace(""),
-                    whitespace_after=cst.SimpleWhitespace(""),
-                ))
+                cst.Arg(
+                    value=value,
+                    keyword=cst.Name(name),
+                    equal=cst.AssignEqual(
+                        whitespace_before=cst.SimpleWhitespace(""),
+                        whitespace_after=cst.SimpleWhitespace(""),
+                    ),
+                )
                 for name, value in plan.new_keywords[original_node]
             ]
             args = list(updated.args)
@@ -134,12 +136,14 @@ class PlanApplier(cst.CSTTransformer):
                     cst.Param(
                         cst.Name(name),
                         default=default,
-                        equal=cst.AssignEqual(
-                            whitespace_before=cst.SimpleWhitespace(""),
-                            whitespace_after=cst.SimpleWhitespace(""),
-                        )
-                        if default is not None
-                        else cst.MaybeSentinel.DEFAULT,
+                        equal=(
+                            cst.AssignEqual(
+                                whitespace_before=cst.SimpleWhitespace(""),
+                                whitespace_after=cst.SimpleWhitespace(""),
+                            )
+                            if default is not None
+                            else cst.MaybeSentinel.DEFAULT
+                        ),
                     )
                 )
             if len(params) > 1 and isinstance(params[-2].comma, cst.Comma):
@@ -161,30 +165,23 @@ class PlanApplier(cst.CSTTransformer):
 
     # --- blocks
     def _is_placeholder_block(self, block: cst.BaseSuite) -> bool:
-        return (
-            isinstance(block, cst.IndentedBlock)
-            and len(block.body) == 1
-            and block.body[0] in self._placeholders
-        )
+        return isinstance(block, cst.IndentedBlock) and len(block.body) == 1 and block.body[0] in self._placeholders
 
     def _vacuous(self, statement: cst.CSTNode | None) -> bool:
         """An `if` whose body emptied out because its only content was migrated away."""
-        return (
-            isinstance(statement, cst.If)
-            and statement.orelse is None
-            and self._is_placeholder_block(statement.body)
-        )
+        return isinstance(statement, cst.If) and statement.orelse is None and self._is_placeholder_block(statement.body)
 
-    def _emit(
-        self, original: cst.CSTNode, updated: Statement
-    ) -> tuple[list[Statement], list[cst.EmptyLine]]:
+    def _emit(self, original: cst.CSTNode, updated: Statement) -> tuple[list[Statement], list[cst.EmptyLine]]:
         """Statements that stand for ``original``, and comment lines left without a home."""
         plan = self.plan
         before = list(plan.before.get(original, ()))
         after = list(plan.after.get(original, ()))
-        if not before and not after and not (
-            original in plan.replace_statement or original in plan.remove or original in plan.unwrap
-        ) and not self._vacuous(updated):
+        if (
+            not before
+            and not after
+            and not (original in plan.replace_statement or original in plan.remove or original in plan.unwrap)
+            and not self._vacuous(updated)
+        ):
             return [updated], []  # the same node: rendering can reuse its input text
         leading = list(updated.leading_lines)
         if original in plan.replace_statement:
@@ -298,8 +295,7 @@ class PlanApplier(cst.CSTTransformer):
         if plan.module_helpers:
             position = _after_imports(body)
             helpers = [
-                helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-                for helper in plan.module_helpers
+                helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for helper in plan.module_helpers
             ]
             if position < len(body):
                 following = body[position]
@@ -315,8 +311,14 @@ def apply_plan(ctx: ModuleContext) -> cst.Module:
     """The module with every planned edit made, visiting only the subtrees that change."""
     plan = ctx.plan
     edited: set[cst.CSTNode] = {
-        *plan.replace, *plan.remove, *plan.replace_statement, *plan.unwrap, *plan.before,
-        *plan.after, *plan.new_params, *plan.new_keywords,
+        *plan.replace,
+        *plan.remove,
+        *plan.replace_statement,
+        *plan.unwrap,
+        *plan.before,
+        *plan.after,
+        *plan.new_params,
+        *plan.new_keywords,
     }
     for first, (last, _) in plan.wrap.items():
         edited.update((first, last))

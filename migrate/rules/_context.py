@@ -91,9 +91,26 @@ def _classify_import(module_path: str, name: str) -> tuple[str, str] | None:
 
 _SKIPPED_FIELDS = frozenset(
     {
-        "lpar", "rpar", "lbracket", "rbracket", "lbrace", "rbrace", "comma", "semicolon", "equal",
-        "colon", "dot", "header", "footer", "leading_lines", "lines_after_decorators",
-        "trailing_whitespace", "asynchronous", "operator", "star_tok", "default_indent",
+        "lpar",
+        "rpar",
+        "lbracket",
+        "rbracket",
+        "lbrace",
+        "rbrace",
+        "comma",
+        "semicolon",
+        "equal",
+        "colon",
+        "dot",
+        "header",
+        "footer",
+        "leading_lines",
+        "lines_after_decorators",
+        "trailing_whitespace",
+        "asynchronous",
+        "operator",
+        "star_tok",
+        "default_indent",
     }
 )
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -135,7 +152,7 @@ class _Indexer:
     def index(self, root: cst.Module) -> None:
         pending: list[tuple[cst.CSTNode, cst.CSTNode | None, bool]] = [(root, None, False)]
         parents, children, scope, nodes = self.parents, self.children, self.scope, self.nodes
-        indexed = {kind: True for kind in self.INDEXED}
+        indexed = dict.fromkeys(self.INDEXED, True)
         hooks: dict[type, tuple[object, object]] = {}
         is_node: dict[type, bool] = {}  # isinstance on the CSTNode ABC is slow; types repeat
         while pending:
@@ -284,9 +301,7 @@ class _Indexer:
         for alias in node.names:
             name = dotted_name(alias.name) or ""
             bound = (
-                dotted_name(alias.asname.name) or name  # type: ignore[arg-type]
-                if alias.asname is not None
-                else name
+                dotted_name(alias.asname.name) or name if alias.asname is not None else name  # type: ignore[arg-type]
             )
             classified = _classify_import(module_path, name)
             if classified is None:
@@ -433,9 +448,7 @@ class ModuleContext:
         # reference nodes (Names) whose Apex use has been rewritten away
         self.consumed: set[cst.CSTNode] = set()
         self.skip_lines = {
-            number
-            for number, line in enumerate(source.splitlines(), start=1)
-            if SKIP_COMMENT.search(line)
+            number for number, line in enumerate(source.splitlines(), start=1) if SKIP_COMMENT.search(line)
         }
         self._all_names: set[str] | None = None
 
@@ -629,11 +642,7 @@ class ModuleContext:
                 binding = self.resolve(base.value, base)
                 if binding is not None and binding.kind == "amp":
                     return func.attr.value, base
-            if (
-                isinstance(base, cst.Attribute)
-                and base.attr.value == "amp"
-                and isinstance(base.value, cst.Name)
-            ):
+            if isinstance(base, cst.Attribute) and base.attr.value == "amp" and isinstance(base.value, cst.Name):
                 binding = self.resolve(base.value.value, base.value)
                 if binding is not None and binding.kind == "apex":
                     return func.attr.value, base.value
@@ -678,4 +687,3 @@ class ModuleContext:
             counter += 1
         names.add(f"{preferred}_{counter}")
         return f"{preferred}_{counter}"
-

@@ -91,8 +91,7 @@ def _matches(need: str, target: str) -> bool:
 
 def is_autocast_with(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.With) and any(
-        isinstance(item.item, cst.Call) and dotted_name(item.item.func) in _AUTOCAST_NAMES
-        for item in node.items
+        isinstance(item.item, cst.Call) and dotted_name(item.item.func) in _AUTOCAST_NAMES for item in node.items
     )
 
 

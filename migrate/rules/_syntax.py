@@ -31,9 +31,7 @@ def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
     )
 
 
-def positional_to_keywords(
-    args: Sequence[cst.Arg], names: Sequence[str]
-) -> list[cst.Arg] | None:
+def positional_to_keywords(args: Sequence[cst.Arg], names: Sequence[str]) -> list[cst.Arg] | None:
     """Give positional arguments their parameter names; None if that is impossible."""
     result = []
     for index, arg in enumerate(args):
@@ -111,7 +109,6 @@ def bind_arguments(call: cst.Call, parameters: Sequence[str]) -> dict[str, cst.A
         else:
             return None
     return bound
-
 
 
 def is_docstring(statement: cst.CSTNode) -> bool:

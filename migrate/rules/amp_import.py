@@ -192,13 +192,17 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
                     uses = references.get(binding.alias, [])
                     if any(name not in ctx.consumed for name in uses) or not uses:
                         # a star import has no alias of its own to point at
-                        anchor = binding.statement if isinstance(binding.statement.names, cst.ImportStar) else binding.alias
+                        anchor = (
+                            binding.statement if isinstance(binding.statement.names, cst.ImportStar) else binding.alias
+                        )
                         ctx.report("AMP040", anchor, f"{binding.target}: {_replacement(binding.target)}")
                 elif binding.kind == "apex":
                     _report_apex_package_uses(ctx, binding, references)
 
 
-def _report_apex_package_uses(ctx: ModuleContext, binding: Binding, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
+def _report_apex_package_uses(
+    ctx: ModuleContext, binding: Binding, references: dict[cst.ImportAlias, list[cst.Name]]
+) -> None:
     for name in references.get(binding.alias, []):
         if name in ctx.consumed:
             continue

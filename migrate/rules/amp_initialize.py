@@ -102,8 +102,12 @@ def _alias_assignment(target: cst.BaseExpression, value: cst.BaseExpression) -> 
 
 
 _FLIPPED = {
-    cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal, cst.In: cst.NotIn, cst.NotIn: cst.In,
-    cst.Is: cst.IsNot, cst.IsNot: cst.Is,
+    cst.Equal: cst.NotEqual,
+    cst.NotEqual: cst.Equal,
+    cst.In: cst.NotIn,
+    cst.NotIn: cst.In,
+    cst.Is: cst.IsNot,
+    cst.IsNot: cst.Is,
 }
 
 
@@ -280,11 +284,7 @@ def _calls_super_init(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
     if not (isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr)):
         return False
     call = statement.body[0].value
-    return (
-        isinstance(call, cst.Call)
-        and isinstance(call.func, cst.Attribute)
-        and call.func.attr.value == "__init__"
-    )
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "__init__"
 
 
 def _inside(ctx: ModuleContext, node: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
@@ -351,8 +351,10 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
 
     models = bound["models"].value
     optimizers = bound["optimizers"].value if "optimizers" in bound else None
-    inference_only = optimizers is None or literal(optimizers) is None or (
-        isinstance(optimizers, (cst.List, cst.Tuple)) and not optimizers.elements
+    inference_only = (
+        optimizers is None
+        or literal(optimizers) is None
+        or (isinstance(optimizers, (cst.List, cst.Tuple)) and not optimizers.elements)
     )
     result = (
         models
@@ -416,9 +418,11 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     if level_expression is not None:
         enabled_parts.append(
             cst.Comparison(
-                left=syntax.strip_parens(level_expression)
-                if not isinstance(level_expression, cst.BinaryOperation)
-                else level_expression.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
+                left=(
+                    syntax.strip_parens(level_expression)
+                    if not isinstance(level_expression, cst.BinaryOperation)
+                    else level_expression.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                ),
                 comparisons=[cst.ComparisonTarget(cst.NotEqual(), syntax.string("O0"))],
             )
         )
@@ -434,12 +438,14 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         try:
             number = None if value == "dynamic" else float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            notes.append((
-                "AMP005",
-                loss_scale_arg,
-                "loss_scale is computed at run time: migrated as dynamic scaling; if it can be a "
-                "number, hold the scale with `scaler.update(new_scale=...)`",
-            ))
+            notes.append(
+                (
+                    "AMP005",
+                    loss_scale_arg,
+                    "loss_scale is computed at run time: migrated as dynamic scaling; if it can be a "
+                    "number, hold the scale with `scaler.update(new_scale=...)`",
+                )
+            )
             number = None
         if number == 1.0:
             scaling_off = True
@@ -477,7 +483,8 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     function = ctx.function_of(call)
     klass = None
     elsewhere = [
-        other for other in model.calls
+        other
+        for other in model.calls
         if other.api in _USES_NEEDING_SCALER
         and not _inside(ctx, other.call, function)
         and (other.api != "master_params" or in_clip(ctx, other.call))
@@ -503,8 +510,10 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     ctx.consumed.add(use.base)
     for note in notes:
         ctx.report(*note)
-    if level in ("O2", "O3") or level_expression is not None or any(
-        name in bound and literal(bound[name].value) is not None for name in _CASTING_SETTINGS
+    if (
+        level in ("O2", "O3")
+        or level_expression is not None
+        or any(name in bound and literal(bound[name].value) is not None for name in _CASTING_SETTINGS)
     ):
         if not disabled:
             if level_expression is not None:
@@ -519,13 +528,21 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
 
     if klass is not None:
         attributes = {scaler.name for scaler in model.scalers if scaler.klass is klass}
-        name = ctx.options.scaler_name if ctx.options.scaler_name in attributes else ctx.fresh_name(ctx.options.scaler_name)
+        name = (
+            ctx.options.scaler_name
+            if ctx.options.scaler_name in attributes
+            else ctx.fresh_name(ctx.options.scaler_name)
+        )
     else:
         same_scope = [s for s in model.scalers if s.function is function and s.klass is None]
         if same_scope and in_branch and shared_above:
             if static_scale != same_scope[0].static_scale:
-                ctx.report("AMP005", call, "this clause asks for a different loss scale than the one above it, "
-                           "and both now share one GradScaler: set its scale by hand")
+                ctx.report(
+                    "AMP005",
+                    call,
+                    "this clause asks for a different loss scale than the one above it, "
+                    "and both now share one GradScaler: set its scale by hand",
+                )
             if alias is not None:
                 ctx.plan.replace_statement[statement] = [alias]
             else:
@@ -534,11 +551,16 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         if same_scope and in_branch:
             # another clause of the same if/else: it builds the same scaler its own way
             if static_scale is not None or same_scope[0].static_scale is not None:
-                ctx.report("AMP005", call, "a static loss_scale in one branch only: GradScaler.update() "
-                           "cannot hold it there; set the scale by hand after update()")
+                ctx.report(
+                    "AMP005",
+                    call,
+                    "a static loss_scale in one branch only: GradScaler.update() "
+                    "cannot hold it there; set the scale by hand after update()",
+                )
             level_code = normalized(level_expression) if level_expression is not None else None
             branch_enabled = (
-                cst.Name("False") if disabled or scaling_off
+                cst.Name("False")
+                if disabled or scaling_off
                 else _conjunction(enabled_parts, level_code) if enabled_parts else None
             )
             args = _scaler_arguments(ctx, initial_scale, branch_enabled)
@@ -546,7 +568,9 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             ctx.plan.replace_statement[statement] = [*([alias] if alias is not None else []), creation]
             return
         if same_scope:
-            ctx.report("AMP010", call, "a second amp.initialize in the same function: it shares the first one's GradScaler")
+            ctx.report(
+                "AMP010", call, "a second amp.initialize in the same function: it shares the first one's GradScaler"
+            )
             if alias is not None:
                 ctx.plan.replace_statement[statement] = [alias]
             else:
@@ -554,7 +578,11 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             return
         name = ctx.fresh_name(ctx.options.scaler_name)
 
-    scaler_enabled = None if not enabled_parts else _conjunction(enabled_parts, normalized(level_expression) if level_expression is not None else None)
+    scaler_enabled = (
+        None
+        if not enabled_parts
+        else _conjunction(enabled_parts, normalized(level_expression) if level_expression is not None else None)
+    )
     if disabled:
         scaler_enabled = cst.Name("False")
     autocast_enabled: cst.BaseExpression | None | str = None

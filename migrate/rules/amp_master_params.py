@@ -88,6 +88,7 @@ def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode, clip: cst.Call
     mine = statement
     if not (isinstance(other, cst.SimpleStatementLine) and isinstance(mine, cst.SimpleStatementLine)):
         return None
+
     # the two statements must differ only in the clip's first argument
     def shape(line: cst.SimpleStatementLine) -> str | None:
         calls = [n for n in ctx.walk(line) if isinstance(n, cst.Call) and _is_clip(n.func)]
@@ -141,7 +142,10 @@ def _conditional_step(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call
 
 
 def _unscale_before(
-    ctx: ModuleContext, model: AmpModel, node: cst.CSTNode, optimizer: cst.BaseExpression,
+    ctx: ModuleContext,
+    model: AmpModel,
+    node: cst.CSTNode,
+    optimizer: cst.BaseExpression,
     unscaled: set[tuple[int, str]],
 ) -> bool:
     """Plan ``scaler.unscale_(optimizer)`` before ``node``'s statement; False if impossible."""
@@ -167,8 +171,10 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
     call = use.call
     if ctx.skipped(call):
         return
-    if len(call.args) != 1 or call.args[0].star or (
-        call.args[0].keyword is not None and call.args[0].keyword.value != "optimizer"
+    if (
+        len(call.args) != 1
+        or call.args[0].star
+        or (call.args[0].keyword is not None and call.args[0].keyword.value != "optimizer")
     ):
         ctx.report("AMP032", call, "amp.master_params with unexpected arguments: migrate it by hand")
         return
@@ -178,7 +184,10 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
     outer_name = dotted_name(outer.func) if isinstance(outer, cst.Call) else None
     reads_gradients = isinstance(outer, cst.Call) and (
         _is_clip(outer.func)
-        or (outer_name not in _COLLECTING and _next_step(ctx, model, call, optimizer_key(ctx, optimizer, call)) is not None)
+        or (
+            outer_name not in _COLLECTING
+            and _next_step(ctx, model, call, optimizer_key(ctx, optimizer, call)) is not None
+        )
     )
     if reads_gradients:
         assert isinstance(outer, cst.Call)
@@ -191,7 +200,9 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
             unscale = syntax.expression_statement(
                 syntax.attribute_call(found[1], "unscale_", [cst.Arg(optimizer.deep_clone())])
             )
-            other = cast(cst.SimpleStatementLine, cast(cst.IndentedBlock, cast(cst.Else, collapsible.orelse).body).body[0])
+            other = cast(
+                cst.SimpleStatementLine, cast(cst.IndentedBlock, cast(cst.Else, collapsible.orelse).body).body[0]
+            )
             ctx.plan.replace_statement[collapsible] = [unscale, other.with_changes(leading_lines=())]
             ctx.consumed.add(use.base)
             return
@@ -234,9 +245,13 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, unscaled: set[tuple[i
             ctx.order(call)
             for call in ctx.nodes_of(cst.Call)
             if ctx.function_of(call) is function
-            and (call in model.sites or (isinstance(call.func, cst.Name) and any(
-                f is not None and f.name.value == call.func.value for f in site_functions
-            )))
+            and (
+                call in model.sites
+                or (
+                    isinstance(call.func, cst.Name)
+                    and any(f is not None and f.name.value == call.func.value for f in site_functions)
+                )
+            )
         ]
         if not backward_at or min(backward_at) > ctx.order(clip):
             continue

@@ -96,8 +96,13 @@ def _scaled_loss_names(ctx: ModuleContext, with_node: cst.With, name: str) -> li
 
 
 def _plan_autocast(
-    ctx: ModuleContext, model: AmpModel, scaler: Scaler, access: cst.BaseExpression, anchor: cst.CSTNode,
-    loss: cst.BaseExpression, report_at: cst.CSTNode,
+    ctx: ModuleContext,
+    model: AmpModel,
+    scaler: Scaler,
+    access: cst.BaseExpression,
+    anchor: cst.CSTNode,
+    loss: cst.BaseExpression,
+    report_at: cst.CSTNode,
 ) -> None:
     span = forward_span(ctx, anchor, loss, scaler.model_names)
     spans = [span] if span is not None else []
@@ -124,8 +129,13 @@ def _plan_autocast(
 
 
 def _wrap(
-    ctx: ModuleContext, model: AmpModel, scaler: Scaler, access: cst.BaseExpression,
-    first: cst.CSTNode, last: cst.CSTNode, report_at: cst.CSTNode,
+    ctx: ModuleContext,
+    model: AmpModel,
+    scaler: Scaler,
+    access: cst.BaseExpression,
+    first: cst.CSTNode,
+    last: cst.CSTNode,
+    report_at: cst.CSTNode,
 ) -> None:
     """Plan ``with torch.autocast(...)`` over first..last, merged with overlapping spans."""
     block: list[cst.CSTNode] = list(ctx.block_of(first).body)
@@ -142,7 +152,9 @@ def _wrap(
     item = model.autocast_item(scaler, access, first)
     if item is None:
         if scaler.autocast_enabled != "off":
-            ctx.report("AMP022", report_at, "autocast's `enabled` flag is not reachable here: add torch.autocast by hand")
+            ctx.report(
+                "AMP022", report_at, "autocast's `enabled` flag is not reachable here: add torch.autocast by hand"
+            )
         return
     ctx.plan.wrap[first] = (last, item)
 
@@ -170,13 +182,17 @@ def _fp32_branch(
     loss_code = normalized(loss)
     if not scaled_code.startswith(f"{asname}.backward(") or "#" in scaled_code:
         return None
-    if fp32_code != loss_code + scaled_code[len(asname):] and fp32_code.split("#")[0] != loss_code + scaled_code[len(asname):]:
+    if (
+        fp32_code != loss_code + scaled_code[len(asname) :]
+        and fp32_code.split("#")[0] != loss_code + scaled_code[len(asname) :]
+    ):
         return None
     return branch, fp32_line
 
 
-def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[int, set[str]],
-              sites: dict[int, list[cst.CSTNode]]) -> None:
+def _plan_one(
+    ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[int, set[str]], sites: dict[int, list[cst.CSTNode]]
+) -> None:
     call = use.call
     if ctx.skipped(call):
         return
@@ -243,7 +259,9 @@ def _innermost_loop(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode | None
     return None
 
 
-def _site_callers(ctx: ModuleContext, model: AmpModel, functions: set[cst.FunctionDef | None]) -> set[cst.FunctionDef | None]:
+def _site_callers(
+    ctx: ModuleContext, model: AmpModel, functions: set[cst.FunctionDef | None]
+) -> set[cst.FunctionDef | None]:
     """``functions`` and the module-level functions that (transitively) call them."""
     result = set(functions)
     frontier = [f for f in functions if f is not None]
@@ -258,8 +276,7 @@ def _site_callers(ctx: ModuleContext, model: AmpModel, functions: set[cst.Functi
     return result
 
 
-def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[str],
-                sites: list[cst.CSTNode]) -> None:
+def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[str], sites: list[cst.CSTNode]) -> None:
     """``opt.step()`` -> ``scaler.step(opt)``, then one ``scaler.update()`` per iteration."""
     functions = _site_callers(ctx, model, {ctx.function_of(site) for site in sites})
     if scaler.klass is not None:
@@ -313,7 +330,8 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
             continue
         _, access = found
         ctx.plan.substitute(
-            step, syntax.attribute_call(access.deep_clone(), "step", [cst.Arg(syntax.strip_parens(optimizer).deep_clone())])
+            step,
+            syntax.attribute_call(access.deep_clone(), "step", [cst.Arg(syntax.strip_parens(optimizer).deep_clone())]),
         )
         key = optimizer_key(ctx, optimizer, step)
         model.steps[step] = key

@@ -45,24 +45,48 @@ REPLACEMENTS = (
         apex_name="FusedAdam",
         modules=("apex.optimizers",),
         parameters=(
-            "params", "lr", "bias_correction", "betas", "eps", "adam_w_mode", "weight_decay",
-            "amsgrad", "set_grad_none", "capturable", "master_weights",
+            "params",
+            "lr",
+            "bias_correction",
+            "betas",
+            "eps",
+            "adam_w_mode",
+            "weight_decay",
+            "amsgrad",
+            "set_grad_none",
+            "capturable",
+            "master_weights",
         ),
         target=lambda values: "torch.optim.Adam" if values.get("adam_w_mode", True) is False else "torch.optim.AdamW",
         positional=2,
         dropped=_NO_OP_SETTINGS,
-        required={"bias_correction": True, "adam_w_mode": (True, False), "amsgrad": False, "capturable": False, "master_weights": False},
+        required={
+            "bias_correction": True,
+            "adam_w_mode": (True, False),
+            "amsgrad": False,
+            "capturable": False,
+            "master_weights": False,
+        },
         added=lambda values: {} if values.get("adam_w_mode", True) is False else {"weight_decay": "0.0"},
-        note=lambda values: "adam_w_mode=False is Adam with L2 weight decay"
-        if values.get("adam_w_mode", True) is False
-        else "adam_w_mode=True is AdamW, and weight_decay is explicit (AdamW's default is 0.01)",
+        note=lambda values: (
+            "adam_w_mode=False is Adam with L2 weight decay"
+            if values.get("adam_w_mode", True) is False
+            else "adam_w_mode=True is AdamW, and weight_decay is explicit (AdamW's default is 0.01)"
+        ),
     ),
     Replacement(
         apex_name="FusedSGD",
         modules=("apex.optimizers",),
         parameters=(
-            "params", "lr", "momentum", "dampening", "weight_decay", "nesterov", "wd_after_momentum",
-            "materialize_master_grads", "set_grad_none",
+            "params",
+            "lr",
+            "momentum",
+            "dampening",
+            "weight_decay",
+            "nesterov",
+            "wd_after_momentum",
+            "materialize_master_grads",
+            "set_grad_none",
         ),
         target="torch.optim.SGD",
         positional=6,

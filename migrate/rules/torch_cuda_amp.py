@@ -102,9 +102,7 @@ def _rewrite_call(device: str, obj: str, spelling: str, call: cst.Call) -> cst.C
         if any(arg.keyword is None for arg in call.args):
             return None  # custom_fwd(fn) applied by hand: rare, left alone
         func = syntax.dotted(f"torch.amp.{obj}") if spelling == "dotted" else call.func
-        return syntax.prepend_args(
-            call.with_changes(func=func), [syntax.keyword("device_type", device_arg)]
-        )
+        return syntax.prepend_args(call.with_changes(func=func), [syntax.keyword("device_type", device_arg)])
     return None
 
 
@@ -159,9 +157,7 @@ class _Finder:
             return
         names = [dotted_name(alias.name) for alias in node.names]
         if module in ("torch.cuda.amp", "torch.cpu.amp") and _movable(node):
-            ctx.plan.replace[node] = lambda updated: updated.with_changes(
-                module=syntax.dotted("torch.amp")
-            )
+            ctx.plan.replace[node] = lambda updated: updated.with_changes(module=syntax.dotted("torch.amp"))
         elif module in ("torch.cuda", "torch.cpu") and names == ["amp"]:
             ctx.plan.replace[node] = lambda updated: updated.with_changes(module=cst.Name("torch"))
 

@@ -70,9 +70,7 @@ class _ApexAlias(ModuleType):
     def __getattr__(self, name: str) -> object:
         value = getattr(self.__dict__["_shim_target"], name, _MISSING)
         child = f"{self.__name__}.{name}"
-        if child in APEX_MODULES and (
-            value is _MISSING or isinstance(value, ModuleType)
-        ):
+        if child in APEX_MODULES and (value is _MISSING or isinstance(value, ModuleType)):
             # Apex's packages import their submodules eagerly (``apex.fp16_utils.fp16util``);
             # going through the alias keeps ``apex.amp`` one object however it is reached.
             return importlib.import_module(child)
@@ -82,9 +80,7 @@ class _ApexAlias(ModuleType):
 
     def __setattr__(self, name: str, value: object) -> None:
         target = self.__dict__["_shim_target"]
-        if isinstance(value, ModuleType) and not isinstance(
-            getattr(target, name, value), ModuleType
-        ):
+        if isinstance(value, ModuleType) and not isinstance(getattr(target, name, value), ModuleType):
             # The import system binds a loaded submodule on its parent; Apex's packages
             # re-bound such names (``amp._amp_state``) to objects, so keep the object.
             return
@@ -109,9 +105,7 @@ class _ApexAliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 f"{', '.join(sorted(n for n in APEX_MODULES if n.count('.') <= 1))}",
                 name=fullname,
             )
-        return importlib.util.spec_from_loader(
-            fullname, self, is_package=fullname in _PACKAGES
-        )
+        return importlib.util.spec_from_loader(fullname, self, is_package=fullname in _PACKAGES)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         return _ApexAlias(spec.name, importlib.import_module(APEX_MODULES[spec.name]))
@@ -132,9 +126,7 @@ def install() -> None:
     """Make ``import apex`` and its submodules resolve to the shim (idempotent)."""
     if is_installed():
         return
-    loaded = [
-        name for name in sys.modules if name == "apex" or name.startswith("apex.")
-    ]
+    loaded = [name for name in sys.modules if name == "apex" or name.startswith("apex.")]
     foreign = [name for name in loaded if not isinstance(sys.modules[name], _ApexAlias)]
     if foreign:
         raise RuntimeError(

@@ -48,8 +48,7 @@ def _patch_step_to_skip(optimizer: Any, loss_id: int, scale_after: float) -> Non
         if closure is not None:
             raise RuntimeError("amp does not support optimizer closures")
         maybe_print(
-            f"Gradient overflow.  Skipping step, loss scaler {loss_id} reducing loss scale to "
-            f"{scale_after}"
+            f"Gradient overflow.  Skipping step, loss scaler {loss_id} reducing loss scale to " f"{scale_after}"
         )
         stash = optimizer._amp_stash
         for master in stash.all_fp32_from_fp16_params:
@@ -78,8 +77,7 @@ def scale_loss(
     del model  # accepted and unused, as in Apex
     if not hasattr(_amp_state, "opt_properties"):
         raise RuntimeError(
-            "amp.scale_loss was called before amp.initialize: call amp.initialize(model, "
-            "optimizer, ...) first"
+            "amp.scale_loss was called before amp.initialize: call amp.initialize(model, " "optimizer, ...) first"
         )
     properties = _amp_state.opt_properties
     if not properties.enabled:
@@ -89,9 +87,7 @@ def scale_loss(
         optimizers = [optimizers]
     scaler = _amp_state.loss_scalers[loss_id]
     scale = scaler.loss_scale()
-    events.emit(
-        "scale_loss", loss=loss, scale=scale, loss_id=loss_id, dynamic=scaler.dynamic
-    )
+    events.emit("scale_loss", loss=loss, scale=scale, loss_id=loss_id, dynamic=scaler.dynamic)
 
     if not properties.master_weights and not scaler.dynamic and scale == 1.0:
         yield loss.float()
@@ -153,9 +149,7 @@ def load_state_dict(state: dict[str, Any]) -> None:
         )
     unexpected = [key for key in state if "loss_scaler" not in key]
     if unexpected:
-        raise RuntimeError(
-            f"unexpected key(s) in amp state dict: {', '.join(unexpected)}"
-        )
+        raise RuntimeError(f"unexpected key(s) in amp state dict: {', '.join(unexpected)}")
     for index, key in enumerate(state):
         if index >= len(scalers):
             break

@@ -89,10 +89,7 @@ class AmpHandle:
         self._is_active = False
 
     def scale_loss(self, *_args: Any, **_kwargs: Any) -> None:
-        raise RuntimeError(
-            "the old handle.scale_loss API is gone from Apex: use amp.initialize and "
-            "amp.scale_loss"
-        )
+        raise RuntimeError("the old handle.scale_loss API is gone from Apex: use amp.initialize and " "amp.scale_loss")
 
 
 class NoOpHandle:
@@ -123,9 +120,7 @@ def _cast_value(value: Any, cast: CastFn) -> Any:
     return value
 
 
-def _cast_args(
-    args: tuple[Any, ...], kwargs: dict[str, Any], cast: CastFn
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _cast_args(args: tuple[Any, ...], kwargs: dict[str, Any], cast: CastFn) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (
         tuple(_cast_value(arg, cast) for arg in args),
         {key: _cast_value(value, cast) for key, value in kwargs.items()},
@@ -202,9 +197,7 @@ def _float_dtypes(values: Any, found: set[torch.dtype]) -> set[torch.dtype]:
 _HALF_AND_FLOAT = {torch.float16, torch.float32}
 
 
-def make_promote_wrapper(
-    original: Callable[..., Any], cast: CastFn, handle: Any
-) -> Callable[..., Any]:
+def make_promote_wrapper(original: Callable[..., Any], cast: CastFn, handle: Any) -> Callable[..., Any]:
     """On an fp16/fp32 mix, cast everything to fp32; other mixes are refused, as in Apex."""
 
     @functools.wraps(original)
@@ -219,16 +212,12 @@ def make_promote_wrapper(
         if dtypes == _HALF_AND_FLOAT:
             args, kwargs = _cast_args(args, kwargs, cast)
             return original(*args, **kwargs)
-        raise NotImplementedError(
-            f"O1 does not know how to promote the mix {sorted(map(str, dtypes))}"
-        )
+        raise NotImplementedError(f"O1 does not know how to promote the mix {sorted(map(str, dtypes))}")
 
     return wrapper
 
 
-def _make_sequence_promote_wrapper(
-    original: Callable[..., Any], handle: Any
-) -> Callable[..., Any]:
+def _make_sequence_promote_wrapper(original: Callable[..., Any], handle: Any) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(sequence: Any, *args: Any, **kwargs: Any) -> Any:
         if not handle.is_active():
@@ -249,26 +238,19 @@ def _make_refuse_if_any_half(
         if handle.is_active():
             values = [*args, *kwargs.values()]
             if any(_is_float_tensor(v) and v.dtype is torch.float16 for v in values):
-                raise NotImplementedError(
-                    message
-                    or f"O1 refuses the in-place function {name} on fp16 arguments"
-                )
+                raise NotImplementedError(message or f"O1 refuses the in-place function {name} on fp16 arguments")
         return original(*args, **kwargs)
 
     return wrapper
 
 
-def _make_refuse_if_self_half(
-    original: Callable[..., Any], name: str, handle: Any
-) -> Callable[..., Any]:
+def _make_refuse_if_self_half(original: Callable[..., Any], name: str, handle: Any) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if not handle.is_active():
             return original(self, *args, **kwargs)
         if self.dtype is torch.float16:
-            raise NotImplementedError(
-                f"O1 refuses the in-place method {name} on an fp16 tensor"
-            )
+            raise NotImplementedError(f"O1 refuses the in-place method {name} on an fp16 tensor")
         args, kwargs = _cast_args(args, kwargs, maybe_float)
         return original(self, *args, **kwargs)
 
@@ -295,15 +277,11 @@ def _refuse_any_half_maker(
     return _make_refuse_if_any_half(original, name, handle, message)
 
 
-def _refuse_self_half_maker(
-    original: Callable[..., Any], *, name: str, handle: Any
-) -> Callable[..., Any]:
+def _refuse_self_half_maker(original: Callable[..., Any], *, name: str, handle: Any) -> Callable[..., Any]:
     return _make_refuse_if_self_half(original, name, handle)
 
 
-def _patch(
-    handle: AmpHandle, owner: Any, name: str, make: Callable[[Any], Any]
-) -> None:
+def _patch(handle: AmpHandle, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
     if not hasattr(owner, name):
         return
     original = getattr(owner, name)
@@ -311,13 +289,9 @@ def _patch(
     setattr(owner, name, make(original))
 
 
-def _cast_patch(
-    handle: AmpHandle, owner: Any, name: str, cast: CastFn, try_caching: bool
-) -> None:
+def _cast_patch(handle: AmpHandle, owner: Any, name: str, cast: CastFn, try_caching: bool) -> None:
     cast = _verbose_cast(cast, name, handle.verbose)
-    _patch(
-        handle, owner, name, lambda fn: make_cast_wrapper(fn, cast, handle, try_caching)
-    )
+    _patch(handle, owner, name, lambda fn: make_cast_wrapper(fn, cast, handle, try_caching))
 
 
 def init(
@@ -372,9 +346,7 @@ def init(
                 lambda fn: make_promote_wrapper(fn, maybe_float, handle),
             )
     for name in lists.TORCH_SEQUENCE_PROMOTE:
-        _patch(
-            handle, torch, name, lambda fn: _make_sequence_promote_wrapper(fn, handle)
-        )
+        _patch(handle, torch, name, lambda fn: _make_sequence_promote_wrapper(fn, handle))
 
     # 3. In-place versions of FP32-list functions refuse fp16 arguments.
     for name in lists.TORCH_FP32:
@@ -416,9 +388,7 @@ def init(
                 handle,
                 functional,
                 name,
-                functools.partial(
-                    _refuse_any_half_maker, name=name, handle=handle, message=message
-                ),
+                functools.partial(_refuse_any_half_maker, name=name, handle=handle, message=message),
             )
 
     _decorator_handle = handle
@@ -472,9 +442,7 @@ def _decorate(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
         if kind == "promote":
             return make_promote_wrapper(fn, maybe_float, handle)(*args, **kwargs)
         cast = maybe_half if kind == "half" else maybe_float
-        return make_cast_wrapper(fn, cast, handle, try_caching=kind == "half")(
-            *args, **kwargs
-        )
+        return make_cast_wrapper(fn, cast, handle, try_caching=kind == "half")(*args, **kwargs)
 
     return wrapper
 

@@ -117,9 +117,7 @@ class CpuAutocast(_OriginalAutocast):
             device_type = "cpu"
             if dtype is None:
                 dtype = torch.float16
-        super().__init__(
-            device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled
-        )
+        super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 
 class CudaAmpAutocast(CpuAutocast):
@@ -131,9 +129,7 @@ class CudaAmpAutocast(CpuAutocast):
         dtype: torch.dtype = torch.float16,
         cache_enabled: bool = True,
     ) -> None:
-        super().__init__(
-            "cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled
-        )
+        super().__init__("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 
 class CpuGradScaler(_OriginalGradScaler):
@@ -190,7 +186,7 @@ class CpuStream:
     def query(self) -> bool:
         return True
 
-    def __enter__(self) -> CpuStream:  # noqa: PYI034 - Python 3.10 has no typing.Self
+    def __enter__(self) -> CpuStream:
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -278,9 +274,7 @@ def install() -> None:
     if _installed:
         return
     if torch.cuda.is_available():
-        raise RuntimeError(
-            "cuda_on_cpu.install() is for machines without CUDA; CUDA is available"
-        )
+        raise RuntimeError("cuda_on_cpu.install() is for machines without CUDA; CUDA is available")
     torch.autocast = CpuAutocast  # type: ignore[misc]
     torch.amp.autocast = CpuAutocast  # type: ignore[misc]
     torch.GradScaler = CpuGradScaler  # type: ignore[misc]

@@ -95,9 +95,7 @@ def model_grads_to_master_grads(
 ) -> None:
     """Copy (without unscaling) model grads into master grads."""
     if flat_master:
-        grads = [
-            param.grad.reshape(-1) for param in model_params if param.grad is not None
-        ]
+        grads = [param.grad.reshape(-1) for param in model_params if param.grad is not None]
         flat_grad = master_params[0].grad
         assert flat_grad is not None, "prep_param_lists(flat_master=True) allocates it"
         flat_grad.copy_(torch.cat(grads))
@@ -148,9 +146,7 @@ class LossScaler:
     def loss_scale(self) -> float:
         return self.cur_scale
 
-    def scale_gradient(
-        self, module: Any, grad_in: Any, grad_out: Any
-    ) -> tuple[Any, ...]:
+    def scale_gradient(self, module: Any, grad_in: Any, grad_out: Any) -> tuple[Any, ...]:
         return tuple(self.loss_scale * g for g in grad_in)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
@@ -219,9 +215,7 @@ class FP16_Optimizer:
                 elif param.dtype is torch.float32:
                     fp32_params.append(param)
                 else:
-                    raise TypeError(
-                        f"FP16_Optimizer takes float16 or float32 params, got {param.dtype}"
-                    )
+                    raise TypeError(f"FP16_Optimizer takes float16 or float32 params, got {param.dtype}")
             self.fp16_groups.append(fp16_params)
             self.fp32_from_fp16_groups.append(masters)
             self.fp32_from_fp32_groups.append(fp32_params)
@@ -240,14 +234,10 @@ class FP16_Optimizer:
         raise RuntimeError("FP16_Optimizer should be serialized using state_dict().")
 
     def __setstate__(self, state: Any) -> None:
-        raise RuntimeError(
-            "FP16_Optimizer should be deserialized using load_state_dict()."
-        )
+        raise RuntimeError("FP16_Optimizer should be deserialized using load_state_dict().")
 
     def _fp16_and_masters(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-        for fp16_group, master_group in zip(
-            self.fp16_groups, self.fp32_from_fp16_groups
-        ):
+        for fp16_group, master_group in zip(self.fp16_groups, self.fp32_from_fp16_groups):
             yield from zip(fp16_group, master_group)
 
     def zero_grad(self, set_grads_to_None: bool = False) -> None:
@@ -276,9 +266,7 @@ class FP16_Optimizer:
             loss_id=0,
             dynamic=self.loss_scaler.dynamic,
         )
-        (loss.float() * self.loss_scaler.loss_scale()).backward(
-            retain_graph=retain_graph
-        )
+        (loss.float() * self.loss_scaler.loss_scale()).backward(retain_graph=retain_graph)
         if update_master_grads:
             self.update_master_grads()
 
@@ -295,9 +283,7 @@ class FP16_Optimizer:
             model_grads.append(model.grad)
             master_grads.append(master.grad)
         scaler.unscale(model_grads, master_grads, scaler.loss_scale())
-        fp32_grads = [
-            p.grad for g in self.fp32_from_fp32_groups for p in g if p.grad is not None
-        ]
+        fp32_grads = [p.grad for g in self.fp32_from_fp32_groups for p in g if p.grad is not None]
         scaler.unscale(fp32_grads, fp32_grads, scaler.loss_scale())
         self.overflow = scaler.update_scale()
 
@@ -311,17 +297,10 @@ class FP16_Optimizer:
     def step(self, closure: Any = None) -> Any:
         if self.overflow:
             if self.verbose:
-                print(
-                    "Gradient overflow.  Skipping step, reducing loss scale to "
-                    f"{self.loss_scaler.loss_scale()}"
-                )
+                print("Gradient overflow.  Skipping step, reducing loss scale to " f"{self.loss_scaler.loss_scale()}")
             events.emit("step_skipped", optimizer=self.optimizer, loss_id=0)
             return None
-        result = (
-            self.optimizer.step(closure)
-            if closure is not None
-            else self.optimizer.step()
-        )
+        result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         master_params_to_model_params(
             [p for g in self.fp16_groups for p in g],
             [p for g in self.fp32_from_fp16_groups for p in g],
@@ -329,9 +308,7 @@ class FP16_Optimizer:
         return result
 
     def inspect_master_grad_data(self) -> list[list[torch.Tensor | None]]:
-        return [
-            [p.grad for p in group["params"]] for group in self.optimizer.param_groups
-        ]
+        return [[p.grad for p in group["params"]] for group in self.optimizer.param_groups]
 
     @property
     def loss_scale(self) -> float:
@@ -366,8 +343,6 @@ class FP16_Optimizer:
         self.first_closure_call_this_step = state["first_closure_call_this_step"]
         self.optimizer.load_state_dict(state["optimizer_state_dict"])
         with torch.no_grad():
-            for current, saved in zip(
-                self.fp32_from_fp16_groups, state["fp32_from_fp16"]
-            ):
+            for current, saved in zip(self.fp32_from_fp16_groups, state["fp32_from_fp16"]):
                 for master, value in zip(current, saved):
                     master.copy_(value)

@@ -35,9 +35,7 @@ def apply_to_values(value: Any, fn: Callable[[Any], Any]) -> Any:
     if hasattr(value, "to"):
         return fn(value)
     if isinstance(value, Mapping):
-        return {
-            apply_to_values(k, fn): apply_to_values(v, fn) for k, v in value.items()
-        }
+        return {apply_to_values(k, fn): apply_to_values(v, fn) for k, v in value.items()}
     if isinstance(value, Iterable):
         return type(value)(apply_to_values(v, fn) for v in value)  # type: ignore[call-arg]
     return value
@@ -50,9 +48,7 @@ def _to_dtype(dtype: torch.dtype, value: Any) -> Any:
 
 
 def _is_affine_batchnorm(module: torch.nn.Module) -> bool:
-    return isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and bool(
-        module.affine
-    )
+    return isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and bool(module.affine)
 
 
 def convert_module(module: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -90,9 +86,7 @@ def _fp32_state_dict_hook(
             state_dict[key] = value.float()
 
 
-def _patch_forward(
-    model: torch.nn.Module, input_dtype: torch.dtype | None, output_dtype: torch.dtype
-) -> None:
+def _patch_forward(model: torch.nn.Module, input_dtype: torch.dtype | None, output_dtype: torch.dtype) -> None:
     original_forward = model.forward
     cast_input = functools.partial(_to_dtype, input_dtype) if input_dtype else None
     cast_output = functools.partial(_to_dtype, output_dtype)
@@ -118,7 +112,7 @@ def _check_models(models: list[torch.nn.Module]) -> None:
 
     for model in models:
         if isinstance(model, (*_PARALLEL_WRAPPERS, parallel.DistributedDataParallel)):
-            raise RuntimeError(  # noqa: TRY004 - Apex raised RuntimeError here
+            raise RuntimeError(
                 f"amp.initialize got a model wrapped in {type(model).__name__}: wrap models "
                 "in parallel wrappers after amp.initialize, not before"
             )
@@ -148,9 +142,8 @@ def _check_optimizers(optimizers: list[Any]) -> None:
 
     for optimizer in optimizers:
         if isinstance(optimizer, fp16_utils.FP16_Optimizer):
-            raise RuntimeError(  # noqa: TRY004 - Apex raised RuntimeError here
-                "amp.initialize got an FP16_Optimizer: pass the bare optimizer, amp manages "
-                "master weights itself"
+            raise RuntimeError(
+                "amp.initialize got an FP16_Optimizer: pass the bare optimizer, amp manages " "master weights itself"
             )
 
 
@@ -164,9 +157,7 @@ def _print_options(properties: Properties) -> None:
     if _amp_state.verbosity <= 0:
         return
     level = properties.opt_level
-    print(
-        f"Selected optimization level {level}: {OPT_LEVEL_BRIEF.get(level or '', '')}"
-    )
+    print(f"Selected optimization level {level}: {OPT_LEVEL_BRIEF.get(level or '', '')}")
     print("Processing user overrides (additional kwargs that are not None)...")
     print("After processing overrides, optimization options are:")
     for name, value in properties.as_dict().items():
@@ -248,9 +239,7 @@ def initialize(
                 convert_network(model, properties.cast_model_type)
             else:
                 model.to(properties.cast_model_type)
-            _patch_forward(
-                model, properties.cast_model_type, cast_model_outputs or torch.float32
-            )
+            _patch_forward(model, properties.cast_model_type, cast_model_outputs or torch.float32)
             for module in model.modules():
                 module._register_state_dict_hook(_fp32_state_dict_hook)
         for optimizer in optimizer_list:
@@ -268,9 +257,7 @@ def initialize(
             # A second initialize (a resume that rebuilds model and optimizer) re-patches from
             # a clean torch instead of stacking a second layer of wrappers.
             previous._deactivate()
-        _amp_state.handle = casting.init(
-            loss_scale=properties.loss_scale, verbose=_amp_state.verbosity == 2
-        )
+        _amp_state.handle = casting.init(loss_scale=properties.loss_scale, verbose=_amp_state.verbosity == 2)
 
     _amp_state.loss_scalers = [
         LossScaler(

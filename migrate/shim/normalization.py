@@ -20,9 +20,7 @@ def _autocast_dtype(tensor: torch.Tensor) -> torch.dtype | None:
     return None
 
 
-def _rms_norm(
-    x: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor | None, eps: float
-) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     dims = tuple(range(-len(shape), 0))
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(dims, keepdim=True) + eps)
@@ -43,23 +41,17 @@ class FusedLayerNorm(torch.nn.LayerNorm):
         elementwise_affine: bool = True,
         memory_efficient: bool = False,
     ) -> None:
-        super().__init__(
-            normalized_shape, eps=eps, elementwise_affine=elementwise_affine
-        )
+        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine)
         self.memory_efficient = memory_efficient
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         dtype = _autocast_dtype(input)
         if dtype is None:
-            return F.layer_norm(
-                input, self.normalized_shape, self.weight, self.bias, self.eps
-            )
+            return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
         with torch.autocast(input.device.type, enabled=False):
             weight = self.weight.to(dtype) if self.weight is not None else None
             bias = self.bias.to(dtype) if self.bias is not None else None
-            return F.layer_norm(
-                input.to(dtype), self.normalized_shape, weight, bias, self.eps
-            )
+            return F.layer_norm(input.to(dtype), self.normalized_shape, weight, bias, self.eps)
 
 
 class FusedRMSNorm(torch.nn.Module):
@@ -90,9 +82,7 @@ class FusedRMSNorm(torch.nn.Module):
             return _rms_norm(input, self.normalized_shape, self.weight, self.eps)
         with torch.autocast(input.device.type, enabled=False):
             weight = self.weight.to(dtype) if self.weight is not None else None
-            return _rms_norm(
-                input.to(dtype), self.normalized_shape, weight, self.eps
-            ).to(dtype)
+            return _rms_norm(input.to(dtype), self.normalized_shape, weight, self.eps).to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -116,6 +106,4 @@ class MixedFusedRMSNorm(FusedRMSNorm):
     """RMSNorm whose output has the params' dtype."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(input, self.normalized_shape, self.weight, self.eps).to(
-            self.weight.dtype
-        )
+        return _rms_norm(input, self.normalized_shape, self.weight, self.eps).to(self.weight.dtype)

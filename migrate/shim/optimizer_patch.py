@@ -38,8 +38,7 @@ class AmpStash:
 def _check_dtype(param: torch.Tensor) -> None:
     if param.dtype not in _HALF_OR_FLOAT:
         raise TypeError(
-            f"amp optimizers take float16 or float32 params, got {param.dtype} "
-            f"(shape {tuple(param.shape)})"
+            f"amp optimizers take float16 or float32 params, got {param.dtype} " f"(shape {tuple(param.shape)})"
         )
 
 
@@ -119,12 +118,8 @@ def _post_backward_with_master_weights(self: Any, scaler: LossScaler) -> None:
             accumulate_model_grads.append(model.grad)
             accumulate_master_grads.append(master.grad)
     scaler.unscale(new_model_grads, new_master_grads, scaler.loss_scale())
-    scaler.unscale_with_stashed(
-        accumulate_model_grads, accumulate_master_grads, accumulate_master_grads
-    )
-    _post_backward_models_are_masters(
-        scaler, stash.all_fp32_from_fp32_params, stash.all_fp32_from_fp32_grad_stash
-    )
+    scaler.unscale_with_stashed(accumulate_model_grads, accumulate_master_grads, accumulate_master_grads)
+    _post_backward_models_are_masters(scaler, stash.all_fp32_from_fp32_params, stash.all_fp32_from_fp32_grad_stash)
 
 
 def _zero_grad_with_master_weights(self: Any) -> None:
@@ -179,15 +174,9 @@ def process_optimizer(optimizer: Any, properties: Any) -> Any:
     optimizer._amp_lazy_init = types.MethodType(lazy_init, optimizer)
 
     if properties.master_weights:
-        optimizer._lazy_init_maybe_master_weights = types.MethodType(
-            _lazy_init_with_master_weights, optimizer
-        )
-        optimizer._prepare_amp_backward = types.MethodType(
-            _prepare_backward_with_master_weights, optimizer
-        )
-        optimizer._post_amp_backward = types.MethodType(
-            _post_backward_with_master_weights, optimizer
-        )
+        optimizer._lazy_init_maybe_master_weights = types.MethodType(_lazy_init_with_master_weights, optimizer)
+        optimizer._prepare_amp_backward = types.MethodType(_prepare_backward_with_master_weights, optimizer)
+        optimizer._post_amp_backward = types.MethodType(_post_backward_with_master_weights, optimizer)
         original_step = optimizer.step
 
         def step_with_masters(self: Any, closure: Any = None) -> Any:
@@ -197,18 +186,14 @@ def process_optimizer(optimizer: Any, properties: Any) -> Any:
             stash: AmpStash = self._amp_stash
             with torch.no_grad():
                 # Round each fp32 master to the nearest fp16 into the model.
-                for model, master in zip(
-                    stash.all_fp16_params, stash.all_fp32_from_fp16_params
-                ):
+                for model, master in zip(stash.all_fp16_params, stash.all_fp32_from_fp16_params):
                     model.copy_(master)
             for master in stash.all_fp32_from_fp16_params:
                 master.grad = None
             return result
 
         optimizer.step = types.MethodType(step_with_masters, optimizer)
-        optimizer.zero_grad = types.MethodType(
-            _zero_grad_with_master_weights, optimizer
-        )
+        optimizer.zero_grad = types.MethodType(_zero_grad_with_master_weights, optimizer)
         original_add_param_group = optimizer.add_param_group
 
         def add_param_group_with_masters(self: Any, group: dict[str, Any]) -> None:
@@ -232,19 +217,11 @@ def process_optimizer(optimizer: Any, properties: Any) -> Any:
                     kept.append(param)
             original_add_param_group({**group, "params": kept})
 
-        optimizer.add_param_group = types.MethodType(
-            add_param_group_with_masters, optimizer
-        )
+        optimizer.add_param_group = types.MethodType(add_param_group_with_masters, optimizer)
     else:
-        optimizer._lazy_init_maybe_master_weights = types.MethodType(
-            _lazy_init_no_master_weights, optimizer
-        )
-        optimizer._prepare_amp_backward = types.MethodType(
-            _prepare_backward_no_master_weights, optimizer
-        )
-        optimizer._post_amp_backward = types.MethodType(
-            _post_backward_no_master_weights, optimizer
-        )
+        optimizer._lazy_init_maybe_master_weights = types.MethodType(_lazy_init_no_master_weights, optimizer)
+        optimizer._prepare_amp_backward = types.MethodType(_prepare_backward_no_master_weights, optimizer)
+        optimizer._post_amp_backward = types.MethodType(_post_backward_no_master_weights, optimizer)
 
     if properties.patch_torch_functions:
         # O1: the optimizer's own math must not be cast.

@@ -17,9 +17,7 @@ from torch.optim import Optimizer
 class _FusedBase(Optimizer):
     """``zero_grad()`` takes no arguments and honours ``set_grad_none``, as in Apex."""
 
-    def __init__(
-        self, params: Iterable[Any], defaults: dict[str, Any], set_grad_none: bool
-    ) -> None:
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], set_grad_none: bool) -> None:
         super().__init__(params, defaults)
         self.set_grad_none = set_grad_none
 
@@ -200,9 +198,7 @@ class FusedAdagrad(_FusedBase):
         set_grad_none: bool = True,
         adagrad_w_mode: bool = False,
     ) -> None:
-        super().__init__(
-            params, {"lr": lr, "eps": eps, "weight_decay": weight_decay}, set_grad_none
-        )
+        super().__init__(params, {"lr": lr, "eps": eps, "weight_decay": weight_decay}, set_grad_none)
         self.adagrad_w_mode = adagrad_w_mode
 
     @torch.no_grad()
@@ -265,27 +261,16 @@ class FusedLAMB(_FusedBase):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         loss = self._closure_loss(closure)
-        grads = [
-            p.grad.float()
-            for g in self.param_groups
-            for p in g["params"]
-            if p.grad is not None
-        ]
+        grads = [p.grad.float() for g in self.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
             return loss
-        global_norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g) for g in grads])
-        )
+        global_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         for group in self.param_groups:
             beta1 = group["betas"][0]
             beta3 = 1 - beta1 if group["grad_averaging"] else 1.0
             corrections = self._advance(group)
             max_norm, decay = group["max_grad_norm"], group["weight_decay"]
-            clip = (
-                (global_norm / max_norm).clamp(min=1.0)
-                if max_norm > 0
-                else torch.ones(())
-            )
+            clip = (global_norm / max_norm).clamp(min=1.0) if max_norm > 0 else torch.ones(())
             for param in group["params"]:
                 if param.grad is None:
                     continue
@@ -358,20 +343,12 @@ class FusedNovoGrad(_FusedBase):
                     continue
                 grad = param.grad.float()
                 weight = param.float()
-                norm = (
-                    grad.abs().max()
-                    if self.norm_type == 0
-                    else torch.linalg.vector_norm(grad)
-                )
+                norm = grad.abs().max() if self.norm_type == 0 else torch.linalg.vector_norm(grad)
                 norm_sq = norm * norm
                 state = self.state[param]
                 if not state:
                     state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
-                    state["exp_avg_sq"] = (
-                        torch.zeros((), dtype=torch.float32)
-                        if self.init_zero
-                        else norm_sq.clone()
-                    )
+                    state["exp_avg_sq"] = torch.zeros((), dtype=torch.float32) if self.init_zero else norm_sq.clone()
                 else:
                     state["exp_avg_sq"].mul_(beta2).add_(norm_sq, alpha=1 - beta2)
                 denom = state["exp_avg_sq"].sqrt() / bc2 + group["eps"]
@@ -390,9 +367,7 @@ class FusedNovoGrad(_FusedBase):
 class FusedMixedPrecisionLamb(FusedLAMB):
     """LAMB that keeps its moments in fp32 for low-precision params (as FusedLAMB here does)."""
 
-    def __init__(
-        self, params: Iterable[Any], lr: float = 1e-3, step: int = 0, **kwargs: Any
-    ) -> None:
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, step: int = 0, **kwargs: Any) -> None:
         kwargs.pop("reduced_precision_dtype", None)
         super().__init__(params, lr=lr, **kwargs)
         for group in self.param_groups:

@@ -41,20 +41,14 @@ class DistributedDataParallel(torch.nn.Module):
         if shared_param is not None:
             raise ValueError("shared_param is no longer supported by apex DDP")
         if not gradient_average or gradient_predivide_factor != 1.0:
-            raise NotImplementedError(
-                "the shim maps apex DDP to torch DDP, which always averages gradients"
-            )
+            raise NotImplementedError("the shim maps apex DDP to torch DDP, which always averages gradients")
         self.module = module
         self.delay_allreduce = delay_allreduce
         bytes_per_element = next((p.element_size() for p in module.parameters()), 4)
         bucket_cap_mb = max(1.0, message_size * bytes_per_element / 2**20)
         torch_ddp = None
         if _distributed():
-            device_ids = (
-                [torch.cuda.current_device()]
-                if next(module.parameters()).is_cuda
-                else None
-            )
+            device_ids = [torch.cuda.current_device()] if next(module.parameters()).is_cuda else None
             torch_ddp = torch.nn.parallel.DistributedDataParallel(
                 module,
                 device_ids=device_ids,
@@ -66,9 +60,7 @@ class DistributedDataParallel(torch.nn.Module):
 
     @property
     def _ddp(self) -> torch.nn.parallel.DistributedDataParallel | None:
-        ddp: torch.nn.parallel.DistributedDataParallel | None = self.__dict__[
-            "_torch_ddp"
-        ]
+        ddp: torch.nn.parallel.DistributedDataParallel | None = self.__dict__["_torch_ddp"]
         return ddp
 
     def enable_allreduce(self) -> None:
@@ -98,13 +90,9 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         channel_last: bool = False,
         fuse_relu: bool = False,
     ) -> None:
-        super().__init__(
-            num_features, eps, momentum, affine, track_running_stats, process_group
-        )
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, process_group)
         if channel_last:
-            raise NotImplementedError(
-                "channel_last SyncBatchNorm has no torch equivalent"
-            )
+            raise NotImplementedError("channel_last SyncBatchNorm has no torch equivalent")
         self.channel_last = channel_last
         self.fuse_relu = fuse_relu
 
@@ -112,9 +100,7 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
-    def forward(
-        self, input: torch.Tensor, z: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, input: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         if _distributed():
             out = super().forward(input)
         else:
@@ -128,11 +114,7 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
                 self.momentum if self.momentum is not None else 0.0,
                 self.eps,
             )
-            if (
-                self.training
-                and self.track_running_stats
-                and self.num_batches_tracked is not None
-            ):
+            if self.training and self.track_running_stats and self.num_batches_tracked is not None:
                 self.num_batches_tracked.add_(1)
         if z is not None:
             out = out + z
@@ -159,9 +141,7 @@ def convert_syncbn_model(
         converted.load_state_dict(module.state_dict())
         converted.to(next(iter(module.state_dict().values())).device)
     for name, child in module.named_children():
-        converted.add_module(
-            name, convert_syncbn_model(child, process_group, channel_last)
-        )
+        converted.add_module(name, convert_syncbn_model(child, process_group, channel_last))
     return converted
 
 
@@ -242,11 +222,7 @@ class LARC:
                     param_norm = torch.linalg.vector_norm(param.data)
                     grad_norm = torch.linalg.vector_norm(param.grad.data)
                     if param_norm != 0 and grad_norm != 0:
-                        adaptive = (
-                            self.trust_coefficient
-                            * param_norm
-                            / (grad_norm + param_norm * decay + self.eps)
-                        )
+                        adaptive = self.trust_coefficient * param_norm / (grad_norm + param_norm * decay + self.eps)
                         if self.clip:
                             adaptive = torch.clamp(adaptive / group["lr"], max=1)
                         param.grad.data += decay * param.data

@@ -101,9 +101,7 @@ class Properties:
                 )
         elif name == "patch_torch_functions":
             if opt_level != "O1" and value:
-                raise RuntimeError(
-                    "patch_torch_functions=True is only valid with opt_level O1"
-                )
+                raise RuntimeError("patch_torch_functions=True is only valid with opt_level O1")
         elif name == "keep_batchnorm_fp32":
             if opt_level == "O1" and value is not None:
                 raise RuntimeError(
@@ -115,15 +113,11 @@ class Properties:
             elif value == "True":
                 value = True
             elif value not in (True, False, None):
-                raise RuntimeError(
-                    f"keep_batchnorm_fp32 takes True, False, 'True', 'False' or None, "
-                    f"got {value!r}"
-                )
+                raise RuntimeError(f"keep_batchnorm_fp32 takes True, False, 'True', 'False' or None, " f"got {value!r}")
         elif name == "master_weights":
             if opt_level == "O1" and value is not None:
                 raise RuntimeError(
-                    "master_weights has no meaning with opt_level O1: the model weights are "
-                    "already FP32"
+                    "master_weights has no meaning with opt_level O1: the model weights are " "already FP32"
                 )
         elif name == "loss_scale":
             value = value if value == "dynamic" else float(value)
@@ -133,8 +127,7 @@ class Properties:
         """Set ``opt_level`` and its preset values (the overrides come afterwards)."""
         if opt_level not in OPT_LEVEL_PRESETS:
             raise RuntimeError(
-                f"unknown opt_level {opt_level!r}: expected 'O0', 'O1', 'O2' or 'O3' "
-                f"(the letter O, not zero)"
+                f"unknown opt_level {opt_level!r}: expected 'O0', 'O1', 'O2' or 'O3' " f"(the letter O, not zero)"
             )
         self.enabled = True
         self.opt_level = opt_level

@@ -48,9 +48,7 @@ class _PrecisionCounter(TorchDispatchMode):
         super().__init__()
         self.counts: Counter[str] = Counter()
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket in _MATMUL_OPS:
             first = out[0] if isinstance(out, (tuple, list)) else out
@@ -81,9 +79,7 @@ class Recorder:
         self.stream.write(json.dumps(record) + "\n")
         self.stream.flush()
 
-    def note_loss(
-        self, loss: Any, scale: float | None, dynamic: bool | None, source: str
-    ) -> None:
+    def note_loss(self, loss: Any, scale: float | None, dynamic: bool | None, source: str) -> None:
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self.pending_loss = (float(loss.detach().float()), scale, dynamic, source)
             self.scale_calls_since_step += 1
@@ -169,9 +165,7 @@ def _hook_native(recorder: Recorder) -> None:
     def scale(self: GradScaler, outputs: Any) -> Any:
         enabled = self.is_enabled()
         scale = self.get_scale() if enabled else None
-        recorder.note_loss(
-            outputs, scale, True if enabled else None, "GradScaler.scale"
-        )
+        recorder.note_loss(outputs, scale, True if enabled else None, "GradScaler.scale")
         return original_scale(self, outputs)
 
     def step(self: GradScaler, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -211,9 +205,7 @@ def _hook_shim(recorder: Recorder, force_fp32: bool) -> None:
 
     def listener(event: str, **data: Any) -> None:
         if event == "scale_loss":
-            recorder.note_loss(
-                data["loss"], data["scale"], data["dynamic"], "amp.scale_loss"
-            )
+            recorder.note_loss(data["loss"], data["scale"], data["dynamic"], "amp.scale_loss")
         elif event == "step_skipped":
             recorder.note_step(data["optimizer"], taken=False)
 
@@ -249,9 +241,7 @@ def _hook_shim(recorder: Recorder, force_fp32: bool) -> None:
         recorder.forced_o0 += 1
         result = original_initialize(models, optimizers, opt_level="O0", **kwargs)
         if optimizers is not None:
-            for optimizer in (
-                optimizers if isinstance(optimizers, list) else [optimizers]
-            ):
+            for optimizer in (optimizers if isinstance(optimizers, list) else [optimizers]):
                 replay_skips(optimizer)
         return result
 
@@ -276,9 +266,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--apex", action="store_true")
     parser.add_argument("--fp32", action="store_true")
-    parser.add_argument(
-        "--skip-steps", default="", help="comma-separated steps to skip (--fp32)"
-    )
+    parser.add_argument("--skip-steps", default="", help="comma-separated steps to skip (--fp32)")
     parser.add_argument("--cuda-on-cpu", choices=("auto", "yes", "no"), default="auto")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
@@ -299,9 +287,7 @@ def main(argv: list[str]) -> int:
     # The stream is flushed after every record: a run stopped by os._exit keeps them all.
     with open(options.out, "w", encoding="utf-8") as stream:
         recorder = Recorder(stream, options.steps)
-        recorder.skip_steps = frozenset(
-            int(n) for n in options.skip_steps.split(",") if n
-        )
+        recorder.skip_steps = frozenset(int(n) for n in options.skip_steps.split(",") if n)
         recorder.write(
             {
                 "kind": "meta",

@@ -65,9 +65,7 @@ class LossScaler:
             by_device.setdefault((tensor.device, tensor.dtype), []).append(tensor)
         for (device, _dtype), group in by_device.items():
             inv = torch.full((1,), factor, dtype=torch.float32, device=device)
-            torch._amp_foreach_non_finite_check_and_unscale_(
-                group, self._flag(device), inv
-            )
+            torch._amp_foreach_non_finite_check_and_unscale_(group, self._flag(device), inv)
 
     def unscale(
         self,
@@ -81,11 +79,7 @@ class LossScaler:
         """
         if not model_grads:
             return
-        if (
-            not self.dynamic
-            and scale == 1.0
-            and all(m is g for m, g in zip(model_grads, master_grads))
-        ):
+        if not self.dynamic and scale == 1.0 and all(m is g for m, g in zip(model_grads, master_grads)):
             return
         # 1/scale in Python double, applied as a float, as Apex does.
         factor = 1.0 / scale
@@ -106,9 +100,7 @@ class LossScaler:
         """``out = model / scale + stashed``; only the new ``model_grads`` are checked."""
         if not model_grads:
             return
-        scaled = [
-            model.to(out.dtype, copy=True) for model, out in zip(model_grads, out_grads)
-        ]
+        scaled = [model.to(out.dtype, copy=True) for model, out in zip(model_grads, out_grads)]
         self._check_and_scale(scaled, 1.0 / self._loss_scale)
         for out, new, stashed in zip(out_grads, scaled, stashed_grads):
             out.copy_(new + stashed.to(out.dtype))
@@ -116,16 +108,12 @@ class LossScaler:
     def update_scale(self) -> bool:
         """Apply the overflow/growth rule once; return True when the step must be skipped."""
         if self.dynamic:
-            self._has_overflow = any(
-                bool(flag.item()) for flag in self._overflow_flags.values()
-            )
+            self._has_overflow = any(bool(flag.item()) for flag in self._overflow_flags.values())
         if self._has_overflow and self.dynamic:
             should_skip = True
             halved = self._loss_scale / 2.0
             # Apex tests the floor for truthiness: 0 and None both mean "no floor".
-            self._loss_scale = (
-                max(self._min_loss_scale, halved) if self._min_loss_scale else halved
-            )
+            self._loss_scale = max(self._min_loss_scale, halved) if self._min_loss_scale else halved
             self._unskipped = 0
         else:
             should_skip = False

@@ -123,13 +123,8 @@ def apex_imports(source: str) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found += [
-                alias.name for alias in node.names if alias.name.split(".")[0] == "apex"
-            ]
-        elif (
-            isinstance(node, ast.ImportFrom)
-            and (node.module or "").split(".")[0] == "apex"
-        ):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] == "apex"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "apex":
             found.append(node.module or "")
     return found
 
@@ -176,9 +171,7 @@ class Runner:
             self._migrated[name] = path
         return self._migrated[name]
 
-    def _execute(
-        self, job: Job, script: Path, out: Path
-    ) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    def _execute(self, job: Job, script: Path, out: Path) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
         _, args, original = job
         mode = [] if original else ["--native"]
         command = [
@@ -194,9 +187,7 @@ class Runner:
         env = dict(
             os.environ,
             OMP_NUM_THREADS="1",
-            PYTHONPATH=os.pathsep.join(
-                filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
-            ),
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         )
         done = subprocess.run(
             command,
@@ -215,9 +206,7 @@ class Runner:
         for job in dict.fromkeys(jobs):
             if job not in self._done:
                 name, _, original = job
-                script = (
-                    E2E_FIXTURES / f"{name}.in.py" if original else self.migrated(name)
-                )
+                script = E2E_FIXTURES / f"{name}.in.py" if original else self.migrated(name)
                 todo.append(
                     (
                         job,
@@ -226,14 +215,10 @@ class Runner:
                     )
                 )
         with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
-            for (job, _, _), result in zip(
-                todo, pool.map(lambda item: self._execute(*item), todo)
-            ):
+            for (job, _, _), result in zip(todo, pool.map(lambda item: self._execute(*item), todo)):
                 self._done[job] = result
 
-    def run(
-        self, name: str, args: tuple[str, ...], *, original: bool = False
-    ) -> dict[str, Any]:
+    def run(self, name: str, args: tuple[str, ...], *, original: bool = False) -> dict[str, Any]:
         """Metrics of the migrated (or, with ``original``, the Apex) script run with ``args``."""
         job = (name, args, original)
         self.prefetch([job])
@@ -283,9 +268,7 @@ def scaler_scale(state: dict[str, Any] | None) -> float | None:
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_migrated_script_no_longer_imports_apex(case: Case, runner: Runner) -> None:
     source = runner.migrated(case.name).read_text(encoding="utf-8")
-    assert apex_imports(source) == [], (
-        f"{case.name}: the migrated script still imports apex"
-    )
+    assert apex_imports(source) == [], f"{case.name}: the migrated script still imports apex"
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -294,24 +277,18 @@ def test_trains_like_fp32(case: Case, runner: Runner) -> None:
     fp32 = runner.run(case.name, case.fp32_args)
     for key in case.loss_keys:
         assert len(mixed[key]) == len(fp32[key]) > 5
-        assert all(math.isfinite(value) for value in mixed[key]), (
-            f"{key}: non-finite loss {mixed[key]}"
-        )
+        assert all(math.isfinite(value) for value in mixed[key]), f"{key}: non-finite loss {mixed[key]}"
         if case.converges:
-            assert mean(mixed[key][-5:]) < 0.5 * mean(mixed[key][:5]), (
-                f"{key} did not go down: {mixed[key]}"
-            )
+            assert mean(mixed[key][-5:]) < 0.5 * mean(mixed[key][:5]), f"{key} did not go down: {mixed[key]}"
         final_mixed, final_fp32 = mean(mixed[key][-5:]), mean(fp32[key][-5:])
         allowed = FINAL_LOSS_ABS_TOL + FINAL_LOSS_REL_TOL * abs(final_fp32)
-        assert abs(final_mixed - final_fp32) <= allowed, (
-            f"{key}: mixed precision ends at {final_mixed:.4f}, fp32 at {final_fp32:.4f} (allowed {allowed:.4f})"
-        )
+        assert (
+            abs(final_mixed - final_fp32) <= allowed
+        ), f"{key}: mixed precision ends at {final_mixed:.4f}, fp32 at {final_fp32:.4f} (allowed {allowed:.4f})"
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_fp32_switch_reproduces_the_original_fp32_run(
-    case: Case, runner: Runner
-) -> None:
+def test_fp32_switch_reproduces_the_original_fp32_run(case: Case, runner: Runner) -> None:
     migrated = runner.run(case.name, case.fp32_args)
     original = runner.run(case.name, case.fp32_args, original=True)
     for key in case.loss_keys:
@@ -321,9 +298,7 @@ def test_fp32_switch_reproduces_the_original_fp32_run(
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_trains_like_the_original_in_mixed_precision(
-    case: Case, runner: Runner
-) -> None:
+def test_trains_like_the_original_in_mixed_precision(case: Case, runner: Runner) -> None:
     migrated = runner.run(case.name, case.mixed_args)
     original = runner.run(case.name, case.mixed_args, original=True)
     # The original ran under the shim's Apex emulation, not in fp32.
@@ -344,12 +319,8 @@ def test_trains_like_the_original_in_mixed_precision(
 def test_runs_in_half_precision_and_o0_in_fp32(case: Case, runner: Runner) -> None:
     mixed = runner.run(case.name, case.mixed_args)
     fp32 = runner.run(case.name, case.fp32_args)
-    assert set(mixed["output_dtype"]) == {"torch.float16"}, (
-        "the forward pass did not run under fp16 autocast"
-    )
-    assert set(fp32["output_dtype"]) == {"torch.float32"}, (
-        "the fp32 switch no longer gives an fp32 forward pass"
-    )
+    assert set(mixed["output_dtype"]) == {"torch.float16"}, "the forward pass did not run under fp16 autocast"
+    assert set(fp32["output_dtype"]) == {"torch.float32"}, "the fp32 switch no longer gives an fp32 forward pass"
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -357,16 +328,12 @@ def test_dynamic_scaler_updates_once_per_iteration(case: Case, runner: Runner) -
     state = runner.run(case.name, case.mixed_args)["amp_state"]
     scale = scaler_scale(state)
     assert scale is not None, "loss scaling is off in the mixed-precision run"
-    assert scale >= 1.0 and math.log2(scale).is_integer(), (
-        f"not a dynamic scale: {scale}"
-    )
+    assert scale >= 1.0 and math.log2(scale).is_integer(), f"not a dynamic scale: {scale}"
     tracker = state["_growth_tracker"]
     # Without an overflow the scale stays at its initial 2**16 and the tracker counts updates:
     # exactly one per optimizer step (not per micro-batch, not per loss).
     if scale == DEFAULT_INIT_SCALE:
-        assert tracker == case.optimizer_steps, (
-            f"{tracker} scaler updates for {case.optimizer_steps} steps"
-        )
+        assert tracker == case.optimizer_steps, f"{tracker} scaler updates for {case.optimizer_steps} steps"
     else:
         assert tracker < case.optimizer_steps
 
@@ -376,21 +343,17 @@ def test_fp32_switch_turns_scaling_off(case: Case, runner: Runner) -> None:
     assert scaler_scale(runner.run(case.name, case.fp32_args).get("amp_state")) is None
 
 
-@pytest.mark.parametrize(
-    "case", [case for case in CASES if case.clips], ids=lambda case: case.name
-)
+@pytest.mark.parametrize("case", [case for case in CASES if case.clips], ids=lambda case: case.name)
 def test_unscales_before_clipping(case: Case, runner: Runner) -> None:
     mixed = runner.run(case.name, case.mixed_args)["grad_norm"]
     fp32 = runner.run(case.name, case.fp32_args)["grad_norm"]
     assert len(mixed) == len(fp32) == case.optimizer_steps
-    assert mixed[0] == pytest.approx(fp32[0], rel=FIRST_GRAD_NORM_REL_TOL), (
-        f"first clipped norm {mixed[0]:.4g} vs fp32 {fp32[0]:.4g}: gradients were clipped while still scaled"
-    )
+    assert mixed[0] == pytest.approx(
+        fp32[0], rel=FIRST_GRAD_NORM_REL_TOL
+    ), f"first clipped norm {mixed[0]:.4g} vs fp32 {fp32[0]:.4g}: gradients were clipped while still scaled"
     low, high = GRAD_NORM_RATIO_BOUNDS
     ratios = [m / f for m, f in zip(mixed, fp32)]
-    assert all(low <= ratio <= high for ratio in ratios), (
-        f"clipped-norm ratios to fp32: {ratios}"
-    )
+    assert all(low <= ratio <= high for ratio in ratios), f"clipped-norm ratios to fp32: {ratios}"
 
 
 def test_checkpoint_resume_restores_scaler_state(runner: Runner) -> None:
@@ -407,9 +370,7 @@ def test_checkpoint_resume_restores_scaler_state(runner: Runner) -> None:
     assert second["restored_amp_state"] == saved
     assert set(first["output_dtype"] + second["output_dtype"]) == {"torch.float16"}
     # The data depends only on the step, so the resumed leg repeats the uninterrupted run.
-    assert second["loss"] == pytest.approx(
-        straight["loss"][FIRST_LEG_STEPS:], rel=1e-3, abs=1e-5
-    )
+    assert second["loss"] == pytest.approx(straight["loss"][FIRST_LEG_STEPS:], rel=1e-3, abs=1e-5)
 
 
 def test_resume_from_checkpoints_written_by_apex(runner: Runner) -> None:
@@ -420,9 +381,7 @@ def test_resume_from_checkpoints_written_by_apex(runner: Runner) -> None:
     runner.run(name, args, original=True)
     apex_ckpt = runner.workdir / "written-by-apex.pt"
     checkpoint = torch.load(apex_ckpt, map_location="cpu")
-    assert checkpoint["amp"] == {
-        "loss_scaler0": {"loss_scale": DEFAULT_INIT_SCALE, "unskipped": APEX_LEG_STEPS}
-    }
+    assert checkpoint["amp"] == {"loss_scaler0": {"loss_scale": DEFAULT_INIT_SCALE, "unskipped": APEX_LEG_STEPS}}
     resumed = runner.run(CHECKPOINT, ("--steps", "2", "--resume", str(apex_ckpt)))
     assert scaler_scale(resumed["restored_amp_state"]) == DEFAULT_INIT_SCALE
     assert resumed["restored_amp_state"]["_growth_tracker"] == APEX_LEG_STEPS
@@ -432,8 +391,6 @@ def test_resume_from_checkpoints_written_by_apex(runner: Runner) -> None:
     checkpoint["amp"] = {"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 7}}
     backed_off = runner.workdir / "written-by-apex-backed-off.pt"
     torch.save(checkpoint, backed_off)
-    restored = runner.run(CHECKPOINT, ("--steps", "2", "--resume", str(backed_off)))[
-        "restored_amp_state"
-    ]
+    restored = runner.run(CHECKPOINT, ("--steps", "2", "--resume", str(backed_off)))["restored_amp_state"]
     assert scaler_scale(restored) == 1024.0
     assert restored["_growth_tracker"] == 7

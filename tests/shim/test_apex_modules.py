@@ -134,9 +134,7 @@ def test_fused_adam_default_is_adamw_and_l2_mode_is_adam() -> None:
     fused = quadratic_steps(lambda p: optimizers.FusedAdam(p, lr=0.1, weight_decay=0.3))
     adamw = quadratic_steps(lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.3))
     adam = quadratic_steps(lambda p: torch.optim.Adam(p, lr=0.1, weight_decay=0.3))
-    l2 = quadratic_steps(
-        lambda p: optimizers.FusedAdam(p, lr=0.1, weight_decay=0.3, adam_w_mode=False)
-    )
+    l2 = quadratic_steps(lambda p: optimizers.FusedAdam(p, lr=0.1, weight_decay=0.3, adam_w_mode=False))
     torch.testing.assert_close(fused, adamw)
     torch.testing.assert_close(l2, adam)
     assert not torch.allclose(fused, adam, atol=1e-3)
@@ -144,22 +142,12 @@ def test_fused_adam_default_is_adamw_and_l2_mode_is_adam() -> None:
 
 def test_fused_sgd_and_adagrad_match_torch() -> None:
     torch.testing.assert_close(
-        quadratic_steps(
-            lambda p: optimizers.FusedSGD(
-                p, lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=True
-            )
-        ),
-        quadratic_steps(
-            lambda p: torch.optim.SGD(
-                p, lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=True
-            )
-        ),
+        quadratic_steps(lambda p: optimizers.FusedSGD(p, lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=True)),
+        quadratic_steps(lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=True)),
     )
     torch.testing.assert_close(
         quadratic_steps(lambda p: optimizers.FusedAdagrad(p, lr=0.1, weight_decay=0.1)),
-        quadratic_steps(
-            lambda p: torch.optim.Adagrad(p, lr=0.1, weight_decay=0.1, eps=1e-10)
-        ),
+        quadratic_steps(lambda p: torch.optim.Adagrad(p, lr=0.1, weight_decay=0.1, eps=1e-10)),
     )
 
 
@@ -172,14 +160,9 @@ def test_fused_adam_rejects_amsgrad_and_zero_grad_takes_no_arguments() -> None:
 
 
 def test_fp16_optimizer_skips_on_overflow_and_keeps_fp32_masters() -> None:
-    model = fp16_utils.network_to_half(
-        torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
-    )
+    model = fp16_utils.network_to_half(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)))
     assert next(iter(model.state_dict())).startswith("1.")
-    assert (
-        model[1][1].weight.dtype is torch.float32
-        and model[1][0].weight.dtype is torch.float16
-    )
+    assert model[1][1].weight.dtype is torch.float32 and model[1][0].weight.dtype is torch.float16
     optimizer = fp16_utils.FP16_Optimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
         dynamic_loss_scale=True,
@@ -197,11 +180,7 @@ def test_fp16_optimizer_skips_on_overflow_and_keeps_fp32_masters() -> None:
     optimizer.backward(model(torch.randn(4, 3)).float().pow(2).sum())
     optimizer.step()
     assert not optimizer.overflow and not torch.equal(before, model[1][0].weight)
-    assert all(
-        p.dtype is torch.float32
-        for group in optimizer.param_groups
-        for p in group["params"]
-    )
+    assert all(p.dtype is torch.float32 for group in optimizer.param_groups for p in group["params"])
 
 
 def test_fused_layer_norm_follows_autocast_dtype_and_rms_norm_eps() -> None:
@@ -217,9 +196,7 @@ def test_fused_layer_norm_follows_autocast_dtype_and_rms_norm_eps() -> None:
 
 
 def test_parallel_wrappers_without_a_process_group() -> None:
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.InstanceNorm2d(4)
-    )
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.InstanceNorm2d(4))
     model[1].running_mean.fill_(0.5)
     converted = parallel.convert_syncbn_model(model)
     assert isinstance(converted[1], parallel.SyncBatchNorm)

@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available(), reason="cuda_on_cpu is for machines without CUDA"
-)
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="cuda_on_cpu is for machines without CUDA")
 
 CUDA_TRAINING_SCRIPT = textwrap.dedent("""
     import json, sys
@@ -76,9 +74,7 @@ CUDA_TRAINING_SCRIPT = textwrap.dedent("""
     """)
 
 
-def run_shim(
-    script: Path, *args: str, native: bool = True
-) -> subprocess.CompletedProcess[str]:
+def run_shim(script: Path, *args: str, native: bool = True) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable,
         "-m",
@@ -86,9 +82,7 @@ def run_shim(
         *(["--native"] if native else []),
         str(script),
     ]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=120, check=False
-    )
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +139,7 @@ def test_cuda_grad_scalers_are_enabled_on_cpu(
 
 def test_script_exit_status_and_traceback_come_through(tmp_path: Path) -> None:
     failing = tmp_path / "fails.py"
-    failing.write_text(
-        "import sys\nprint('before')\nraise ValueError('boom in script')\n"
-    )
+    failing.write_text("import sys\nprint('before')\nraise ValueError('boom in script')\n")
     completed = run_shim(failing)
     assert completed.returncode == 1
     assert "ValueError: boom in script" in completed.stderr

@@ -21,15 +21,10 @@ def net() -> torch.nn.Module:
 
 def batches(count: int = 5) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(1)
-    return [
-        (torch.randn(8, 6, generator=generator), torch.randn(8, 2, generator=generator))
-        for _ in range(count)
-    ]
+    return [(torch.randn(8, 6, generator=generator), torch.randn(8, 2, generator=generator)) for _ in range(count)]
 
 
-def train(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, use_amp: bool
-) -> list[float]:
+def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, use_amp: bool) -> list[float]:
     losses = []
     for x, y in batches():
         optimizer.zero_grad()
@@ -65,21 +60,11 @@ def test_o0_reproduces_fp32_training_bit_for_bit() -> None:
 
 def test_o2_fp16_model_fp32_batchnorm_and_fp32_masters() -> None:
     model = net()
-    model, optimizer = amp.initialize(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O2", verbosity=0
-    )
-    assert (
-        model[0].weight.dtype is torch.float16
-        and model[3].weight.dtype is torch.float16
-    )
-    assert (
-        model[1].weight.dtype is torch.float32
-        and model[1].running_mean.dtype is torch.float32
-    )
+    model, optimizer = amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O2", verbosity=0)
+    assert model[0].weight.dtype is torch.float16 and model[3].weight.dtype is torch.float16
+    assert model[1].weight.dtype is torch.float32 and model[1].running_mean.dtype is torch.float32
     x, y = batches(1)[0]
-    out = model(
-        x.double()
-    )  # any floating input is cast to fp16, the output back to fp32
+    out = model(x.double())  # any floating input is cast to fp16, the output back to fp32
     assert out.dtype is torch.float32
     with amp.scale_loss(F.mse_loss(out, y), optimizer) as scaled:
         scaled.backward()
@@ -95,9 +80,7 @@ def test_o2_fp16_model_fp32_batchnorm_and_fp32_masters() -> None:
 
 def test_o2_zero_grad_takes_no_arguments_and_skip_drops_master_grads() -> None:
     model = net()
-    model, optimizer = amp.initialize(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O2", verbosity=0
-    )
+    model, optimizer = amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O2", verbosity=0)
     with pytest.raises(TypeError):
         optimizer.zero_grad(set_to_none=True)
     x, y = batches(1)[0]
@@ -111,18 +94,14 @@ def test_o2_zero_grad_takes_no_arguments_and_skip_drops_master_grads() -> None:
 
 def test_o3_is_pure_fp16() -> None:
     model = net()
-    model, _ = amp.initialize(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O3", verbosity=0
-    )
+    model, _ = amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O3", verbosity=0)
     assert {p.dtype for p in model.parameters()} == {torch.float16}
     assert model[1].running_var.dtype is torch.float16
 
 
 def o1_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = net()
-    return amp.initialize(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O1", verbosity=0
-    )
+    return amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O1", verbosity=0)
 
 
 def test_o1_casts_by_apex_lists() -> None:
@@ -134,12 +113,8 @@ def test_o1_casts_by_apex_lists() -> None:
     assert F.softmax(hidden, dim=1).dtype is torch.float32  # FP32 list
     assert torch.exp(hidden).dtype is torch.float32
     assert (hidden + x[:, :1].expand(4, 16)).dtype is torch.float32  # promote on a mix
-    assert (
-        torch.cat([hidden, torch.zeros(4, 16)]).dtype is torch.float32
-    )  # sequence promote
-    assert (
-        F.relu(hidden).dtype is torch.float16
-    )  # on no list: runs in its input's dtype
+    assert torch.cat([hidden, torch.zeros(4, 16)]).dtype is torch.float32  # sequence promote
+    assert F.relu(hidden).dtype is torch.float16  # on no list: runs in its input's dtype
     assert torch.mm(x, x.t()).dtype is torch.float16
     assert (x.double() @ x.t().double()).dtype is torch.float16  # Apex casts fp64 too
 
@@ -191,9 +166,7 @@ def test_registration_and_decorators() -> None:
     def decorated(value: torch.Tensor) -> torch.Tensor:
         return value
 
-    assert (
-        decorated(torch.ones(2)).dtype is torch.float32
-    )  # no O1 handle yet: unchanged
+    assert decorated(torch.ones(2)).dtype is torch.float32  # no O1 handle yet: unchanged
     o1_model()
     assert torch.relu(torch.ones(2, dtype=torch.float16)).dtype is torch.float32
     assert Ops.gelu(torch.ones(2)).dtype is torch.float16
@@ -215,7 +188,4 @@ def test_o1_runs_rnns_in_fp16_and_grads_reach_fp32_weights() -> None:
     assert cell(torch.randn(2, 4)).dtype is torch.float16
     out.float().sum().backward()
     assert lstm.weight_ih_l0.dtype is torch.float32
-    assert (
-        lstm.weight_ih_l0.grad is not None
-        and lstm.weight_ih_l0.grad.dtype is torch.float32
-    )
+    assert lstm.weight_ih_l0.grad is not None and lstm.weight_ih_l0.grad.dtype is torch.float32

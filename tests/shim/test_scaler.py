@@ -53,9 +53,7 @@ def test_schedule_follows_apex_rule_under_injected_overflows(
     overflows: list[bool], floor: float | None, cap: float
 ) -> None:
     window = 3
-    scaler = LossScaler(
-        "dynamic", scale_window=window, min_loss_scale=floor, max_loss_scale=cap
-    )
+    scaler = LossScaler("dynamic", scale_window=window, min_loss_scale=floor, max_loss_scale=cap)
     expected = reference_schedule(overflows, window, min(cap, 2.0**16), floor, cap)
     observed = []
     for overflow in overflows:
@@ -89,15 +87,11 @@ def test_unscale_with_stashed_checks_only_new_grads() -> None:
     assert torch.isinf(out[0]).all()
 
 
-def make_training(
-    level: str, max_loss_scale: float = 2.0**24
-) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def make_training(level: str, max_loss_scale: float = 2.0**24) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return amp.initialize(
-        model, optimizer, opt_level=level, verbosity=0, max_loss_scale=max_loss_scale
-    )
+    return amp.initialize(model, optimizer, opt_level=level, verbosity=0, max_loss_scale=max_loss_scale)
 
 
 def test_scale_loss_skips_step_and_halves_on_overflow_then_steps() -> None:
@@ -112,9 +106,7 @@ def test_scale_loss_skips_step_and_halves_on_overflow_then_steps() -> None:
             assert scaled.dtype is torch.float32
             scaled.backward()
         optimizer.step()
-        history.append(
-            (amp.state_dict()["loss_scaler0"], torch.equal(before, model.weight))
-        )
+        history.append((amp.state_dict()["loss_scaler0"], torch.equal(before, model.weight)))
     assert history[0] == ({"loss_scale": 2.0**15, "unskipped": 0}, True)
     assert history[1] == ({"loss_scale": 2.0**15, "unskipped": 1}, False)
 
@@ -137,9 +129,7 @@ def test_scale_loss_yields_scaled_fp32_loss_and_unscales_grads_in_place() -> Non
 def test_delay_unscale_accumulates_scaled_then_unscales_once() -> None:
     model, optimizer = make_training("O1", max_loss_scale=2.0**10)
     x = torch.randn(8, 4)
-    with amp.scale_loss(
-        model(x).float().sum(), optimizer, delay_unscale=True
-    ) as scaled:
+    with amp.scale_loss(model(x).float().sum(), optimizer, delay_unscale=True) as scaled:
         scaled.backward()
     assert amp.state_dict()["loss_scaler0"]["unskipped"] == 0  # no update while delayed
     assert model.bias.grad.abs().item() == pytest.approx(8 * 2.0**10)
@@ -153,9 +143,7 @@ def test_one_scaler_per_loss_id() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = amp.initialize(
-        model, optimizer, opt_level="O1", num_losses=2, verbosity=0
-    )
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", num_losses=2, verbosity=0)
     loss = model(torch.randn(2, 4)).float().sum() * math.inf
     with amp.scale_loss(loss, optimizer, loss_id=1) as scaled:
         scaled.backward()
