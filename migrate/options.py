@@ -8,6 +8,23 @@ DEFAULT_SCALER_NAME = "scaler"
 
 
 @dataclass(frozen=True)
+class ModuleFacts:
+    """What the project around a module tells the engine about it (project mode).
+
+    ``amp_from``: names this module gets bound to apex.amp through project imports
+    (``from common import *`` where common imports amp), as (name, line of that import).
+    ``exported``: names other given modules import from this one (``"*"``: all of them),
+    so an Apex import here is not unused merely because this module does not use it.
+    ``frozen``: why this module's amp setup must stay as it was (its group of modules
+    cannot be migrated whole); None to migrate it.
+    """
+
+    amp_from: tuple[tuple[str, int], ...] = ()
+    exported: frozenset[str] = frozenset()
+    frozen: str | None = None
+
+
+@dataclass(frozen=True)
 class Options:
     """What the generated torch.amp code looks like.
 
@@ -21,6 +38,7 @@ class Options:
     dtype: str = "float16"
     scaler_name: str = DEFAULT_SCALER_NAME
     select: frozenset[str] | None = None
+    facts: ModuleFacts = ModuleFacts()
 
     def rule_enabled(self, rule: str) -> bool:
         return self.select is None or rule in self.select

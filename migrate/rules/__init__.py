@@ -10,10 +10,13 @@ imports nothing uses any more and to report what still uses Apex.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
 from migrate.findings import Finding
 from migrate.options import Options
+from migrate.rules import _setup as setup
 from migrate.rules import (
     amp_disable_casts,
     amp_import,
@@ -46,16 +49,43 @@ RULES = (
 RULE_NAMES = tuple(rule.RULE for rule in RULES)
 
 
-def run_rules(module: cst.Module, source: str, options: Options) -> tuple[cst.Module, list[Finding]]:
-    """Apply every enabled rule to ``module``; return the new module and the findings."""
+@dataclass(frozen=True)
+class RulesOutcome:
+    """The migrated module, the findings, and how the amp setup came out."""
+
+    module: cst.Module
+    findings: list[Finding]
+    amp_left: bool  # some use of Apex amp stays in the code
+    amp_migrated: bool  # some use of Apex amp was rewritten
+
+
+def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome:
+    """Apply every enabled rule to ``module``; the amp setup is migrated whole or not at all."""
+    frozen = options.facts.frozen
+    ctx = _plan(module, source, options, frozen=frozen is not None)
+    left = setup.leftovers(ctx)
+    if frozen is None and left and setup.migrated_any(ctx):
+        # half a setup would crash or train differently: keep all of it, say why
+        frozen = setup.why_left(ctx, left)
+        unresolved = [finding for finding in ctx.findings if not finding.fixed]
+        ctx = _plan(module, source, options, frozen=True)
+        ctx.findings.extend(finding for finding in unresolved if finding not in ctx.findings)
+        left = setup.leftovers(ctx)
+    if frozen is not None:
+        setup.report_frozen(ctx, frozen)
+    unseen = setup.report_unseen_amp(ctx)
+    findings = sorted(ctx.findings, key=lambda f: (f.line, f.column, f.code))
+    new_module = module if ctx.plan.empty else apply_plan(ctx)
+    return RulesOutcome(new_module, findings, bool(left) or unseen > 0, setup.migrated_any(ctx))
+
+
+def _plan(module: cst.Module, source: str, options: Options, frozen: bool) -> ModuleContext:
     ctx = ModuleContext(module, source, options)
+    setup.bind_project_amp(ctx, options.facts.amp_from)
     ctx.amp = AmpModel(ctx)  # type: ignore[attr-defined]
     for rule in RULES:
-        if options.rule_enabled(rule.RULE):
+        if options.rule_enabled(rule.RULE) and not (frozen and rule.RULE in setup.AMP_SETUP_RULES):
             rule.plan(ctx)
     if ctx.plan.needs_torch_import and ctx.imports[ctx.module].get("torch"):
         ctx.plan.needs_torch_import = False
-    findings = sorted(ctx.findings, key=lambda f: (f.line, f.column, f.code))
-    if ctx.plan.empty:
-        return module, findings
-    return apply_plan(ctx), findings
+    return ctx

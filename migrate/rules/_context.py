@@ -670,6 +670,11 @@ class ModuleContext:
             return ".".join([binding.target, *rest]), node
         return None
 
+    def bind(self, name: str, binding: Binding) -> None:
+        """Bind ``name`` at module level as an import we track (project imports of amp)."""
+        self.imports[self.module][name].append(binding)
+        self._tracked.add(name)
+
     def all_names(self) -> set[str]:
         """Every identifier in the file (names and attribute names), for clash checks."""
         if self._all_names is None:

@@ -138,12 +138,15 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
 
 def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
     removable: dict[cst.Import | cst.ImportFrom, set[cst.ImportAlias]] = {}
-    for scope_imports in ctx.imports.values():
-        for bindings in scope_imports.values():
+    exported = ctx.options.facts.exported
+    for scope, scope_imports in ctx.imports.items():
+        for bound, bindings in scope_imports.items():
             for binding in bindings:
                 if binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
                     continue
                 uses = references.get(binding.alias, [])
+                if scope is ctx.module and (bound in exported or "*" in exported):
+                    continue  # other modules of the project import it from here
                 if any(name not in ctx.consumed and not _is_fallback(ctx, name) for name in uses):
                     continue  # still used: keep it so that code keeps running with Apex
                 if binding.kind in ("apex", "other_apex") and not any(name in ctx.consumed for name in uses):

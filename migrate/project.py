@@ -1,0 +1,260 @@
+"""Project mode: which of the given modules share one Apex amp setup.
+
+Real training code spans modules: ``main.py`` calls ``amp.initialize`` and ``trainer.py``
+runs the loop with ``amp.scale_loss``; ``common.py`` imports amp and ``train.py`` gets it
+through ``from common import *``. Migrating such modules one by one leaves a project that
+crashes or trains differently. So the runner first indexes the modules that may use Apex
+(cheaply, with ``ast``), links those that import each other inside the project, and then
+treats each linked group as one setup: migrated completely, or left exactly as it was.
+
+This module only reads source text; it never imports libcst or torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from migrate.options import ModuleFacts
+
+# amp functions whose call on a name that no import binds means "the amp module came
+# from somewhere we cannot see"; state_dict/load_state_dict are too common a name for
+# that unless the name itself says amp.
+_AMP_ONLY_APIS = frozenset({"initialize", "scale_loss", "master_params", "disable_casts"})
+_AMP_STATE_APIS = frozenset({"state_dict", "load_state_dict"})
+
+
+@dataclass(frozen=True)
+class ImportEdge:
+    """One import of a project module: ``from <module> import <names>`` or ``import <module>``."""
+
+    module: str  # absolute dotted name, relative imports already resolved
+    names: tuple[str, ...]  # imported names; ("*",) for a star import; () for `import module`
+    line: int
+
+
+@dataclass(frozen=True)
+class AmpUse:
+    """``NAME.api(...)`` where the module itself binds ``NAME`` to nothing we can see."""
+
+    name: str
+    api: str
+    line: int
+    column: int
+
+
+@dataclass
+class ModuleSummary:
+    """What one module says about Apex amp and about the project modules it imports."""
+
+    path: str
+    imports: list[ImportEdge] = field(default_factory=list)
+    amp_names: set[str] = field(default_factory=set)  # module-level names bound to apex.amp
+    uses_amp: bool = False  # imports apex.amp anywhere, or calls an amp function
+    unbound_uses: list[AmpUse] = field(default_factory=list)
+    parameter_uses: list[AmpUse] = field(default_factory=list)  # amp received as a parameter
+
+
+def summarize(path: str, source: str) -> ModuleSummary | None:
+    """Index one module; None when it does not parse (the engine reports that)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    summary = ModuleSummary(path)
+    package = _package_of(path)
+    bound: set[str] = set()
+    parameters: set[str] = set()
+    calls: list[tuple[str, str, ast.Call]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound.add(alias.asname or alias.name.split(".")[0])
+                if alias.name == "apex.amp" or (alias.name == "apex" and alias.asname is None):
+                    summary.uses_amp = summary.uses_amp or alias.name == "apex.amp"
+                    if alias.asname and _at_module_level(tree, node):
+                        summary.amp_names.add(alias.asname)
+                summary.imports.append(ImportEdge(alias.name, (), node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(node.module, node.level, package)
+            names = tuple(alias.name for alias in node.names)
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+            if module == "apex" and "amp" in names or module == "apex.amp":
+                summary.uses_amp = True
+                if module == "apex" and _at_module_level(tree, node):
+                    summary.amp_names.update(a.asname or a.name for a in node.names if a.name == "amp")
+            if module is not None:
+                summary.imports.append(ImportEdge(module, names, node.lineno))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            parameters.add(node.arg)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            base = node.func.value
+            if isinstance(base, ast.Name):
+                calls.append((base.id, node.func.attr, node))
+    for name, api, call in calls:
+        if not (api in _AMP_ONLY_APIS or (api in _AMP_STATE_APIS and "amp" in name.lower())):
+            continue
+        use = AmpUse(name, api, call.lineno, call.col_offset + 1)
+        if name in summary.amp_names:
+            continue
+        if name in parameters and name not in bound:
+            summary.parameter_uses.append(use)
+        elif name not in bound:
+            summary.unbound_uses.append(use)
+    summary.uses_amp = summary.uses_amp or bool(summary.unbound_uses or summary.parameter_uses)
+    return summary
+
+
+def _at_module_level(tree: ast.Module, node: ast.stmt) -> bool:
+    """The import runs at module level (possibly inside a try/if), so others can import the name."""
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        statement = pending.pop()
+        if statement is node:
+            return True
+        if isinstance(statement, (ast.Try, ast.If)):
+            pending.extend(statement.body)
+            pending.extend(statement.orelse)
+            if isinstance(statement, ast.Try):
+                pending.extend(statement.finalbody)
+                for handler in statement.handlers:
+                    pending.extend(handler.body)
+    return False
+
+
+def _package_of(path: str) -> list[str]:
+    """The folders of ``path`` as package parts, innermost last (relative imports climb them)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return [part for part in folder.split(os.sep) if part]
+
+
+def _absolute(module: str | None, level: int, package: list[str]) -> str | None:
+    """``from ..x import y`` inside ``a/b/c.py`` names ``a.x``: return that dotted path."""
+    if level == 0:
+        return module
+    if level > len(package):
+        return None
+    parts = package[: len(package) - (level - 1)]
+    return ".".join([*parts, *([module] if module else [])])
+
+
+class ProjectIndex:
+    """The given modules, found by the dotted names they can be imported under."""
+
+    def __init__(self, summaries: Iterable[ModuleSummary]) -> None:
+        self.modules: dict[str, ModuleSummary] = {}
+        self._by_name: dict[str, list[str]] = {}
+        for summary in summaries:
+            self.modules[summary.path] = summary
+            for name in _import_names(summary.path):
+                self._by_name.setdefault(name, []).append(summary.path)
+
+    def resolve(self, importer: str, module: str) -> str | None:
+        """The given module that ``importer`` gets for ``import <module>``, if it is one of ours.
+
+        Absolute paths count as dotted names too (relative imports were resolved against the
+        folders), so a name matches a file whose path ends with it; among several, the one
+        nearest to the importer wins, as a script run from its folder would see it.
+        """
+        candidates = self._by_name.get(module, [])
+        if not candidates:
+            return None
+        folder = os.path.dirname(os.path.abspath(importer))
+        return min(candidates, key=lambda path: (_distance(folder, path), path))
+
+    def imported(self, summary: ModuleSummary) -> list[tuple[ImportEdge, str]]:
+        """The project modules ``summary`` imports, each with the edge that imports it."""
+        found = []
+        for edge in summary.imports:
+            target = self.resolve(summary.path, edge.module)
+            if target is None and edge.names and edge.names != ("*",):
+                # `from package import module`
+                for name in edge.names:
+                    target = self.resolve(summary.path, f"{edge.module}.{name}")
+                    if target is not None:
+                        found.append((ImportEdge(f"{edge.module}.{name}", (), edge.line), target))
+                continue
+            if target is not None and target != summary.path:
+                found.append((edge, target))
+        return found
+
+
+def _import_names(path: str) -> list[str]:
+    """Every dotted name a file may be imported under: each suffix of its path."""
+    parts = [part for part in os.path.abspath(path).split(os.sep) if part]
+    stem = parts[-1]
+    if stem.endswith(".py"):
+        parts[-1] = stem[:-3]
+    elif stem.endswith(".ipynb"):
+        return []
+    if parts[-1] == "__init__":
+        parts.pop()
+    return [".".join(parts[index:]) for index in range(len(parts))]
+
+
+def _distance(folder: str, path: str) -> int:
+    """Folders to climb up and go down from ``folder`` to reach ``path``."""
+    return len(os.path.relpath(os.path.dirname(os.path.abspath(path)), folder).split(os.sep))
+
+
+@dataclass
+class Group:
+    """Modules linked by imports that all take part in Apex amp."""
+
+    paths: list[str]
+
+
+def amp_groups(index: ProjectIndex) -> list[Group]:
+    """Group the amp modules linked by project imports (in either direction)."""
+    parent: dict[str, str] = {path: path for path, summary in index.modules.items() if summary.uses_amp}
+
+    def find(path: str) -> str:
+        while parent[path] != path:
+            parent[path] = parent[parent[path]]
+            path = parent[path]
+        return path
+
+    for path in list(parent):
+        for _edge, target in index.imported(index.modules[path]):
+            if target in parent:
+                parent[find(path)] = find(target)
+    groups: dict[str, list[str]] = {}
+    for path in parent:
+        groups.setdefault(find(path), []).append(path)
+    return [Group(sorted(paths)) for paths in groups.values()]
+
+
+def module_facts(index: ProjectIndex) -> dict[str, ModuleFacts]:
+    """Facts for every indexed module that has any (the rest get the defaults)."""
+    exported: dict[str, set[str]] = {}
+    amp_from: dict[str, list[tuple[str, int]]] = {}
+    for path, summary in index.modules.items():
+        for edge, target in index.imported(summary):
+            if not edge.names:
+                continue
+            exported.setdefault(target, set()).update(edge.names)
+            source = index.modules[target]
+            names = source.amp_names if edge.names == ("*",) else source.amp_names & set(edge.names)
+            for name in sorted(names):
+                amp_from.setdefault(path, []).append((name, edge.line))
+    facts = {}
+    for path in index.modules:
+        if path in exported or path in amp_from:
+            facts[path] = ModuleFacts(
+                amp_from=tuple(amp_from.get(path, ())),
+                exported=frozenset(exported.get(path, ())),
+            )
+    return facts
+
+
+def build_index(sources: Mapping[str, str]) -> ProjectIndex:
+    """Index the given modules (path -> source text); those that do not parse are left out."""
+    summaries = (summarize(path, text) for path, text in sources.items() if not path.endswith(".ipynb"))
+    return ProjectIndex(summary for summary in summaries if summary is not None)
