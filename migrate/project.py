@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from migrate.options import ModuleFacts
 
@@ -50,6 +50,7 @@ class ModuleSummary:
     """What one module says about Apex amp and about the project modules it imports."""
 
     path: str
+    given: bool = True  # False: read only to follow imports (not among the paths to migrate)
     imports: list[ImportEdge] = field(default_factory=list)
     amp_names: set[str] = field(default_factory=set)  # module-level names bound to apex.amp
     uses_amp: bool = False  # imports apex.amp anywhere, or calls an amp function
@@ -185,6 +186,22 @@ class ProjectIndex:
                 found.append((edge, target))
         return found
 
+    def reached_amp_modules(self, path: str) -> list[str]:
+        """The amp modules ``path`` imports, directly or through modules without amp."""
+        reached: list[str] = []
+        seen = {path}
+        pending = [path]
+        while pending:
+            for _edge, target in self.imported(self.modules[pending.pop()]):
+                if target in seen:
+                    continue
+                seen.add(target)
+                if self.modules[target].uses_amp:
+                    reached.append(target)
+                else:
+                    pending.append(target)
+        return reached
+
 
 def _import_names(path: str) -> list[str]:
     """Every dotted name a file may be imported under: each suffix of its path."""
@@ -212,8 +229,15 @@ class Group:
 
 
 def amp_groups(index: ProjectIndex) -> list[Group]:
-    """Group the amp modules linked by project imports (in either direction)."""
-    parent: dict[str, str] = {path: path for path, summary in index.modules.items() if summary.uses_amp}
+    """Group the given amp modules that import one another.
+
+    An import counts when it reaches the other amp module directly or through modules that
+    do not use amp themselves (``from engine import fit`` where ``engine/__init__.py``
+    re-exports ``fit`` from ``engine/loop.py``); two modules that merely share a helper
+    module stay apart.
+    """
+    amp_modules = [path for path, summary in index.modules.items() if summary.uses_amp and summary.given]
+    parent: dict[str, str] = {path: path for path in amp_modules}
 
     def find(path: str) -> str:
         while parent[path] != path:
@@ -221,12 +245,12 @@ def amp_groups(index: ProjectIndex) -> list[Group]:
             path = parent[path]
         return path
 
-    for path in list(parent):
-        for _edge, target in index.imported(index.modules[path]):
+    for path in amp_modules:
+        for target in index.reached_amp_modules(path):
             if target in parent:
                 parent[find(path)] = find(target)
     groups: dict[str, list[str]] = {}
-    for path in parent:
+    for path in amp_modules:
         groups.setdefault(find(path), []).append(path)
     return [Group(sorted(paths)) for paths in groups.values()]
 
@@ -258,3 +282,131 @@ def build_index(sources: Mapping[str, str]) -> ProjectIndex:
     """Index the given modules (path -> source text); those that do not parse are left out."""
     summaries = (summarize(path, text) for path, text in sources.items() if not path.endswith(".ipynb"))
     return ProjectIndex(summary for summary in summaries if summary is not None)
+
+
+class ProjectPlan:
+    """The facts each module is migrated with, and how to settle a group after a first pass.
+
+    The runner migrates every module once with ``facts``; ``settle`` then looks at how each
+    group came out and returns the modules to migrate again with new facts: a group where
+    some module keeps Apex amp while another was migrated is frozen whole, and a module that
+    kept its amp import only for modules that no longer use amp may drop it.
+    """
+
+    # how far imports are followed into modules that were not given, and how many are read
+    CONTEXT_DEPTH = 3
+    CONTEXT_FILES = 200
+
+    def __init__(
+        self,
+        sources: Mapping[str, str],
+        displays: Mapping[str, str] | None = None,
+        load: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.index = build_index(sources)
+        if load is not None:
+            self._add_context(load)
+        self.groups = amp_groups(self.index)
+        self.facts = module_facts(self.index)
+        self._display = dict(displays or {})
+        self._freeze_outside_context()
+
+    def display(self, path: str) -> str:
+        return self._display.get(path, os.path.relpath(path))
+
+    def _add_context(self, load: Callable[[str], str | None]) -> None:
+        """Read the project modules the given ones import, so imports can be followed."""
+        frontier = list(self.index.modules)
+        for _depth in range(self.CONTEXT_DEPTH):
+            found: list[ModuleSummary] = []
+            for path in frontier:
+                for edge in self.index.modules[path].imports:
+                    if edge.module.split(".")[0] in ("apex", "torch") or self.index.resolve(path, edge.module):
+                        continue
+                    names = [edge.module, *(f"{edge.module}.{name}" for name in edge.names if name != "*")]
+                    for candidate in (file for name in names for file in _module_files(path, name)):
+                        if candidate in self.index.modules or any(s.path == candidate for s in found):
+                            continue
+                        source = load(candidate)
+                        summary = summarize(candidate, source) if source is not None else None
+                        if summary is not None:
+                            summary.given = False
+                            found.append(summary)
+                            break
+            if not found or len(self.index.modules) + len(found) > self.CONTEXT_FILES:
+                break
+            self.index = ProjectIndex([*self.index.modules.values(), *found])
+            frontier = [summary.path for summary in found]
+
+    def _freeze_outside_context(self) -> None:
+        """Freeze the groups whose amp setup continues in a module that was not given."""
+        for group in self.groups:
+            for path in group.paths:
+                outside = [t for t in self.index.reached_amp_modules(path) if not self.index.modules[t].given]
+                if outside:
+                    reason = (
+                        f"the setup continues in {self.display(outside[0])}, which was not given: run ampmigrate "
+                        "on the whole project (or on both files)"
+                    )
+                    for member in group.paths:
+                        self._freeze(member, reason)
+                    break
+
+    def _freeze(self, path: str, reason: str) -> None:
+        previous = self.facts.get(path, ModuleFacts())
+        if previous.frozen is None:
+            self.facts[path] = replace(previous, frozen=reason)
+
+    def settle(self, outcome: Mapping[str, tuple[bool, bool]]) -> dict[str, ModuleFacts]:
+        """Modules to migrate again, with their new facts.
+
+        ``outcome`` maps each migrated path to (amp left in it, amp migrated in it).
+        """
+        again: dict[str, ModuleFacts] = {}
+        frozen_groups: set[int] = set()
+        for number, group in enumerate(self.groups):
+            members = [path for path in group.paths if path in outcome]
+            left = [path for path in members if outcome[path][0]]
+            migrated = [path for path in members if outcome[path][1]]
+            if left and migrated:
+                frozen_groups.add(number)
+                reason = (
+                    f"the setup continues in {self.display(left[0])}, where Apex amp stays (see its findings); "
+                    "migrating the rest alone would break it"
+                )
+                for path in migrated:
+                    again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
+        for path, facts in self.facts.items():
+            if path not in outcome or path in again or not facts.exported or not self.index.modules[path].amp_names:
+                continue
+            member_of = next((n for n, g in enumerate(self.groups) if path in g.paths), None)
+            importers = [other for other, f in self.facts.items() if f.amp_from]
+            users = [other for other in importers if self._gets_amp_from(other, path)]
+            if member_of in frozen_groups or any(outcome.get(user, (True, False))[0] for user in users):
+                continue
+            # every module that took amp from here no longer uses it
+            shared = self.index.modules[path].amp_names | {"*"}
+            again[path] = replace(facts, exported=facts.exported - shared)
+        for path, facts in again.items():
+            self.facts[path] = facts
+        return again
+
+    def _gets_amp_from(self, importer: str, exporter: str) -> bool:
+        return any(target == exporter for _, target in self.index.imported(self.index.modules[importer]))
+
+
+def _module_files(importer: str, module: str) -> list[str]:
+    """Where ``import module`` could find a project file: from the importer's folder (a
+    script's own folder is on ``sys.path``) or from one of the folders above it (a package
+    root); for relative imports ``module`` is already the absolute path of folders."""
+    folder = os.path.dirname(os.path.abspath(importer))
+    parts = module.split(".")
+    found = []
+    for _level in range(3):
+        base = os.path.join(folder, *parts)
+        found += [base + ".py", os.path.join(base, "__init__.py")]
+        folder = os.path.dirname(folder)
+    if os.path.isabs(os.sep + os.path.join(*parts)):  # relative import, resolved to folders
+        base = os.sep + os.path.join(*parts)
+        found += [base + ".py", os.path.join(base, "__init__.py")]
+    return found

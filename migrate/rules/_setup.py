@@ -115,12 +115,11 @@ def report_frozen(ctx: ModuleContext, reason: str) -> None:
     for name in amp_references(ctx):
         parent = ctx.parent(name)
         call = ctx.parent(parent) if isinstance(parent, cst.Attribute) else parent
-        if isinstance(call, cst.Call) and ctx.amp_api(call.func) is not None:
-            if ctx.amp_api(call.func)[0] == "initialize":  # type: ignore[index]
-                anchors.append(call)
+        api = ctx.amp_api(call.func) if isinstance(call, cst.Call) else None
+        if api is not None and api[0] == "initialize" and call is not None:
+            anchors.append(call)
     if not anchors:
-        names = sorted(amp_references(ctx), key=ctx.position)
-        anchors = names[:1]
+        anchors.extend(sorted(amp_references(ctx), key=ctx.position)[:1])
     for anchor in anchors:
         ctx.report("AMP025", anchor, f"the Apex amp setup was left exactly as it was: {reason}")
 
@@ -171,19 +170,16 @@ def bind_project_amp(ctx: ModuleContext, names: tuple[tuple[str, int], ...]) -> 
     if not names:
         return
     by_line: dict[int, cst.ImportFrom] = {}
-    for statement in ctx.module.body:
-        if isinstance(statement, cst.SimpleStatementLine):
-            for small in statement.body:
+    for line_node in ctx.module.body:
+        if isinstance(line_node, cst.SimpleStatementLine):
+            for small in line_node.body:
                 if isinstance(small, cst.ImportFrom):
                     by_line.setdefault(ctx.position(small)[0], small)
     for name, line in names:
-        statement = by_line.get(line)
-        if statement is None:
+        found = by_line.get(line)
+        if found is None:
             continue
         alias = None
-        if not isinstance(statement.names, cst.ImportStar):
-            alias = next(
-                (a for a in statement.names if (a.evaluated_alias or a.evaluated_name) == name),
-                None,
-            )
-        ctx.bind(name, Binding("amp", "apex.amp", alias or cst.ImportAlias(cst.Name(name)), statement))
+        if not isinstance(found.names, cst.ImportStar):
+            alias = next((a for a in found.names if (a.evaluated_alias or a.evaluated_name) == name), None)
+        ctx.bind(name, Binding("amp", "apex.amp", alias or cst.ImportAlias(cst.Name(name)), found))
