@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.findings import Finding, make_finding
-from migrate.options import Options
+from migrate.options import Options, ScalerInfo
 from migrate.rules import run_rules
 from migrate.rules._context import SKIP_COMMENT
 from migrate.rules._render import render
@@ -40,6 +40,7 @@ class MigrationResult:
     # how the Apex amp setup came out (project mode links modules by these)
     amp_left: bool = False  # some use of Apex amp stays in the code
     amp_migrated: bool = False  # some use of Apex amp was rewritten
+    scalers: tuple[ScalerInfo, ...] = ()  # the GradScalers it creates, as other modules see them
 
     @property
     def needs_review(self) -> bool:
@@ -101,4 +102,5 @@ def _migrate(source: str, options: Options) -> MigrationResult:
         tuple(outcome.findings),
         amp_left=outcome.amp_left,
         amp_migrated=outcome.amp_migrated,
+        scalers=outcome.scalers,
     )

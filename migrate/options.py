@@ -22,6 +22,22 @@ class ModuleFacts:
     amp_from: tuple[tuple[str, int], ...] = ()
     exported: frozenset[str] = frozenset()
     frozen: str | None = None
+    # the GradScaler shared across modules: the module that creates it passes it (as a
+    # keyword named ``Options.scaler_name``) to these imported functions ("f" or "mod.f")...
+    passes_scaler: tuple[str, ...] = ()
+    # ...and the module that defines them gives these top-level functions that parameter
+    receives_scaler: tuple[str, ...] = ()
+    shared_scaler: ScalerInfo | None = None
+
+
+@dataclass(frozen=True)
+class ScalerInfo:
+    """What other modules need to know about a GradScaler a module creates."""
+
+    function: str | None  # the top-level function that creates it; None: module level
+    static_scale: float | None  # a fixed loss scale (``update(new_scale=...)`` holds it)
+    follows: bool  # autocast is on exactly when the scaler is (``scaler.is_enabled()``)
+    models: tuple[str, ...] = ()  # names of the models given to amp.initialize
 
 
 @dataclass(frozen=True)

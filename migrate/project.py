@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
-from migrate.options import ModuleFacts
+from migrate.options import ModuleFacts, ScalerInfo
 
 # amp functions whose call on a name that no import binds means "the amp module came
 # from somewhere we cannot see"; state_dict/load_state_dict are too common a name for
@@ -33,6 +34,16 @@ class ImportEdge:
     module: str  # absolute dotted name, relative imports already resolved
     names: tuple[str, ...]  # imported names; ("*",) for a star import; () for `import module`
     line: int
+    # the names the importer binds: one per imported name, or the one name `import module` binds
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FunctionSummary:
+    """A top-level function: does it call amp itself, and which top-level names it calls."""
+
+    uses_amp: bool
+    calls: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,9 @@ class ModuleSummary:
     uses_amp: bool = False  # imports apex.amp anywhere, or calls an amp function
     unbound_uses: list[AmpUse] = field(default_factory=list)
     parameter_uses: list[AmpUse] = field(default_factory=list)  # amp received as a parameter
+    functions: dict[str, FunctionSummary] = field(default_factory=dict)  # top-level functions
+    amp_outside_functions: bool = False  # an amp call at module level or in a class
+    calls_outside_functions: frozenset[str] = frozenset()  # names called at module level or in classes
 
 
 def summarize(path: str, source: str) -> ModuleSummary | None:
@@ -77,7 +91,8 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
                     summary.uses_amp = summary.uses_amp or alias.name == "apex.amp"
                     if alias.asname and _at_module_level(tree, node):
                         summary.amp_names.add(alias.asname)
-                summary.imports.append(ImportEdge(alias.name, (), node.lineno))
+                bound_as = alias.asname or alias.name
+                summary.imports.append(ImportEdge(alias.name, (), node.lineno, (bound_as,)))
         elif isinstance(node, ast.ImportFrom):
             module = _absolute(node.module, node.level, package)
             names = tuple(alias.name for alias in node.names)
@@ -88,7 +103,8 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
                 if module == "apex" and _at_module_level(tree, node):
                     summary.amp_names.update(a.asname or a.name for a in node.names if a.name == "amp")
             if module is not None:
-                summary.imports.append(ImportEdge(module, names, node.lineno))
+                aliases = tuple(alias.asname or alias.name for alias in node.names)
+                summary.imports.append(ImportEdge(module, names, node.lineno, aliases))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.add(node.name)
         elif isinstance(node, ast.arg):
@@ -110,7 +126,38 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
         elif name not in bound:
             summary.unbound_uses.append(use)
     summary.uses_amp = summary.uses_amp or bool(summary.unbound_uses or summary.parameter_uses)
+    _summarize_functions(tree, summary)
     return summary
+
+
+def _summarize_functions(tree: ast.Module, summary: ModuleSummary) -> None:
+    """Which top-level functions call amp (on this module's amp names), and whom they call."""
+    names = summary.amp_names | {"amp"}
+
+    def amp_calls(node: ast.AST) -> bool:
+        return any(
+            isinstance(sub, ast.Call)
+            and isinstance(sub.func, ast.Attribute)
+            and isinstance(sub.func.value, ast.Name)
+            and sub.func.value.id in names
+            for sub in ast.walk(node)
+        )
+
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            called = frozenset(
+                sub.func.id
+                for sub in ast.walk(statement)
+                if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name)
+            )
+            summary.functions[statement.name] = FunctionSummary(amp_calls(statement), called)
+        elif not isinstance(statement, (ast.Import, ast.ImportFrom)):
+            summary.amp_outside_functions = summary.amp_outside_functions or amp_calls(statement)
+            summary.calls_outside_functions |= {
+                sub.func.id
+                for sub in ast.walk(statement)
+                if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name)
+            }
 
 
 def _at_module_level(tree: ast.Module, node: ast.stmt) -> bool:
@@ -284,6 +331,28 @@ def build_index(sources: Mapping[str, str]) -> ProjectIndex:
     return ProjectIndex(summary for summary in summaries if summary is not None)
 
 
+class Outcome(NamedTuple):
+    """How one module's amp setup came out of a pass."""
+
+    amp_left: bool  # some use of Apex amp stays
+    amp_migrated: bool  # some use of Apex amp was rewritten
+    scalers: tuple[ScalerInfo, ...] = ()  # the GradScalers it creates
+
+
+def _reaches(summary: ModuleSummary, start: str, targets: set[str]) -> bool:
+    """Whether the top-level function ``start`` calls into ``targets`` (or is one)."""
+    seen, pending = set(), [start]
+    while pending:
+        name = pending.pop()
+        if name in targets:
+            return True
+        if name in seen or name not in summary.functions:
+            continue
+        seen.add(name)
+        pending.extend(summary.functions[name].calls)
+    return False
+
+
 class ProjectPlan:
     """The facts each module is migrated with, and how to settle a group after a first pass.
 
@@ -309,6 +378,7 @@ class ProjectPlan:
         self.groups = amp_groups(self.index)
         self.facts = module_facts(self.index)
         self._display = dict(displays or {})
+        self._stage: dict[int | None, str] = {}
         self._freeze_outside_context()
 
     def display(self, path: str) -> str:
@@ -340,10 +410,11 @@ class ProjectPlan:
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""
-        for group in self.groups:
+        for number, group in enumerate(self.groups):
             for path in group.paths:
                 outside = [t for t in self.index.reached_amp_modules(path) if not self.index.modules[t].given]
                 if outside:
+                    self._stage[number] = "frozen"
                     reason = (
                         f"the setup continues in {self.display(outside[0])}, which was not given: run ampmigrate "
                         "on the whole project (or on both files)"
@@ -357,39 +428,121 @@ class ProjectPlan:
         if previous.frozen is None:
             self.facts[path] = replace(previous, frozen=reason)
 
-    def settle(self, outcome: Mapping[str, tuple[bool, bool]]) -> dict[str, ModuleFacts]:
-        """Modules to migrate again, with their new facts.
+    def settle(self, outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
+        """The modules to migrate again, with their new facts; empty once all is settled.
 
-        ``outcome`` maps each migrated path to (amp left in it, amp migrated in it).
+        A group that came out half migrated (some module keeps Apex amp while another was
+        rewritten) first gets its scaler threaded across modules, where one module creates
+        it and the others' amp code sits in functions it calls; if that still leaves Apex
+        behind, the group is frozen whole. A module that kept its amp import only for
+        modules that no longer use amp drops it.
         """
         again: dict[str, ModuleFacts] = {}
-        frozen_groups: set[int] = set()
         for number, group in enumerate(self.groups):
             members = [path for path in group.paths if path in outcome]
-            left = [path for path in members if outcome[path][0]]
-            migrated = [path for path in members if outcome[path][1]]
-            if left and migrated:
-                frozen_groups.add(number)
-                reason = (
-                    f"the setup continues in {self.display(left[0])}, where Apex amp stays (see its findings); "
-                    "migrating the rest alone would break it"
-                )
-                for path in migrated:
-                    again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
+            left = [path for path in members if outcome[path].amp_left]
+            migrated = [path for path in members if outcome[path].amp_migrated]
+            stage = self._stage.get(number, "first")
+            if not (left and migrated) or stage == "frozen":
+                continue
+            threaded = self._thread(members, left, outcome) if stage == "first" else None
+            if threaded:
+                self._stage[number] = "threaded"
+                again.update(threaded)
+                continue
+            self._stage[number] = "frozen"
+            reason = (
+                f"the setup continues in {self.display(left[0])}, where Apex amp stays (see its findings); "
+                "migrating the rest alone would break it"
+            )
+            for path in migrated:
+                again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         for path, facts in self.facts.items():
             if path not in outcome or path in again or not facts.exported or not self.index.modules[path].amp_names:
                 continue
             member_of = next((n for n, g in enumerate(self.groups) if path in g.paths), None)
-            importers = [other for other, f in self.facts.items() if f.amp_from]
-            users = [other for other in importers if self._gets_amp_from(other, path)]
-            if member_of in frozen_groups or any(outcome.get(user, (True, False))[0] for user in users):
+            users = [other for other, f in self.facts.items() if f.amp_from and self._gets_amp_from(other, path)]
+            if self._stage.get(member_of) == "frozen" or any(
+                outcome.get(u, Outcome(True, False)).amp_left for u in users
+            ):
                 continue
             # every module that took amp from here no longer uses it
-            shared = self.index.modules[path].amp_names | {"*"}
-            again[path] = replace(facts, exported=facts.exported - shared)
-        for path, facts in again.items():
-            self.facts[path] = facts
+            again[path] = replace(facts, exported=facts.exported - self.index.modules[path].amp_names - {"*"})
+        self.facts.update(again)
         return again
+
+    def _thread(self, members: list[str], left: list[str], outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
+        """Facts that pass the one GradScaler of the group to the functions that need it; {} if none do."""
+        creators = [path for path in members if outcome[path].scalers]
+        if len(creators) != 1 or len(outcome[creators[0]].scalers) != 1 or creators[0] in left:
+            return {}
+        creator, shared = creators[0], outcome[creators[0]].scalers[0]
+        facts: dict[str, ModuleFacts] = {}
+        passes: list[str] = []
+        for path in left:
+            summary = self.index.modules[path]
+            needing = {name for name, function in summary.functions.items() if function.uses_amp}
+            if summary.amp_outside_functions or not needing:
+                return {}
+            entries = {
+                origin_name: alias
+                for alias, origin, origin_name in self._imported_functions(creator)
+                if origin == path and _reaches(summary, origin_name, needing)
+            }
+            if not entries or self._called_without_scaler(path, set(entries), creator):
+                return {}
+            passes.extend(entries.values())
+            facts[path] = replace(
+                self.facts.get(path, ModuleFacts()), receives_scaler=tuple(sorted(entries)), shared_scaler=shared
+            )
+        facts[creator] = replace(self.facts.get(creator, ModuleFacts()), passes_scaler=tuple(sorted(set(passes))))
+        return facts
+
+    def _imported_functions(self, path: str) -> Iterator[tuple[str, str, str]]:
+        """(how ``path`` calls it, defining module, name there) for each project function it imports."""
+        for edge in self.index.modules[path].imports:
+            target = self.index.resolve(path, edge.module)
+            if target is None:
+                continue
+            if not edge.names:
+                for name in self.index.modules[target].functions:
+                    yield f"{edge.aliases[0]}.{name}", target, name
+                continue
+            for name, alias in zip(edge.names, edge.aliases):
+                origin = self._origin(target, name)
+                if origin is not None:
+                    yield alias, origin[0], origin[1]
+
+    def _origin(self, path: str, name: str, depth: int = 0) -> tuple[str, str] | None:
+        """Where the function ``name`` imported from ``path`` is defined (following re-exports)."""
+        summary = self.index.modules[path]
+        if name in summary.functions:
+            return path, name
+        if depth > 3:
+            return None
+        for edge in summary.imports:
+            if name in edge.aliases and edge.names:
+                target = self.index.resolve(path, edge.module)
+                if target is not None:
+                    return self._origin(target, edge.names[edge.aliases.index(name)], depth + 1)
+        return None
+
+    def _called_without_scaler(self, path: str, entries: set[str], creator: str) -> bool:
+        """Whether code other than the creator's calls a receiving function (it could not pass the scaler)."""
+        summary = self.index.modules[path]
+        if entries & summary.calls_outside_functions:
+            return True
+        if any(entries & function.calls for name, function in summary.functions.items() if name not in entries):
+            return True
+        for other, other_summary in self.index.modules.items():
+            if other in (path, creator):
+                continue
+            called = other_summary.calls_outside_functions.union(*(f.calls for f in other_summary.functions.values()))
+            for alias, origin, name in self._imported_functions(other):
+                # a package __init__ that only re-exports the function does not call it
+                if origin == path and name in entries and ("." in alias or alias in called):
+                    return True
+        return False
 
     def _gets_amp_from(self, importer: str, exporter: str) -> bool:
         return any(target == exporter for _, target in self.index.imported(self.index.modules[importer]))

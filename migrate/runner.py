@@ -24,7 +24,7 @@ from migrate.atomic import StaleFileError, write_atomic
 from migrate.config import Config
 from migrate.discovery import Candidate, discover
 from migrate.findings import Finding
-from migrate.options import ModuleFacts, Options
+from migrate.options import ModuleFacts, Options, ScalerInfo
 from migrate.prefilter import may_need_migration
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ class FileResult:
     # how the file's Apex amp setup came out (project mode settles groups of files by it)
     amp_left: bool = False
     amp_migrated: bool = False
+    scalers: tuple[ScalerInfo, ...] = ()
     # the bytes to write (the main process writes, once the project is settled)
     new_data: bytes | None = field(default=None, repr=False, compare=False)
 
@@ -142,7 +143,7 @@ def _migrate_project(
     A first pass migrates every file with what the project index knows (``ModuleFacts``);
     the modules of a group that came out half migrated are then migrated again, frozen.
     """
-    from migrate.project import ProjectPlan
+    from migrate.project import Outcome, ProjectPlan
 
     by_path = {str(task.candidate.path): task for task in tasks}
     sources = {
@@ -154,12 +155,16 @@ def _migrate_project(
     results = {
         result.path: result for result in _migrate_all([_with_facts(t, project.facts) for t in tasks], jobs, progress)
     }
-    outcome = {
-        path: (results[task.candidate.display].amp_left, results[task.candidate.display].amp_migrated)
-        for path, task in by_path.items()
-    }
-    again = project.settle(outcome)
-    if again:
+    # a group settles in at most three passes: as found, with its scaler shared, frozen
+    for _ in range(3):
+        outcome = {
+            path: Outcome(result.amp_left, result.amp_migrated, result.scalers)
+            for path, task in by_path.items()
+            if (result := results[task.candidate.display])
+        }
+        again = project.settle(outcome)
+        if not again:
+            break
         redo = [_with_facts(by_path[path], project.facts) for path in sorted(again)]
         results.update((result.path, result) for result in _migrate_all(redo, jobs, None))
     return list(results.values())
@@ -325,6 +330,7 @@ def _migrate_python(task: _Task) -> FileResult:
         migrated_apis=migrated_apis(text, result.source),
         amp_left=result.amp_left,
         amp_migrated=result.amp_migrated,
+        scalers=result.scalers,
         new_data=new_data,
     )
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.findings import Finding
-from migrate.options import Options
+from migrate.options import Options, ScalerInfo
+from migrate.rules import _project_scaler as project_scaler
 from migrate.rules import _setup as setup
 from migrate.rules import (
     amp_disable_casts,
@@ -57,18 +58,19 @@ class RulesOutcome:
     findings: list[Finding]
     amp_left: bool  # some use of Apex amp stays in the code
     amp_migrated: bool  # some use of Apex amp was rewritten
+    scalers: tuple[ScalerInfo, ...] = ()  # the GradScalers created, as other modules see them
 
 
 def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome:
     """Apply every enabled rule to ``module``; the amp setup is migrated whole or not at all."""
     frozen = options.facts.frozen
-    ctx = _plan(module, source, options, frozen=frozen is not None)
+    ctx, unshared = _plan(module, source, options, frozen=frozen is not None)
     left = setup.leftovers(ctx)
-    if frozen is None and left and setup.migrated_any(ctx):
+    if frozen is None and (left or unshared) and setup.migrated_any(ctx):
         # half a setup would crash or train differently: keep all of it, say why
-        frozen = setup.why_left(ctx, left)
+        frozen = setup.why_left(ctx, left) if left else "the GradScaler could not be shared (see AMP022)"
         unresolved = [finding for finding in ctx.findings if not finding.fixed]
-        ctx = _plan(module, source, options, frozen=True)
+        ctx, unshared = _plan(module, source, options, frozen=True)
         ctx.findings.extend(finding for finding in unresolved if finding not in ctx.findings)
         left = setup.leftovers(ctx)
     if frozen is not None:
@@ -76,16 +78,27 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
     unseen = setup.report_unseen_amp(ctx)
     findings = sorted(ctx.findings, key=lambda f: (f.line, f.column, f.code))
     new_module = module if ctx.plan.empty else apply_plan(ctx)
-    return RulesOutcome(new_module, findings, bool(left) or unseen > 0, setup.migrated_any(ctx))
+    return RulesOutcome(
+        new_module,
+        findings,
+        bool(left) or unseen > 0 or unshared > 0,
+        setup.migrated_any(ctx),
+        project_scaler.shared_scalers(ctx.amp),  # type: ignore[attr-defined]
+    )
 
 
-def _plan(module: cst.Module, source: str, options: Options, frozen: bool) -> ModuleContext:
+def _plan(module: cst.Module, source: str, options: Options, frozen: bool) -> tuple[ModuleContext, int]:
+    """Plan every rule; returns the context and how many cross-module scaler hand-overs failed."""
     ctx = ModuleContext(module, source, options)
     setup.bind_project_amp(ctx, options.facts.amp_from)
-    ctx.amp = AmpModel(ctx)  # type: ignore[attr-defined]
+    model = ctx.amp = AmpModel(ctx)  # type: ignore[attr-defined]
+    migrating = not frozen and options.rule_enabled("amp_initialize")
+    unshared = project_scaler.receive(ctx, model, options.facts) if migrating else 0
     for rule in RULES:
         if options.rule_enabled(rule.RULE) and not (frozen and rule.RULE in setup.AMP_SETUP_RULES):
             rule.plan(ctx)
+    if migrating:
+        unshared += project_scaler.pass_on(ctx, model, options.facts)
     if ctx.plan.needs_torch_import and ctx.imports[ctx.module].get("torch"):
         ctx.plan.needs_torch_import = False
-    return ctx
+    return ctx, unshared

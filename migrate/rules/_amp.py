@@ -34,7 +34,7 @@ class AmpCall:
 class Scaler:
     """A GradScaler standing in for one ``amp.initialize`` call."""
 
-    initialize: cst.Call
+    initialize: cst.Call | None  # None: received from another module (a parameter)
     statement: cst.CSTNode
     function: cst.FunctionDef | None  # None: created at module level
     klass: cst.ClassDef | None  # set when the scaler is an attribute of ``self``

@@ -282,7 +282,7 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
     if scaler.klass is not None:
         functions |= {node for node in scaler.klass.body.body if isinstance(node, cst.FunctionDef)}
     functions.add(scaler.function)
-    created_at = ctx.order(scaler.initialize)
+    created_at = ctx.order(scaler.initialize) if scaler.initialize is not None else -1
 
     def iterated_from(node: cst.CSTNode, optimizer: cst.BaseExpression) -> bool:
         """`for opt in optimizers: opt.step()` where `optimizers` went to scale_loss."""
