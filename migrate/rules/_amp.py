@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
 
 
 @dataclass(frozen=True)

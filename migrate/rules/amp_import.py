@@ -35,7 +35,8 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.rules._amp import AmpModel
-from migrate.rules._context import Binding, ModuleContext, dotted_name
+from migrate.rules._bindings import Binding, dotted_name
+from migrate.rules._context import ModuleContext
 
 RULE = "amp_import"
 

@@ -39,7 +39,9 @@ import libcst as cst
 
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, Scaler, literal, normalized
-from migrate.rules._context import ModuleContext, Statement, dotted_name
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
+from migrate.rules._plan import Statement
 from migrate.rules.amp_master_params import in_clip
 
 RULE = "amp_initialize"

@@ -48,7 +48,8 @@ import libcst as cst
 
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, fp32_only, optimizer_key
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
 
 RULE = "amp_master_params"
 
