@@ -26,7 +26,6 @@ from migrate.rules import (
     apex_syncbn,
     torch_cuda_amp,
 )
-from migrate.rules._amp import AmpModel
 from migrate.rules._apply import apply_plan
 from migrate.rules._context import ModuleContext
 
@@ -49,7 +48,6 @@ RULE_NAMES = tuple(rule.RULE for rule in RULES)
 def run_rules(module: cst.Module, source: str, options: Options) -> tuple[cst.Module, list[Finding]]:
     """Apply every enabled rule to ``module``; return the new module and the findings."""
     ctx = ModuleContext(module, source, options)
-    ctx.amp = AmpModel(ctx)  # type: ignore[attr-defined]
     for rule in RULES:
         if options.rule_enabled(rule.RULE):
             rule.plan(ctx)

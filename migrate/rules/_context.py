@@ -10,12 +10,14 @@ and the indexing pass), ``_positions`` (lines and columns), ``_plan`` (the edits
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cached_property
 from typing import TypeVar
 
 import libcst as cst
 
 from migrate.findings import Finding, make_finding
 from migrate.options import Options
+from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, Indexer, Scope, dotted_name, target_names
 from migrate.rules._plan import Block, Plan, Statement
 from migrate.rules._positions import Positions
@@ -54,6 +56,11 @@ class ModuleContext:
             number for number, line in enumerate(source.splitlines(), start=1) if SKIP_COMMENT.search(line)
         }
         self._all_names: set[str] | None = None
+
+    @cached_property
+    def amp(self) -> AmpModel:
+        """The module's Apex amp model: its amp calls and the scalers the rules create."""
+        return AmpModel(self)
 
     # positions and findings
     def _locate(self, node: cst.CSTNode) -> tuple[int, int, int]:

@@ -218,7 +218,7 @@ def _report_apex_package_uses(
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     references = _references(ctx)
     _report_leftovers(ctx, model, references)
     _plan_imports(ctx, references)

@@ -642,6 +642,6 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     for use in model.of("initialize"):
         _plan_one(ctx, model, use)

@@ -261,7 +261,7 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, unscaled: set[tuple[i
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     unscaled: set[tuple[int, str]] = set()
     for use in model.of("master_params"):
         _plan_one(ctx, model, use, unscaled)
