@@ -13,8 +13,8 @@ import libcst as cst
 from migrate.findings import Finding, make_finding
 from migrate.options import Options, ScalerInfo
 from migrate.rules import run_rules
-from migrate.rules._context import SKIP_COMMENT
 from migrate.rules._render import render
+from migrate.skip import SKIP_COMMENT
 
 
 class SourceSyntaxError(Exception):

@@ -30,7 +30,6 @@ from migrate.rules import (
     apex_syncbn,
     torch_cuda_amp,
 )
-from migrate.rules._amp import AmpModel
 from migrate.rules._apply import apply_plan
 from migrate.rules._context import ModuleContext
 
@@ -83,15 +82,15 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
         findings,
         bool(left) or unseen > 0 or unshared > 0,
         setup.migrated_any(ctx),
-        project_scaler.shared_scalers(ctx.amp),  # type: ignore[attr-defined]
+        project_scaler.shared_scalers(ctx.amp),
     )
 
 
 def _plan(module: cst.Module, source: str, options: Options, frozen: bool) -> tuple[ModuleContext, int]:
     """Plan every rule; returns the context and how many cross-module scaler hand-overs failed."""
     ctx = ModuleContext(module, source, options)
-    setup.bind_project_amp(ctx, options.facts.amp_from)
-    model = ctx.amp = AmpModel(ctx)  # type: ignore[attr-defined]
+    setup.bind_project_amp(ctx, options.facts.amp_from)  # before the amp model resolves names
+    model = ctx.amp
     migrating = not frozen and options.rule_enabled("amp_initialize")
     unshared = project_scaler.receive(ctx, model, options.facts) if migrating else 0
     for rule in RULES:

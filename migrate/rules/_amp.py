@@ -14,11 +14,15 @@ import ast
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._bindings import dotted_name
+
+if TYPE_CHECKING:  # _context builds the model
+    from migrate.rules._context import ModuleContext
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import cast
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._context import ModuleContext, Plan, Statement
+from migrate.rules._context import ModuleContext
+from migrate.rules._plan import Plan, Statement
 
 _IMPORT_TORCH = cst.parse_statement("import torch\n")
 

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
 
 # calls that move or reshape data rather than compute a forward pass
 _DATA_METHODS = frozenset(

@@ -35,7 +35,8 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.rules._amp import AmpModel
-from migrate.rules._context import Binding, ModuleContext, dotted_name
+from migrate.rules._bindings import Binding, dotted_name
+from migrate.rules._context import ModuleContext
 
 RULE = "amp_import"
 
@@ -220,7 +221,7 @@ def _report_apex_package_uses(
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     references = _references(ctx)
     _report_leftovers(ctx, model, references)
     _plan_imports(ctx, references)

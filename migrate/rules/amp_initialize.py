@@ -39,7 +39,9 @@ import libcst as cst
 
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, Scaler, literal, normalized
-from migrate.rules._context import ModuleContext, Statement, dotted_name
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
+from migrate.rules._plan import Statement
 from migrate.rules.amp_master_params import in_clip
 
 RULE = "amp_initialize"
@@ -640,6 +642,6 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     for use in model.of("initialize"):
         _plan_one(ctx, model, use)

@@ -48,7 +48,8 @@ import libcst as cst
 
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, fp32_only, optimizer_key
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
 
 RULE = "amp_master_params"
 
@@ -260,7 +261,7 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, unscaled: set[tuple[i
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     unscaled: set[tuple[int, str]] = set()
     for use in model.of("master_params"):
         _plan_one(ctx, model, use, unscaled)

@@ -430,7 +430,7 @@ def _blocks(ctx: ModuleContext, statement: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     managed: dict[int, set[str]] = defaultdict(set)
     sites: dict[int, list[cst.CSTNode]] = defaultdict(list)
     for use in model.of("scale_loss"):

@@ -40,7 +40,8 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
 
 RULE = "torch_cuda_amp"
 
