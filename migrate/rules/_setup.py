@@ -17,7 +17,8 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from migrate.rules._context import Binding, ModuleContext
+from migrate.rules._bindings import Binding
+from migrate.rules._context import ModuleContext
 
 # the rules that migrate the amp setup (the others, e.g. FusedAdam, run even when frozen)
 AMP_SETUP_RULES = frozenset(
