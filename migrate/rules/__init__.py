@@ -63,7 +63,12 @@ class RulesOutcome:
 def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome:
     """Apply every enabled rule to ``module``; the amp setup is migrated whole or not at all."""
     frozen = options.facts.frozen
+    blocked: list[Finding] = []
+    if frozen is None and options.rule_enabled("amp_initialize"):
+        probe = ModuleContext(module, source, options)
+        frozen, blocked = setup.unsupported_shapes(probe), probe.findings
     ctx, unshared = _plan(module, source, options, frozen=frozen is not None)
+    ctx.findings.extend(blocked)
     left = setup.leftovers(ctx)
     if frozen is None and (left or unshared) and setup.migrated_any(ctx):
         # half a setup would crash or train differently: keep all of it, say why

@@ -69,6 +69,31 @@ def _is_fallback(ctx: ModuleContext, name: cst.Name) -> bool:
     return False
 
 
+def unsupported_shapes(ctx: ModuleContext) -> str | None:
+    """Report amp code whose rewrite would be wrong in its place; the reason to freeze, if any.
+
+    ``amp.initialize`` in a ``match`` case: each case would need its own scaler on every
+    path. ``amp.master_params`` in a lambda: ``scaler.unscale_`` must run before each call,
+    and a lambda has no statement to put it in.
+    """
+    reason = None
+    for use in ctx.amp.calls:
+        ancestors = list(ctx.ancestors(use.call))
+        if use.api == "initialize" and any(isinstance(a, cst.MatchCase) for a in ancestors):
+            ctx.report("AMP010", use.call, "amp.initialize inside a match/case: migrate it by hand")
+        elif use.api == "master_params" and any(isinstance(a, cst.Lambda) for a in ancestors):
+            ctx.report(
+                "AMP022",
+                use.call,
+                "amp.master_params inside a lambda: scaler.unscale_(optimizer) must run before each call; "
+                "make the lambda a def and run ampmigrate again",
+            )
+        else:
+            continue
+        reason = reason or f"amp.{use.api} at line {ctx.position(use.call)[0]} cannot be migrated in its place"
+    return reason
+
+
 def leftovers(ctx: ModuleContext) -> list[cst.Name]:
     """Uses of the amp module that the plan does not rewrite away.
 

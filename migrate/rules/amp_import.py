@@ -124,6 +124,10 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
     """Remove an import line; collapse an optional-import ``try`` around it."""
     block = ctx.parent(line)
     owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if isinstance(owner, cst.Try) and ctx.skipped(owner):
+        return  # `try:  # ampmigrate: skip` keeps the whole optional import as it was
+    if ctx.skipped(line):
+        return
     if isinstance(owner, cst.Try) and owner.body is block and owner.finalbody is None:
         remaining = [s for s in block.body if s is not line and s not in ctx.plan.remove]
         if all(_is_simple(s) for s in remaining) and all(_catches_import_error(h) for h in owner.handlers):
