@@ -10,7 +10,6 @@ Where none of these works, the use is reported (AMP022) instead of guessed.
 
 from __future__ import annotations
 
-import ast
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,48 +50,6 @@ class Scaler:
     # created in a method that may not run: a disabled default stands in until it does
     may_be_disabled: bool = False
     model_names: set[str] = field(default_factory=set)
-
-
-def literal(node: cst.BaseExpression) -> object:
-    """The Python value of a literal expression (``2.**24`` included), else ``...``."""
-    if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
-        return {"True": True, "False": False, "None": None}[node.value]
-    try:
-        tree = ast.parse(syntax.code(node).strip(), mode="eval")
-    except SyntaxError:
-        return ...
-
-    def evaluate(expression: ast.expr) -> object:
-        if isinstance(expression, ast.Constant):
-            return expression.value
-        if isinstance(expression, ast.UnaryOp) and isinstance(expression.op, ast.USub):
-            return -evaluate(expression.operand)  # type: ignore[operator]
-        if isinstance(expression, ast.BinOp) and isinstance(
-            expression.op, (ast.Pow, ast.Mult, ast.Add, ast.Sub, ast.Div)
-        ):
-            left, right = evaluate(expression.left), evaluate(expression.right)
-            if isinstance(left, (int, float)) and isinstance(right, (int, float)):
-                operators = {
-                    ast.Pow: lambda a, b: a**b,
-                    ast.Mult: lambda a, b: a * b,
-                    ast.Add: lambda a, b: a + b,
-                    ast.Sub: lambda a, b: a - b,
-                    ast.Div: lambda a, b: a / b,
-                }
-                return operators[type(expression.op)](left, right)
-        raise ValueError
-
-    try:
-        return evaluate(tree.body)
-    except (ValueError, TypeError, ZeroDivisionError, OverflowError):
-        return ...
-
-
-def normalized(node: cst.BaseExpression) -> str:
-    """Code of ``node`` without layout, tuples and lists spelled alike."""
-    if isinstance(node, (cst.Tuple, cst.List)):
-        return "(" + ",".join(normalized(element.value) for element in node.elements) + ")"
-    return "".join(syntax.code(node).split())
 
 
 class AmpModel:
@@ -297,7 +254,7 @@ class AmpModel:
 
 def optimizer_key(ctx: ModuleContext, expression: cst.BaseExpression, at: cst.CSTNode) -> str:
     """The optimizer expression as a key, with a method's own ``self`` spelled ``self``."""
-    key = normalized(expression)
+    key = syntax.normalized(expression)
     function = ctx.function_of(at)
     if function is not None and ctx.class_of_method(function) is not None:
         owner = ctx.self_name(function)
@@ -340,8 +297,24 @@ def _is_none_fallback(ctx: ModuleContext, node: cst.Name) -> bool:
     parent = ctx.parent(node)
     if isinstance(parent, cst.AssignTarget):
         assign = ctx.parent(parent)
-        if isinstance(assign, cst.Assign) and literal(assign.value) is None:
+        if isinstance(assign, cst.Assign) and syntax.literal(assign.value) is None:
             return any(isinstance(a, cst.ExceptHandler) for a in ctx.ancestors(assign))
     if isinstance(parent, cst.Del):
         return True
     return False
+
+
+def is_clip(func: cst.BaseExpression) -> bool:
+    """A gradient clip or norm: ``clip_grad_norm_``, ``clip_grad_value_``, ``get_grad_norm``..."""
+    name = dotted_name(func)
+    if name is None:
+        return False
+    last = name.split(".")[-1]
+    return last.startswith("clip_grad") or "grad_norm" in last
+
+
+def in_clip(ctx: ModuleContext, call: cst.Call) -> bool:
+    """Whether this ``amp.master_params(...)`` call is an argument of a gradient clip."""
+    argument = ctx.parent(call)
+    outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
+    return isinstance(outer, cst.Call) and is_clip(outer.func)

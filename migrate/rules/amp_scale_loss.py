@@ -56,7 +56,6 @@ from migrate.rules._amp import (
     AmpModel,
     Scaler,
     fp32_only,
-    normalized,
     optimizer_key,
 )
 from migrate.rules._context import ModuleContext
@@ -179,7 +178,7 @@ def _fp32_branch(
     code = syntax.code
     scaled_code = "".join(code(scaled_line.with_changes(leading_lines=())).split())
     fp32_code = "".join(code(fp32_line.with_changes(leading_lines=())).split())
-    loss_code = normalized(loss)
+    loss_code = syntax.normalized(loss)
     if not scaled_code.startswith(f"{asname}.backward(") or "#" in scaled_code:
         return None
     if (
