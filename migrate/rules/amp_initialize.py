@@ -492,7 +492,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     ]
     if function is not None and elsewhere:
         klass = ctx.class_of_method(function)
-        unreachable = [other for other in elsewhere if not model.reachable(function, klass, other.call)]
+        unreachable = [other for other in elsewhere if not model.can_reach(function, klass, other.call)]
         if unreachable and klass is None and not enabled_parts and isinstance(ctx.parent(function), cst.Module):
             # a factory function: a scaler with a fixed configuration can live at module
             # level, where every function of the file reaches it

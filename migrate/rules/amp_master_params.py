@@ -141,7 +141,7 @@ def _unscale_before(
     if step is not None and _conditional_step(ctx, statement, step):
         ctx.report("AMP024", node)
         return False
-    found = model.reach(node)
+    found = model.scaler_access_or_report(node)
     if found is None:
         return False
     _, access = found
@@ -180,7 +180,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
         statement = ctx.statement_of(call)
         collapsible = _collapsible_else(ctx, statement, outer) if is_clip(outer.func) else None
         if collapsible is not None:
-            found = model.reach(call)
+            found = model.scaler_access_or_report(call)
             if found is None:
                 return
             unscale = syntax.expression_statement(

@@ -211,7 +211,7 @@ def _plan_one(
     if loss_arg is None or optimizers_arg is None:
         ctx.report("AMP021", call)
         return
-    found = model.reach(call)
+    found = model.scaler_access_or_report(call)
     if found is None:
         return
     scaler, access = found
@@ -324,7 +324,7 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
         if step.args:
             ctx.report("AMP021", step, "optimizer.step(closure): GradScaler does not support closures")
             continue
-        found = model.reach(step)
+        found = model.scaler_access_or_report(step)
         if found is None:
             continue
         _, access = found
@@ -351,7 +351,7 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
             if anchor in model.updated:
                 continue
             model.updated.add(anchor)
-            found = model.scaler_for(anchor)
+            found = model.scaler_access(anchor)
             assert found is not None
             _, access = found
             update_args = []
