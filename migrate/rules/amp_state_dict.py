@@ -65,7 +65,7 @@ def plan(ctx: ModuleContext) -> None:
         call = use.call
         if ctx.skipped(call):
             continue
-        found = model.reach(call)
+        found = model.scaler_access_or_report(call)
         if found is None:
             continue
         _, access = found
