@@ -72,7 +72,7 @@ def pass_on(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
     for call in ctx.nodes_of(cst.Call):
         if dotted_name(call.func) not in facts.passes_scaler:
             continue
-        found = model.scaler_for(call)
+        found = model.scaler_access(call)
         if found is None or not model.scalers:
             ctx.report(
                 "AMP022",
@@ -82,7 +82,7 @@ def pass_on(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
             )
             failed += 1
             continue
-        ctx.plan.new_keywords[call].append((keyword, found[1]))
+        ctx.plan.new_keywords[call].append((keyword, found.expression))
     return failed
 
 
