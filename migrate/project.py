@@ -472,30 +472,39 @@ class ProjectPlan:
         return again
 
     def _thread(self, members: list[str], left: list[str], outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
-        """Facts that pass the one GradScaler of the group to the functions that need it; {} if none do."""
+        """Facts that pass each creating module's GradScaler to the functions that need it; {} if none do.
+
+        Several entry scripts may share one trainer module: each creates its scaler and passes
+        it, as long as their scalers behave alike (the receiving code is written once).
+        """
         creators = [path for path in members if outcome[path].scalers]
-        if len(creators) != 1 or len(outcome[creators[0]].scalers) != 1 or creators[0] in left:
+        if not creators or any(len(outcome[path].scalers) != 1 or path in left for path in creators):
             return {}
-        creator, shared = creators[0], outcome[creators[0]].scalers[0]
+        infos = [outcome[path].scalers[0] for path in creators]
+        if len({(info.static_scale, info.follows) for info in infos}) != 1:
+            return {}
+        models = tuple(sorted({name for info in infos for name in info.models}))
+        shared = replace(infos[0], function=None, models=models)
         facts: dict[str, ModuleFacts] = {}
-        passes: list[str] = []
+        passes: dict[str, set[str]] = {creator: set() for creator in creators}
         for path in left:
             summary = self.index.modules[path]
             needing = {name for name, function in summary.functions.items() if function.uses_amp}
             if summary.amp_outside_functions or not needing:
                 return {}
-            entries = {
-                origin_name: alias
-                for alias, origin, origin_name in self._imported_functions(creator)
-                if origin == path and _reaches(summary, origin_name, needing)
-            }
-            if not entries or self._called_without_scaler(path, set(entries), creator):
+            entries: set[str] = set()
+            for creator in creators:
+                for alias, origin, origin_name in self._imported_functions(creator):
+                    if origin == path and _reaches(summary, origin_name, needing):
+                        entries.add(origin_name)
+                        passes[creator].add(alias)
+            if not entries or self._called_without_scaler(path, entries, set(creators)):
                 return {}
-            passes.extend(entries.values())
             facts[path] = replace(
                 self.facts.get(path, ModuleFacts()), receives_scaler=tuple(sorted(entries)), shared_scaler=shared
             )
-        facts[creator] = replace(self.facts.get(creator, ModuleFacts()), passes_scaler=tuple(sorted(set(passes))))
+        for creator, aliases in passes.items():
+            facts[creator] = replace(self.facts.get(creator, ModuleFacts()), passes_scaler=tuple(sorted(aliases)))
         return facts
 
     def _imported_functions(self, path: str) -> Iterator[tuple[str, str, str]]:
@@ -527,15 +536,15 @@ class ProjectPlan:
                     return self._origin(target, edge.names[edge.aliases.index(name)], depth + 1)
         return None
 
-    def _called_without_scaler(self, path: str, entries: set[str], creator: str) -> bool:
-        """Whether code other than the creator's calls a receiving function (it could not pass the scaler)."""
+    def _called_without_scaler(self, path: str, entries: set[str], creators: set[str]) -> bool:
+        """Whether code other than the creators' calls a receiving function (it could not pass the scaler)."""
         summary = self.index.modules[path]
         if entries & summary.calls_outside_functions:
             return True
         if any(entries & function.calls for name, function in summary.functions.items() if name not in entries):
             return True
         for other, other_summary in self.index.modules.items():
-            if other in (path, creator):
+            if other == path or other in creators:
                 continue
             called = other_summary.calls_outside_functions.union(*(f.calls for f in other_summary.functions.values()))
             for alias, origin, name in self._imported_functions(other):
