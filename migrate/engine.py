@@ -41,6 +41,7 @@ class MigrationResult:
     amp_left: bool = False  # some use of Apex amp stays in the code
     amp_migrated: bool = False  # some use of Apex amp was rewritten
     scalers: tuple[ScalerInfo, ...] = ()  # the GradScalers it creates, as other modules see them
+    scaler_unused: bool = False  # a training GradScaler that no backward here uses
 
     @property
     def needs_review(self) -> bool:
@@ -103,4 +104,5 @@ def _migrate(source: str, options: Options) -> MigrationResult:
         amp_left=outcome.amp_left,
         amp_migrated=outcome.amp_migrated,
         scalers=outcome.scalers,
+        scaler_unused=outcome.scaler_unused,
     )

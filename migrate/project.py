@@ -13,6 +13,7 @@ This module only reads source text; it never imports libcst or torch.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -21,10 +22,10 @@ from typing import NamedTuple
 from migrate.options import ModuleFacts, ScalerInfo
 
 # amp functions whose call on a name that no import binds means "the amp module came
-# from somewhere we cannot see"; state_dict/load_state_dict are too common a name for
-# that unless the name itself says amp.
-_AMP_ONLY_APIS = frozenset({"initialize", "scale_loss", "master_params", "disable_casts"})
-_AMP_STATE_APIS = frozenset({"state_dict", "load_state_dict"})
+# from somewhere we cannot see"; initialize and state_dict are too common a method name
+# for that unless the name itself says amp (the engine reports by the same rule).
+_DISTINCT_APIS = frozenset({"scale_loss", "master_params"})
+_AMP_APIS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class ModuleSummary:
     unbound_uses: list[AmpUse] = field(default_factory=list)
     parameter_uses: list[AmpUse] = field(default_factory=list)  # amp received as a parameter
     functions: dict[str, FunctionSummary] = field(default_factory=dict)  # top-level functions
+    amp_apis: set[str] = field(default_factory=set)  # amp functions the module calls
     amp_outside_functions: bool = False  # an amp call at module level or in a class
     calls_outside_functions: frozenset[str] = frozenset()  # names called at module level or in classes
 
@@ -115,8 +117,20 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
             base = node.func.value
             if isinstance(base, ast.Name):
                 calls.append((base.id, node.func.attr, node))
+            elif (
+                isinstance(base, ast.Attribute)
+                and base.attr == "amp"
+                and isinstance(base.value, ast.Name)
+                and base.value.id == "apex"
+            ):
+                summary.amp_apis.add(node.func.attr)  # apex.amp.X with `import apex`
+            elif isinstance(base, ast.Attribute) and "amp" in base.attr.lower() and node.func.attr in _AMP_APIS:
+                # `self.amp.scale_loss(...)`: the amp module stored on an object
+                summary.unbound_uses.append(AmpUse(base.attr, node.func.attr, node.lineno, node.col_offset + 1))
     for name, api, call in calls:
-        if not (api in _AMP_ONLY_APIS or (api in _AMP_STATE_APIS and "amp" in name.lower())):
+        if name in summary.amp_names or name == "amp":
+            summary.amp_apis.add(api)
+        if name in ("self", "cls") or not (api in _DISTINCT_APIS or (api in _AMP_APIS and "amp" in name.lower())):
             continue
         use = AmpUse(name, api, call.lineno, call.col_offset + 1)
         if name in summary.amp_names:
@@ -337,6 +351,7 @@ class Outcome(NamedTuple):
     amp_left: bool  # some use of Apex amp stays
     amp_migrated: bool  # some use of Apex amp was rewritten
     scalers: tuple[ScalerInfo, ...] = ()  # the GradScalers it creates
+    scaler_unused: bool = False  # a training GradScaler that no backward of the module uses
 
 
 def _reaches(summary: ModuleSummary, start: str, targets: set[str]) -> bool:
@@ -438,6 +453,8 @@ class ProjectPlan:
         modules that no longer use amp drops it.
         """
         again: dict[str, ModuleFacts] = {}
+        if not self._stage:
+            again.update(self._freeze_unused_scalers(outcome))
         for number, group in enumerate(self.groups):
             members = [path for path in group.paths if path in outcome]
             left = [path for path in members if outcome[path].amp_left]
@@ -469,6 +486,32 @@ class ProjectPlan:
             # every module that took amp from here no longer uses it
             again[path] = replace(facts, exported=facts.exported - self.index.modules[path].amp_names - {"*"})
         self.facts.update(again)
+        return again
+
+    def _freeze_unused_scalers(self, outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
+        """Freeze a migrated amp.initialize whose scaler nothing here uses while, in the same
+        project folder, amp code without an amp.initialize stays as it was.
+
+        Frameworks reach their training loop through registries and config strings (an
+        mmcv optimizer hook), not imports; migrating the initialize alone would leave that
+        loop calling Apex amp on a setup that no longer exists.
+        """
+        orphans = [
+            path
+            for path, result in outcome.items()
+            if result.amp_left and "initialize" not in self.index.modules[path].amp_apis
+        ]
+        again = {}
+        for path, result in outcome.items():
+            if not (result.scaler_unused and result.amp_migrated):
+                continue
+            related = [orphan for orphan in orphans if _project_root(orphan) == _project_root(path)]
+            if related:
+                reason = (
+                    f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "
+                    "amp.initialize of its own: they may be one setup, linked at run time rather than by imports"
+                )
+                again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
 
     def _thread(self, members: list[str], left: list[str], outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
@@ -555,6 +598,22 @@ class ProjectPlan:
 
     def _gets_amp_from(self, importer: str, exporter: str) -> bool:
         return any(target == exporter for _, target in self.index.imported(self.index.modules[importer]))
+
+
+_ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", "requirements.txt", ".git")
+
+
+@functools.lru_cache(maxsize=4096)
+def _project_root(path: str) -> str:
+    """The nearest folder above ``path`` that looks like a project's root (setup.py, .git, ...)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while True:
+        if any(os.path.exists(os.path.join(folder, marker)) for marker in _ROOT_MARKERS):
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return folder
+        folder = parent
 
 
 def _module_files(importer: str, module: str) -> list[str]:

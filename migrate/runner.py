@@ -83,6 +83,7 @@ class FileResult:
     amp_left: bool = False
     amp_migrated: bool = False
     scalers: tuple[ScalerInfo, ...] = ()
+    scaler_unused: bool = False
     # the bytes to write (the main process writes, once the project is settled)
     new_data: bytes | None = field(default=None, repr=False, compare=False)
 
@@ -158,7 +159,7 @@ def _migrate_project(
     # a group settles in at most three passes: as found, with its scaler shared, frozen
     for _ in range(3):
         outcome = {
-            path: Outcome(result.amp_left, result.amp_migrated, result.scalers)
+            path: Outcome(result.amp_left, result.amp_migrated, result.scalers, result.scaler_unused)
             for path, task in by_path.items()
             if (result := results[task.candidate.display])
         }
@@ -331,6 +332,7 @@ def _migrate_python(task: _Task) -> FileResult:
         amp_left=result.amp_left,
         amp_migrated=result.amp_migrated,
         scalers=result.scalers,
+        scaler_unused=result.scaler_unused,
         new_data=new_data,
     )
 

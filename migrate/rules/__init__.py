@@ -58,6 +58,9 @@ class RulesOutcome:
     amp_left: bool  # some use of Apex amp stays in the code
     amp_migrated: bool  # some use of Apex amp was rewritten
     scalers: tuple[ScalerInfo, ...] = ()  # the GradScalers created, as other modules see them
+    # a GradScaler was created for training, but no backward here uses it, nor is it passed on:
+    # the loop that needs it lives elsewhere (reached at run time, not through imports)
+    scaler_unused: bool = False
 
 
 def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome:
@@ -88,6 +91,7 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
         bool(left) or unseen > 0 or unshared > 0,
         setup.migrated_any(ctx),
         project_scaler.shared_scalers(ctx.amp),
+        project_scaler.unused(ctx.amp, options.facts),
     )
 
 

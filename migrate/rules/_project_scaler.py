@@ -86,6 +86,12 @@ def pass_on(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
     return failed
 
 
+def unused(model: AmpModel, facts: ModuleFacts) -> bool:
+    """Whether a GradScaler was created for training that no backward of this module uses."""
+    created = [scaler for scaler in model.scalers if scaler.initialize is not None]
+    return bool(created) and not model.sites and not facts.passes_scaler
+
+
 def shared_scalers(model: AmpModel) -> tuple[ScalerInfo, ...]:
     """The scalers this module creates (from amp.initialize), as other modules see them."""
     return tuple(

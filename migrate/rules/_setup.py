@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from migrate.rules._bindings import Binding
-from migrate.rules._context import ModuleContext
+from migrate.rules._context import ModuleContext, dotted_name
 
 # the rules that migrate the amp setup (the others, e.g. FusedAdam, run even when frozen)
 AMP_SETUP_RULES = frozenset(
@@ -156,9 +156,16 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
     imported: set[str] | None = None
     for call in ctx.nodes_of(cst.Call):
         func = call.func
-        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
+        if not isinstance(func, cst.Attribute):
             continue
-        name, api = func.value.value, func.attr.value
+        if isinstance(func.value, cst.Attribute) and "amp" in func.value.attr.value.lower():
+            # `self.amp.scale_loss(...)`: the module stored on an object
+            name = dotted_name(func.value) or func.value.attr.value
+        elif isinstance(func.value, cst.Name):
+            name = func.value.value
+        else:
+            continue
+        api = func.attr.value
         if api not in _AMP_APIS or (api not in _DISTINCT_APIS and "amp" not in name.lower()):
             continue
         if ctx.amp_api(func) is not None or name in ("self", "cls"):
@@ -172,7 +179,8 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
             "AMP026",
             call,
             f"`{name}.{api}(...)`: `{name}` looks like the Apex amp module, but no Apex import binds it "
-            "here (a parameter, a star import, a notebook's %run): left as it was",
+            "here (stored on an object, passed as a parameter, brought by a star import or a notebook's %run): "
+            "left as it was",
         )
     return count
 
