@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
 
@@ -229,15 +230,12 @@ def parameter_callers(
     ctx: ModuleContext, function: cst.FunctionDef, parameter: str, calls_by_name: dict[str, list[cst.Call]]
 ) -> list[tuple[cst.Call, cst.BaseExpression]]:
     """Call sites of ``function`` in this file with the argument given for ``parameter``."""
-    params = list(function.params.params)
-    names = [p.name.value for p in params]
+    names = [param.name.value for param in function.params.params]
     if parameter not in names:
         return []
-    index = names.index(parameter)
     klass = ctx.class_of_method(function)
-    found: list[tuple[cst.Call, cst.BaseExpression]] = []
     if klass is not None:
-        index -= 1  # called as self.f(...)
+        names = names[1:]  # called as self.f(...)
         candidates = [
             node
             for node in ctx.walk(klass)
@@ -247,13 +245,9 @@ def parameter_callers(
         ]
     else:
         candidates = list(calls_by_name.get(function.name.value, []))
+    found: list[tuple[cst.Call, cst.BaseExpression]] = []
     for call in candidates:
-        for position, arg in enumerate(call.args):
-            if arg.star:
-                break
-            if (arg.keyword is not None and arg.keyword.value == parameter) or (
-                arg.keyword is None and position == index
-            ):
-                found.append((call, arg.value))
-                break
+        bound = syntax.bind_arguments(call, names, partial=True)
+        if bound is not None and parameter in bound:
+            found.append((call, bound[parameter].value))
     return found

@@ -66,7 +66,7 @@ _CASTING_SETTINGS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm
 _USES_NEEDING_SCALER = ("scale_loss", "state_dict", "load_state_dict", "master_params")
 
 
-def bind_arguments(call: cst.Call) -> dict[str, cst.Arg] | None:
+def _arguments(call: cst.Call) -> dict[str, cst.Arg] | None:
     """Map the call's arguments to amp.initialize's parameters; None if impossible."""
     bound = syntax.bind_arguments(call, PARAMETERS)
     return bound if bound is not None and "models" in bound else None
@@ -238,7 +238,7 @@ def _in_branch_statements(ctx: ModuleContext, model: AmpModel) -> set[cst.CSTNod
     """Training initializes of one function that sit in the clauses of one if/else chain."""
     by_function: dict[cst.CSTNode | None, list[cst.CSTNode]] = {}
     for use in model.of("initialize"):
-        bound = bind_arguments(use.call)
+        bound = _arguments(use.call)
         if bound is None or "optimizers" not in bound or syntax.literal(bound["optimizers"].value) is None:
             continue
         by_function.setdefault(ctx.function_of(use.call), []).append(ctx.statement_of(use.call))
@@ -345,7 +345,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     else:
         ctx.report("AMP010", call)
         return
-    bound = bind_arguments(call)
+    bound = _arguments(call)
     if bound is None:
         ctx.report("AMP010", call, "amp.initialize with *args/**kwargs or unknown keywords: migrate it by hand")
         return

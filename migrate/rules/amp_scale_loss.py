@@ -63,14 +63,7 @@ from migrate.rules._forward import forward_span, parameter_callers
 
 RULE = "amp_scale_loss"
 
-
-def _argument(call: cst.Call, index: int, name: str) -> cst.Arg | None:
-    for position, arg in enumerate(call.args):
-        if arg.keyword is not None and arg.keyword.value == name:
-            return arg
-        if arg.keyword is None and not arg.star and position == index:
-            return arg
-    return None
+_PARAMETERS = ("loss", "optimizers", "loss_id", "model", "delay_unscale", "delay_overflow_check")
 
 
 def _optimizer_keys(ctx: ModuleContext, expression: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
@@ -206,8 +199,9 @@ def _plan_one(
     ):
         ctx.report("AMP021", call)
         return
-    loss_arg = _argument(call, 0, "loss")
-    optimizers_arg = _argument(call, 1, "optimizers")
+    arguments = syntax.bind_arguments(call, _PARAMETERS, partial=True)
+    loss_arg = arguments.get("loss")
+    optimizers_arg = arguments.get("optimizers")
     if loss_arg is None or optimizers_arg is None:
         ctx.report("AMP021", call)
         return
@@ -215,7 +209,7 @@ def _plan_one(
     if found is None:
         return
     scaler, access = found
-    if _argument(call, 2, "loss_id") is not None:
+    if "loss_id" in arguments:
         ctx.report("AMP004", call)
 
     loss = syntax.strip_parens(loss_arg.value)
