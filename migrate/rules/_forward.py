@@ -164,8 +164,36 @@ def forward_span(
     ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression, model_names: set[str]
 ) -> tuple[cst.CSTNode, cst.CSTNode] | None:
     """(first, last) statements computing ``loss`` before ``anchor``, in one block."""
+    chain = _dependency_chain(ctx, anchor, loss)
+    if not chain:
+        return None
+    forward = _forward_statement(ctx, chain, model_names)
+    if forward is None:
+        return None
+    if any(is_autocast_with(ancestor) for ancestor in ctx.ancestors(forward)):
+        return None  # already under autocast
+    block = ctx.block_of(forward)
+    body = list[cst.CSTNode](block.body)
+    limit = _ancestor_in(ctx, anchor, block)
+    end = body.index(limit) if limit is not None else len(body)
+    last = forward
+    members = {statement for statement, _ in chain}
+    for statement in body[body.index(forward) + 1 : end]:
+        if statement in members:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                break
+            last = statement
+        elif _is_boundary(ctx, statement):
+            break
+    return forward, last
+
+
+def _dependency_chain(
+    ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression
+) -> list[tuple[cst.CSTNode, bool]]:
+    """The statements before ``anchor`` that ``loss`` depends on, latest first, each with
+    whether it was found before any earlier backward/step was crossed."""
     needs = _references(ctx, loss)
-    # (statement, found before any earlier backward/step was crossed)
     chain: list[tuple[cst.CSTNode, bool]] = []
     current = anchor
     in_phase = True
@@ -188,11 +216,15 @@ def forward_span(
             needs |= _references(ctx, statement)
         owner = ctx.owner_of_block(block)
         if not isinstance(owner, _TRANSPARENT):
-            break
+            return chain
         current = ctx.statement_of(owner)
-    if not chain:
-        return None
 
+
+def _forward_statement(
+    ctx: ModuleContext, chain: list[tuple[cst.CSTNode, bool]], model_names: set[str]
+) -> cst.CSTNode | None:
+    """The earliest statement of the chain that calls a model (or, failing that, computes
+    anything), preferring the statements of the current phase."""
     forward: cst.CSTNode | None = None
     for wanted in (True, False):
         candidates = [statement for statement, phase in chain if phase or not wanted]
@@ -205,25 +237,7 @@ def forward_span(
                     forward = statement
         if forward is not None:
             break
-    if forward is None:
-        return None
-    if any(is_autocast_with(ancestor) for ancestor in ctx.ancestors(forward)):
-        return None  # already under autocast
-
-    block = ctx.block_of(forward)
-    body = list[cst.CSTNode](block.body)
-    limit = _ancestor_in(ctx, anchor, block)
-    end = body.index(limit) if limit is not None else len(body)
-    last = forward
-    members = {statement for statement, _ in chain}
-    for statement in body[body.index(forward) + 1 : end]:
-        if statement in members:
-            if not isinstance(statement, cst.SimpleStatementLine):
-                break
-            last = statement
-        elif _is_boundary(ctx, statement):
-            break
-    return forward, last
+    return forward
 
 
 def parameter_callers(
