@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._bindings import dotted_name
+from migrate.rules._bindings import dotted_name, is_import_fallback
 
 if TYPE_CHECKING:  # _context builds the model
     from migrate.rules._context import ModuleContext
@@ -126,7 +126,7 @@ class AmpModel:
             return
         if isinstance(parent, cst.Call) and parent.func is node:
             return
-        if _is_none_fallback(ctx, node):
+        if is_import_fallback(ctx, node):
             return
         self.value_uses.append(node)
 
@@ -320,18 +320,6 @@ def fp32_only(ctx: ModuleContext, step: cst.CSTNode, sites: Sequence[cst.CSTNode
             side = _arm(ctx, ancestor, step)
             if side is not None and all(_arm(ctx, ancestor, site) is (not side) for site in local_sites):
                 return True
-    return False
-
-
-def _is_none_fallback(ctx: ModuleContext, node: cst.Name) -> bool:
-    """``amp = None`` (or ``del amp``) in the except clause of an Apex import."""
-    parent = ctx.parent(node)
-    if isinstance(parent, cst.AssignTarget):
-        assign = ctx.parent(parent)
-        if isinstance(assign, cst.Assign) and syntax.literal(assign.value) is None:
-            return any(isinstance(a, cst.ExceptHandler) for a in ctx.ancestors(assign))
-    if isinstance(parent, cst.Del):
-        return True
     return False
 
 

@@ -53,9 +53,10 @@ def _rewrite(ctx: ModuleContext, call: cst.Call, replacement: Replacement) -> cs
             shown = f"{name} chosen at run time" if values[name] is ... else f"{name}={values[name]!r}"
             return f"{replacement.apex_name} with {shown} has no torch equivalent"
     target = replacement.target if isinstance(replacement.target, str) else replacement.target(values)
+    names = {id(arg): name for name, arg in bound.items()}
     kept: list[cst.Arg] = []
     for index, arg in enumerate(call.args):
-        name = replacement.parameters[index] if arg.keyword is None else arg.keyword.value
+        name = names[id(arg)]
         if name in replacement.dropped or name in replacement.required:
             continue
         new_name = replacement.renamed.get(name, name)

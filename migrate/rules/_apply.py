@@ -91,6 +91,42 @@ def _with_leading_lines(statement: Statement, lines: Sequence[cst.EmptyLine]) ->
     return statement.with_changes(leading_lines=[*lines, *existing])
 
 
+def _with_new_keywords(call: cst.Call, keywords: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:
+    """``f(a)`` -> ``f(a, name=value)``, laid out like the existing arguments."""
+    extra = [syntax.keyword(name, value) for name, value in keywords]
+    args = list(call.args)
+    if args and isinstance(args[-1].comma, cst.Comma):
+        # keep a trailing comma style: new arguments go after it, laid out like the others
+        extra[-1] = extra[-1].with_changes(comma=args[-1].comma)
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=_separator(args)))
+    return call.with_changes(args=[*args, *extra])
+
+
+def _with_new_params(
+    function: cst.FunctionDef, new: Sequence[tuple[str, cst.BaseExpression | None]]
+) -> cst.FunctionDef:
+    """``def f(a)`` -> ``def f(a, name)`` (or ``name=default``), laid out like the others."""
+    params = list(function.params.params)
+    for name, default in new:
+        params.append(
+            cst.Param(
+                cst.Name(name),
+                default=default,
+                equal=(
+                    cst.AssignEqual(whitespace_before=syntax.NO_SPACE, whitespace_after=syntax.NO_SPACE)
+                    if default is not None
+                    else cst.MaybeSentinel.DEFAULT
+                ),
+            )
+        )
+    if len(params) > 1 and isinstance(params[-2].comma, cst.Comma):
+        last_comma = params[-2].comma
+        separator = _separator(params[:-1])
+        params[-2] = params[-2].with_changes(comma=cst.Comma(whitespace_after=separator))
+        params[-1] = params[-1].with_changes(comma=last_comma)
+    return function.with_changes(params=function.params.with_changes(params=params))
+
+
 class PlanApplier(cst.CSTTransformer):
     def __init__(self, plan: Plan, touched: set[int]) -> None:
         super().__init__()
@@ -113,46 +149,9 @@ class PlanApplier(cst.CSTTransformer):
         if replace is not None:
             updated = replace(updated)
         if isinstance(updated, cst.Call) and original_node in plan.new_keywords:
-            extra = [
-                cst.Arg(
-                    value=value,
-                    keyword=cst.Name(name),
-                    equal=cst.AssignEqual(
-                        whitespace_before=cst.SimpleWhitespace(""),
-                        whitespace_after=cst.SimpleWhitespace(""),
-                    ),
-                )
-                for name, value in plan.new_keywords[original_node]
-            ]
-            args = list(updated.args)
-            if args and isinstance(args[-1].comma, cst.Comma):
-                # keep a trailing comma style: new arguments go after it, laid out like the others
-                extra[-1] = extra[-1].with_changes(comma=args[-1].comma)
-                args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=_separator(args)))
-            updated = updated.with_changes(args=[*args, *extra])
+            updated = _with_new_keywords(updated, plan.new_keywords[original_node])
         if isinstance(updated, cst.FunctionDef) and original_node in plan.new_params:
-            params = list(updated.params.params)
-            for name, default in plan.new_params[original_node]:
-                params.append(
-                    cst.Param(
-                        cst.Name(name),
-                        default=default,
-                        equal=(
-                            cst.AssignEqual(
-                                whitespace_before=cst.SimpleWhitespace(""),
-                                whitespace_after=cst.SimpleWhitespace(""),
-                            )
-                            if default is not None
-                            else cst.MaybeSentinel.DEFAULT
-                        ),
-                    )
-                )
-            if len(params) > 1 and isinstance(params[-2].comma, cst.Comma):
-                last_comma = params[-2].comma
-                separator = _separator(params[:-1])
-                params[-2] = params[-2].with_changes(comma=cst.Comma(whitespace_after=separator))
-                params[-1] = params[-1].with_changes(comma=last_comma)
-            updated = updated.with_changes(params=updated.params.with_changes(params=params))
+            updated = _with_new_params(updated, plan.new_params[original_node])
         if isinstance(updated, cst.If) and isinstance(updated.orelse, cst.Else):
             if self._is_placeholder_block(updated.orelse.body):
                 updated = updated.with_changes(orelse=None)

@@ -10,8 +10,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import libcst as cst
+
+if TYPE_CHECKING:  # _context builds on this module
+    from migrate.rules._context import ModuleContext
 
 Scope = cst.Module | cst.FunctionDef | cst.ClassDef | cst.Lambda
 
@@ -52,6 +56,18 @@ def target_names(target: cst.BaseExpression) -> Iterator[str]:
             yield from target_names(element.value)
     elif isinstance(target, cst.StarredElement):
         yield from target_names(target.value)
+
+
+def is_import_fallback(ctx: ModuleContext, name: cst.Name) -> bool:
+    """``amp = None`` (or ``del amp``, or ``amp, x = ...``) in an ``except`` clause: the
+    fallback for an import that failed rebinds the name, it does not use what was imported."""
+    parent = ctx.parent(name)
+    if isinstance(parent, cst.Element):  # one name of a tuple or list target
+        container = ctx.parent(parent)
+        parent = ctx.parent(container) if container is not None else None
+    if isinstance(parent, (cst.AssignTarget, cst.Del)):
+        return any(isinstance(ancestor, cst.ExceptHandler) for ancestor in ctx.ancestors(name))
+    return False
 
 
 def _classify_import(module_path: str, name: str) -> tuple[str, str] | None:

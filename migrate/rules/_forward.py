@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
 
@@ -164,8 +165,36 @@ def forward_span(
     ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression, model_names: set[str]
 ) -> tuple[cst.CSTNode, cst.CSTNode] | None:
     """(first, last) statements computing ``loss`` before ``anchor``, in one block."""
+    chain = _dependency_chain(ctx, anchor, loss)
+    if not chain:
+        return None
+    forward = _forward_statement(ctx, chain, model_names)
+    if forward is None:
+        return None
+    if any(is_autocast_with(ancestor) for ancestor in ctx.ancestors(forward)):
+        return None  # already under autocast
+    block = ctx.block_of(forward)
+    body = list[cst.CSTNode](block.body)
+    limit = _ancestor_in(ctx, anchor, block)
+    end = body.index(limit) if limit is not None else len(body)
+    last = forward
+    members = {statement for statement, _ in chain}
+    for statement in body[body.index(forward) + 1 : end]:
+        if _is_boundary(ctx, statement):
+            break
+        if statement in members:
+            # an if/else, loop or with that computes the loss (its own head layers, a sum
+            # over outputs) runs under autocast too, as all of it ran under Apex O1
+            last = statement
+    return forward, last
+
+
+def _dependency_chain(
+    ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression
+) -> list[tuple[cst.CSTNode, bool]]:
+    """The statements before ``anchor`` that ``loss`` depends on, latest first, each with
+    whether it was found before any earlier backward/step was crossed."""
     needs = _references(ctx, loss)
-    # (statement, found before any earlier backward/step was crossed)
     chain: list[tuple[cst.CSTNode, bool]] = []
     current = anchor
     in_phase = True
@@ -188,11 +217,15 @@ def forward_span(
             needs |= _references(ctx, statement)
         owner = ctx.owner_of_block(block)
         if not isinstance(owner, _TRANSPARENT):
-            break
+            return chain
         current = ctx.statement_of(owner)
-    if not chain:
-        return None
 
+
+def _forward_statement(
+    ctx: ModuleContext, chain: list[tuple[cst.CSTNode, bool]], model_names: set[str]
+) -> cst.CSTNode | None:
+    """The earliest statement of the chain that calls a model (or, failing that, computes
+    anything), preferring the statements of the current phase."""
     forward: cst.CSTNode | None = None
     for wanted in (True, False):
         candidates = [statement for statement, phase in chain if phase or not wanted]
@@ -205,40 +238,19 @@ def forward_span(
                     forward = statement
         if forward is not None:
             break
-    if forward is None:
-        return None
-    if any(is_autocast_with(ancestor) for ancestor in ctx.ancestors(forward)):
-        return None  # already under autocast
-
-    block = ctx.block_of(forward)
-    body = list[cst.CSTNode](block.body)
-    limit = _ancestor_in(ctx, anchor, block)
-    end = body.index(limit) if limit is not None else len(body)
-    last = forward
-    members = {statement for statement, _ in chain}
-    for statement in body[body.index(forward) + 1 : end]:
-        if _is_boundary(ctx, statement):
-            break
-        if statement in members:
-            # an if/else, loop or with that computes the loss (its own head layers, a sum
-            # over outputs) runs under autocast too, as all of it ran under Apex O1
-            last = statement
-    return forward, last
+    return forward
 
 
 def parameter_callers(
     ctx: ModuleContext, function: cst.FunctionDef, parameter: str, calls_by_name: dict[str, list[cst.Call]]
 ) -> list[tuple[cst.Call, cst.BaseExpression]]:
     """Call sites of ``function`` in this file with the argument given for ``parameter``."""
-    params = list(function.params.params)
-    names = [p.name.value for p in params]
+    names = [param.name.value for param in function.params.params]
     if parameter not in names:
         return []
-    index = names.index(parameter)
     klass = ctx.class_of_method(function)
-    found: list[tuple[cst.Call, cst.BaseExpression]] = []
     if klass is not None:
-        index -= 1  # called as self.f(...)
+        names = names[1:]  # called as self.f(...)
         candidates = [
             node
             for node in ctx.walk(klass)
@@ -248,13 +260,9 @@ def parameter_callers(
         ]
     else:
         candidates = list(calls_by_name.get(function.name.value, []))
+    found: list[tuple[cst.Call, cst.BaseExpression]] = []
     for call in candidates:
-        for position, arg in enumerate(call.args):
-            if arg.star:
-                break
-            if (arg.keyword is not None and arg.keyword.value == parameter) or (
-                arg.keyword is None and position == index
-            ):
-                found.append((call, arg.value))
-                break
+        bound = syntax.bind_arguments(call, names, partial=True)
+        if bound is not None and parameter in bound:
+            found.append((call, bound[parameter].value))
     return found

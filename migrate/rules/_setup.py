@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from migrate.rules._bindings import Binding
+from migrate.rules._bindings import Binding, is_import_fallback
 from migrate.rules._context import ModuleContext, dotted_name
 
 # the rules that migrate the amp setup (the others, e.g. FusedAdam, run even when frozen)
@@ -45,7 +45,7 @@ def amp_references(ctx: ModuleContext) -> Iterator[cst.Name]:
             continue
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):
             continue
-        if _is_fallback(ctx, node):
+        if is_import_fallback(ctx, node):
             continue
         yield node
 
@@ -56,16 +56,6 @@ def _is_amp(binding: Binding, node: cst.Name, ctx: ModuleContext) -> bool:
     if binding.kind == "apex":  # `import apex` used as apex.amp.X
         parent = ctx.parent(node)
         return isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value == "amp"
-    return False
-
-
-def _is_fallback(ctx: ModuleContext, name: cst.Name) -> bool:
-    """``amp = None`` / ``del amp`` in an except clause: not a use of the module."""
-    parent = ctx.parent(name)
-    if isinstance(parent, cst.Element):
-        parent = ctx.parent(ctx.parent(parent) or parent)
-    if isinstance(parent, (cst.AssignTarget, cst.Del)):
-        return any(isinstance(a, cst.ExceptHandler) for a in ctx.ancestors(name))
     return False
 
 

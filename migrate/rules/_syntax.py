@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
-from typing import cast
+from typing import Literal, cast, overload
 
 import libcst as cst
 
@@ -31,23 +31,6 @@ def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
         keyword=cst.Name(name),
         equal=cst.AssignEqual(whitespace_before=NO_SPACE, whitespace_after=NO_SPACE),
     )
-
-
-def positional_to_keywords(args: Sequence[cst.Arg], names: Sequence[str]) -> list[cst.Arg] | None:
-    """Give positional arguments their parameter names; None if that is impossible."""
-    result = []
-    for index, arg in enumerate(args):
-        if arg.star:
-            return None
-        if arg.keyword is None:
-            if index >= len(names):
-                return None
-            arg = arg.with_changes(
-                keyword=cst.Name(names[index]),
-                equal=cst.AssignEqual(whitespace_before=NO_SPACE, whitespace_after=NO_SPACE),
-            )
-        result.append(arg)
-    return result
 
 
 def prepend_args(call: cst.Call, new: Sequence[cst.Arg]) -> cst.Call:
@@ -96,21 +79,56 @@ def assign_statement(target: cst.BaseExpression, value: cst.BaseExpression) -> c
     return cst.SimpleStatementLine([cst.Assign(targets=[cst.AssignTarget(assignable)], value=value)])
 
 
-def bind_arguments(call: cst.Call, parameters: Sequence[str]) -> dict[str, cst.Arg] | None:
-    """Map a call's arguments to parameter names; None for */** or unknown keywords."""
+@overload
+def bind_arguments(call: cst.Call, parameters: Sequence[str]) -> dict[str, cst.Arg] | None: ...
+@overload
+def bind_arguments(call: cst.Call, parameters: Sequence[str], *, partial: Literal[True]) -> dict[str, cst.Arg]: ...
+def bind_arguments(call: cst.Call, parameters: Sequence[str], *, partial: bool = False) -> dict[str, cst.Arg] | None:
+    """Map a call's arguments to the callee's parameter names (in positional order).
+
+    By default the whole call must bind: None for a ``*``/``**`` argument, an unknown
+    keyword, more positional arguments than parameters, or a parameter given twice. With
+    ``partial``, only what binds for sure is returned and the rest ignored: positional
+    arguments before any ``*args``, and keywords by name (the first, when given twice).
+    """
     bound: dict[str, cst.Arg] = {}
+    unpacked = False  # after `*args`, the position of an argument is unknown
     for index, arg in enumerate(call.args):
         if arg.star:
-            return None
-        if arg.keyword is None:
-            if index >= len(parameters):
+            if not partial:
                 return None
-            bound[parameters[index]] = arg
-        elif arg.keyword.value in parameters:
-            bound[arg.keyword.value] = arg
+            unpacked = unpacked or arg.star == "*"
+            continue
+        if arg.keyword is not None:
+            name: str | None = arg.keyword.value if arg.keyword.value in parameters else None
         else:
-            return None
+            name = parameters[index] if index < len(parameters) and not unpacked else None
+        if name is None or name in bound:
+            if not partial:
+                return None
+            continue
+        bound[name] = arg
     return bound
+
+
+def with_keywords(call: cst.Call, parameters: Sequence[str]) -> list[cst.Arg] | None:
+    """The call's arguments with each positional one given its parameter name; None if the
+    call does not bind (see ``bind_arguments``)."""
+    bound = bind_arguments(call, parameters)
+    if bound is None:
+        return None
+    names = {id(arg): name for name, arg in bound.items()}
+    return [
+        (
+            arg
+            if arg.keyword is not None
+            else arg.with_changes(
+                keyword=cst.Name(names[id(arg)]),
+                equal=cst.AssignEqual(whitespace_before=NO_SPACE, whitespace_after=NO_SPACE),
+            )
+        )
+        for arg in call.args
+    ]
 
 
 def is_docstring(statement: cst.CSTNode) -> bool:

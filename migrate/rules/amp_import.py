@@ -35,7 +35,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.rules._amp import AmpModel
-from migrate.rules._bindings import Binding, dotted_name
+from migrate.rules._bindings import Binding, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
 
 RULE = "amp_import"
@@ -95,16 +95,6 @@ def _references(ctx: ModuleContext) -> dict[cst.ImportAlias, list[cst.Name]]:
     return found
 
 
-def _is_fallback(ctx: ModuleContext, name: cst.Name) -> bool:
-    """``amp = None`` / ``del amp`` in an except clause: not a use of the module."""
-    parent = ctx.parent(name)
-    if isinstance(parent, (cst.AssignTarget, cst.Del)) or (
-        isinstance(parent, cst.Element) and isinstance(ctx.parent(ctx.parent(parent)), cst.AssignTarget)  # type: ignore[arg-type]
-    ):
-        return any(isinstance(a, cst.ExceptHandler) for a in ctx.ancestors(name))
-    return False
-
-
 def _catches_import_error(handler: cst.ExceptHandler) -> bool:
     if handler.type is None:
         return True
@@ -152,7 +142,7 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
                 uses = references.get(binding.alias, [])
                 if scope is ctx.module and (bound in exported or "*" in exported):
                     continue  # other modules of the project import it from here
-                if any(name not in ctx.consumed and not _is_fallback(ctx, name) for name in uses):
+                if any(name not in ctx.consumed and not is_import_fallback(ctx, name) for name in uses):
                     continue  # still used: keep it so that code keeps running with Apex
                 if binding.kind in ("apex", "other_apex") and not any(name in ctx.consumed for name in uses):
                     continue  # an Apex import this run did not migrate anything of

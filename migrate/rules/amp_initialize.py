@@ -34,6 +34,8 @@ References
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -66,7 +68,7 @@ _CASTING_SETTINGS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm
 _USES_NEEDING_SCALER = ("scale_loss", "state_dict", "load_state_dict", "master_params")
 
 
-def bind_arguments(call: cst.Call) -> dict[str, cst.Arg] | None:
+def _arguments(call: cst.Call) -> dict[str, cst.Arg] | None:
     """Map the call's arguments to amp.initialize's parameters; None if impossible."""
     bound = syntax.bind_arguments(call, PARAMETERS)
     return bound if bound is not None and "models" in bound else None
@@ -238,7 +240,7 @@ def _in_branch_statements(ctx: ModuleContext, model: AmpModel) -> set[cst.CSTNod
     """Training initializes of one function that sit in the clauses of one if/else chain."""
     by_function: dict[cst.CSTNode | None, list[cst.CSTNode]] = {}
     for use in model.of("initialize"):
-        bound = bind_arguments(use.call)
+        bound = _arguments(use.call)
         if bound is None or "optimizers" not in bound or syntax.literal(bound["optimizers"].value) is None:
             continue
         by_function.setdefault(ctx.function_of(use.call), []).append(ctx.statement_of(use.call))
@@ -332,11 +334,56 @@ def _exclusive_branches(ctx: ModuleContext, statements: list[cst.CSTNode]) -> bo
     return len(set(map(id, owners))) == len(owners)
 
 
-def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
+@dataclass
+class _Call:
+    """One ``amp.initialize`` call as written, and the assignment that survives it."""
+
+    use: AmpCall
+    statement: cst.CSTNode
+    bound: dict[str, cst.Arg]
+    models: cst.BaseExpression
+    inference_only: bool  # no optimizers: nothing to scale
+    alias: cst.SimpleStatementLine | None  # ``model_amp = model`` for targets that differ
+
+    @property
+    def call(self) -> cst.Call:
+        return self.use.call
+
+    def replacement(self) -> list[Statement]:
+        return [self.alias] if self.alias is not None else []
+
+
+@dataclass
+class _Settings:
+    """What the call asks for: the opt level, when amp is on, and where the scaler goes."""
+
+    level: str | None  # "O0".."O3"; None when chosen at run time (``level_expression``)
+    level_expression: cst.BaseExpression | None
+    disabled: bool  # O0 or enabled=False: fp32, scaling off
+    enabled_parts: list[cst.BaseExpression]  # conditions that all hold when amp is on
+    outermost: cst.CSTNode  # the statement the scaler is created before
+    in_branch: bool  # one of several initializes in the clauses of one if/else
+    shared_above: bool  # ... whose scaler is created once, above the guarded chain
+
+    @property
+    def level_code(self) -> str | None:
+        return syntax.normalized(self.level_expression) if self.level_expression is not None else None
+
+
+@dataclass
+class _LossScale:
+    """The loss-scale arguments, and the notes to report once the call is migrated."""
+
+    static: float | None = None  # a fixed scale
+    initial: float | None = None  # the GradScaler's init_scale
+    off: bool = False  # loss_scale=1.0: no scaling at all
+    notes: list[tuple[str, cst.CSTNode, str | None]] = field(default_factory=list)
+
+
+def _read_call(ctx: ModuleContext, use: AmpCall) -> _Call | None:
+    """The call's statement, arguments and targets; None (reported) when it is no plain assignment."""
     call = use.call
     statement = ctx.statement_of(call)
-    if ctx.skipped(call):
-        return
     small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
     if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1:
         target: cst.BaseExpression | None = small.targets[0].target
@@ -344,12 +391,11 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         target = None
     else:
         ctx.report("AMP010", call)
-        return
-    bound = bind_arguments(call)
+        return None
+    bound = _arguments(call)
     if bound is None:
         ctx.report("AMP010", call, "amp.initialize with *args/**kwargs or unknown keywords: migrate it by hand")
-        return
-
+        return None
     models = bound["models"].value
     optimizers = bound["optimizers"].value if "optimizers" in bound else None
     inference_only = (
@@ -357,12 +403,19 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         or syntax.literal(optimizers) is None
         or (isinstance(optimizers, (cst.List, cst.Tuple)) and not optimizers.elements)
     )
+    alias = _result_alias(target, models, optimizers) if target is not None else None
+    return _Call(use, statement, bound, models, inference_only, alias)
+
+
+def _result_alias(
+    target: cst.BaseExpression, models: cst.BaseExpression, optimizers: cst.BaseExpression | None
+) -> cst.SimpleStatementLine | None:
+    """``target = <what amp.initialize returned>`` where the targets differ from the arguments."""
     result = (
         models
         if optimizers is None or syntax.literal(optimizers) is None
         else cst.Tuple([cst.Element(models), cst.Element(optimizers)])
     )
-    alias = _alias_assignment(target, result) if target is not None else None
     if (
         isinstance(target, cst.Name)
         and isinstance(result, cst.Tuple)
@@ -374,37 +427,53 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             body=result.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
             orelse=models,
         )
-        alias = syntax.assign_statement(target, conditional)
+        return syntax.assign_statement(target, conditional)
+    return _alias_assignment(target, result)
 
-    # what the call asked for
+
+def _opt_level(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> tuple[str | None, cst.BaseExpression | None] | None:
+    """The literal opt level, or the expression choosing it at run time; None (reported) if invalid."""
     level_arg = bound.get("opt_level")
-    level: str | None = "O1"
-    level_expression: cst.BaseExpression | None = None
-    if level_arg is not None:
-        value = syntax.literal(level_arg.value)
-        if isinstance(value, str) and value in ("O0", "O1", "O2", "O3"):
-            level = value
-        elif value is ...:
-            level, level_expression = None, level_arg.value
-        else:
-            ctx.report("AMP005", level_arg, f"opt_level={value!r} is not one of O0-O3 (Apex raised at run time)")
-            return
-    enabled_parts: list[cst.BaseExpression] = []
-    disabled = level == "O0"
+    if level_arg is None:
+        return "O1", None
+    value = syntax.literal(level_arg.value)
+    if isinstance(value, str) and value in ("O0", "O1", "O2", "O3"):
+        return value, None
+    if value is ...:
+        return None, level_arg.value
+    ctx.report("AMP005", level_arg, f"opt_level={value!r} is not one of O0-O3 (Apex raised at run time)")
+    return None
+
+
+def _enabled_flag(
+    ctx: ModuleContext, bound: dict[str, cst.Arg], level: str | None
+) -> tuple[list[cst.BaseExpression], bool]:
+    """The ``enabled=`` argument: as a condition when computed at run time, or whether it is off."""
     enabled_arg = bound.get("enabled")
-    if enabled_arg is not None:
-        value = syntax.literal(enabled_arg.value)
-        if enabled_arg.keyword is None and isinstance(value, str):
-            ctx.report(
-                "AMP005",
-                enabled_arg,
-                f"the third positional argument of amp.initialize is `enabled`, not opt_level: "
-                f"{value!r} meant enabled={bool(value)} at opt_level {level}; check the intent",
-            )
-        if value is ...:
-            enabled_parts.append(enabled_arg.value)
-        elif not value:
-            disabled = True
+    if enabled_arg is None:
+        return [], False
+    value = syntax.literal(enabled_arg.value)
+    if enabled_arg.keyword is None and isinstance(value, str):
+        ctx.report(
+            "AMP005",
+            enabled_arg,
+            f"the third positional argument of amp.initialize is `enabled`, not opt_level: "
+            f"{value!r} meant enabled={bool(value)} at opt_level {level}; check the intent",
+        )
+    if value is ...:
+        return [enabled_arg.value], False
+    return [], not value
+
+
+def _read_settings(ctx: ModuleContext, model: AmpModel, found: _Call) -> _Settings | None:
+    """When amp is on (opt level, ``enabled=``, guarding ifs) and where the scaler is created."""
+    level_read = _opt_level(ctx, found.bound)
+    if level_read is None:
+        return None
+    level, level_expression = level_read
+    enabled_parts, disabled = _enabled_flag(ctx, found.bound, level)
+    disabled = disabled or level == "O0"
+    statement = found.statement
     guards, outermost = _guards(ctx, statement)
     in_branch = statement in _in_branch_statements(ctx, model)
     shared_above = False
@@ -427,19 +496,19 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
                 comparisons=[cst.ComparisonTarget(cst.NotEqual(), syntax.string("O0"))],
             )
         )
+    return _Settings(level, level_expression, disabled, enabled_parts, outermost, in_branch, shared_above)
 
-    # what gets reported once the call is really migrated
-    notes: list[tuple[str, cst.CSTNode, str | None]] = []
-    # loss scale
-    static_scale: float | None = None
-    scaling_off = False
+
+def _loss_scale(bound: dict[str, cst.Arg]) -> _LossScale:
+    """``loss_scale``, ``min/max_loss_scale`` and ``num_losses``, with what to report about them."""
+    scale = _LossScale()
     loss_scale_arg = bound.get("loss_scale")
     if loss_scale_arg is not None:
         value = syntax.literal(loss_scale_arg.value)
         try:
             number = None if value == "dynamic" else float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            notes.append(
+            scale.notes.append(
                 (
                     "AMP005",
                     loss_scale_arg,
@@ -449,40 +518,37 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             )
             number = None
         if number == 1.0:
-            scaling_off = True
+            scale.off = True
         elif number is not None:
-            static_scale = number
-            notes.append(("AMP002", loss_scale_arg, None))
-    initial_scale = static_scale
+            scale.static = number
+            scale.notes.append(("AMP002", loss_scale_arg, None))
+    scale.initial = scale.static
     for name in ("min_loss_scale", "max_loss_scale"):
         if name in bound and syntax.literal(bound[name].value) is not None:
-            notes.append(("AMP003", bound[name], None))
+            scale.notes.append(("AMP003", bound[name], None))
     ceiling = syntax.literal(bound["max_loss_scale"].value) if "max_loss_scale" in bound else None
-    if static_scale is None and isinstance(ceiling, (int, float)) and ceiling < 2.0**16:
-        initial_scale = float(ceiling)  # Apex started at min(max_loss_scale, 2**16)
+    if scale.static is None and isinstance(ceiling, (int, float)) and ceiling < 2.0**16:
+        scale.initial = float(ceiling)  # Apex started at min(max_loss_scale, 2**16)
     if "num_losses" in bound and syntax.literal(bound["num_losses"].value) != 1:
-        notes.append(("AMP004", bound["num_losses"], None))
-    if "cast_model_outputs" in bound and syntax.literal(bound["cast_model_outputs"].value) is not None:
-        ctx.report(
-            "AMP005",
-            bound["cast_model_outputs"],
-            "cast_model_outputs has no autocast equivalent: cast the model outputs with .to(dtype) by hand",
-        )
-        return
-    if inference_only:
-        ctx.consumed.add(use.base)
-        for note in notes:
-            ctx.report(*note)
-        ctx.report("AMP011", call)
-        if alias is not None:
-            ctx.plan.replace_statement[statement] = [alias]
-        else:
-            ctx.plan.remove.add(statement)
-        return
+        scale.notes.append(("AMP004", bound["num_losses"], None))
+    return scale
 
-    # where the scaler lives, and whether everything that needs it can reach it there
+
+def _drop_call(ctx: ModuleContext, found: _Call, then: Sequence[Statement] = ()) -> None:
+    """The call's statement goes, leaving its alias assignment (if any) and ``then``."""
+    replacement = [*found.replacement(), *then]
+    if replacement:
+        ctx.plan.replace_statement[found.statement] = replacement
+    else:
+        ctx.plan.remove.add(found.statement)
+
+
+def _home(
+    ctx: ModuleContext, model: AmpModel, call: cst.Call, settings: _Settings
+) -> tuple[cst.FunctionDef | None, cst.ClassDef | None] | None:
+    """Where the scaler lives (function, and class when it goes on ``self``), such that every
+    use that needs it can reach it; None (reported) when some use cannot."""
     function = ctx.function_of(call)
-    klass = None
     elsewhere = [
         other
         for other in model.calls
@@ -490,109 +556,109 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         and not _inside(ctx, other.call, function)
         and (other.api != "master_params" or in_clip(ctx, other.call))
     ]
-    if function is not None and elsewhere:
-        klass = ctx.class_of_method(function)
-        unreachable = [other for other in elsewhere if not model.can_reach(function, klass, other.call)]
-        if unreachable and klass is None and not enabled_parts and isinstance(ctx.parent(function), cst.Module):
-            # a factory function: a scaler with a fixed configuration can live at module
-            # level, where every function of the file reaches it
-            function, unreachable = None, []
-        if unreachable:
-            # migrating this call alone would leave Apex code behind that needs it
-            where = ctx.position(unreachable[0].call)[0]
-            ctx.report(
-                "AMP022",
-                call,
-                f"amp.initialize left as it was: the amp.{unreachable[0].api} at line {where} could not "
-                "reach a GradScaler created here (pass one to it, then run ampmigrate again)",
-            )
-            return
+    if function is None or not elsewhere:
+        return function, None
+    klass = ctx.class_of_method(function)
+    unreachable = [other for other in elsewhere if not model.can_reach(function, klass, other.call)]
+    if unreachable and klass is None and not settings.enabled_parts and isinstance(ctx.parent(function), cst.Module):
+        # a factory function: a scaler with a fixed configuration can live at module
+        # level, where every function of the file reaches it
+        return None, None
+    if unreachable:
+        # migrating this call alone would leave Apex code behind that needs it
+        where = ctx.position(unreachable[0].call)[0]
+        ctx.report(
+            "AMP022",
+            call,
+            f"amp.initialize left as it was: the amp.{unreachable[0].api} at line {where} could not "
+            "reach a GradScaler created here (pass one to it, then run ampmigrate again)",
+        )
+        return None
+    return function, klass
 
-    ctx.consumed.add(use.base)
-    for note in notes:
-        ctx.report(*note)
+
+def _report_numerics(ctx: ModuleContext, found: _Call, settings: _Settings) -> None:
+    """AMP001 (O2/O3 became autocast, the nearest recipe) or AMP012 (O1, an exact match)."""
+    if settings.disabled:
+        return
+    level, level_expression, bound = settings.level, settings.level_expression, found.bound
     if (
         level in ("O2", "O3")
         or level_expression is not None
         or any(name in bound and syntax.literal(bound[name].value) is not None for name in _CASTING_SETTINGS)
     ):
-        if not disabled:
-            if level_expression is not None:
-                what = f"opt_level is chosen at run time ({syntax.normalized(level_expression)}): O2/O3 runs now use"
-            elif level in ("O2", "O3"):
-                what = f"{level} was migrated to"
-            else:
-                what = "The O2-style casting settings were migrated to"
-            ctx.report("AMP001", call, f"{what} torch.autocast + GradScaler, the nearest native recipe")
-    elif level == "O1" and not disabled:
-        ctx.report("AMP012", call)
+        if level_expression is not None:
+            what = f"opt_level is chosen at run time ({syntax.normalized(level_expression)}): O2/O3 runs now use"
+        elif level in ("O2", "O3"):
+            what = f"{level} was migrated to"
+        else:
+            what = "The O2-style casting settings were migrated to"
+        ctx.report("AMP001", found.call, f"{what} torch.autocast + GradScaler, the nearest native recipe")
+    elif level == "O1":
+        ctx.report("AMP012", found.call)
 
-    if klass is not None:
-        attributes = {scaler.name for scaler in model.scalers if scaler.klass is klass}
-        name = (
-            ctx.options.scaler_name
-            if ctx.options.scaler_name in attributes
-            else ctx.fresh_name(ctx.options.scaler_name)
-        )
-    else:
-        same_scope = [s for s in model.scalers if s.function is function and s.klass is None]
-        if same_scope and in_branch and shared_above:
-            if static_scale != same_scope[0].static_scale:
-                ctx.report(
-                    "AMP005",
-                    call,
-                    "this clause asks for a different loss scale than the one above it, "
-                    "and both now share one GradScaler: set its scale by hand",
-                )
-            if alias is not None:
-                ctx.plan.replace_statement[statement] = [alias]
-            else:
-                ctx.plan.remove.add(statement)
-            return
-        if same_scope and in_branch:
-            # another clause of the same if/else: it builds the same scaler its own way
-            if static_scale is not None or same_scope[0].static_scale is not None:
-                ctx.report(
-                    "AMP005",
-                    call,
-                    "a static loss_scale in one branch only: GradScaler.update() "
-                    "cannot hold it there; set the scale by hand after update()",
-                )
-            level_code = syntax.normalized(level_expression) if level_expression is not None else None
-            branch_enabled = (
-                cst.Name("False")
-                if disabled or scaling_off
-                else _conjunction(enabled_parts, level_code) if enabled_parts else None
-            )
-            args = _scaler_arguments(ctx, initial_scale, branch_enabled)
-            creation = syntax.assign_statement(cst.Name(same_scope[0].name), syntax.call("torch.amp.GradScaler", args))
-            ctx.plan.replace_statement[statement] = [*([alias] if alias is not None else []), creation]
-            return
-        if same_scope:
+
+def _join_local_scaler(
+    ctx: ModuleContext, found: _Call, settings: _Settings, scale: _LossScale, same_scope: list[Scaler]
+) -> None:
+    """A second initialize in a function that already has a scaler: it shares that one."""
+    call, first = found.call, same_scope[0]
+    if settings.in_branch and settings.shared_above:
+        if scale.static != first.static_scale:
             ctx.report(
-                "AMP010", call, "a second amp.initialize in the same function: it shares the first one's GradScaler"
+                "AMP005",
+                call,
+                "this clause asks for a different loss scale than the one above it, "
+                "and both now share one GradScaler: set its scale by hand",
             )
-            if alias is not None:
-                ctx.plan.replace_statement[statement] = [alias]
-            else:
-                ctx.plan.remove.add(statement)
-            return
-        name = ctx.fresh_name(ctx.options.scaler_name)
+        _drop_call(ctx, found)
+    elif settings.in_branch:
+        # another clause of the same if/else: it builds the same scaler its own way
+        if scale.static is not None or first.static_scale is not None:
+            ctx.report(
+                "AMP005",
+                call,
+                "a static loss_scale in one branch only: GradScaler.update() "
+                "cannot hold it there; set the scale by hand after update()",
+            )
+        branch_enabled = (
+            cst.Name("False")
+            if settings.disabled or scale.off
+            else _conjunction(settings.enabled_parts, settings.level_code) if settings.enabled_parts else None
+        )
+        args = _scaler_arguments(ctx, scale.initial, branch_enabled)
+        creation = syntax.assign_statement(cst.Name(first.name), syntax.call("torch.amp.GradScaler", args))
+        ctx.plan.replace_statement[found.statement] = [*found.replacement(), creation]
+    else:
+        ctx.report("AMP010", call, "a second amp.initialize in the same function: it shares the first one's GradScaler")
+        _drop_call(ctx, found)
 
-    scaler_enabled = (
-        None
-        if not enabled_parts
-        else _conjunction(enabled_parts, syntax.normalized(level_expression) if level_expression is not None else None)
-    )
-    if disabled:
-        scaler_enabled = cst.Name("False")
-    autocast_enabled: cst.BaseExpression | None | str = None
-    if disabled:
-        autocast_enabled = "off"
-    elif scaling_off:
-        autocast_enabled = scaler_enabled
-        scaler_enabled = cst.Name("False")
 
+def _enabled_arguments(
+    settings: _Settings, scale: _LossScale
+) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None | str]:
+    """The scaler's ``enabled=`` and autocast's (see ``Scaler``)."""
+    scaler_enabled = _conjunction(settings.enabled_parts, settings.level_code) if settings.enabled_parts else None
+    if settings.disabled:
+        return cst.Name("False"), "off"
+    if scale.off:
+        return cst.Name("False"), scaler_enabled
+    return scaler_enabled, None
+
+
+def _create_scaler(
+    ctx: ModuleContext,
+    model: AmpModel,
+    found: _Call,
+    settings: _Settings,
+    scale: _LossScale,
+    home: tuple[cst.FunctionDef | None, cst.ClassDef | None],
+    name: str,
+) -> None:
+    """Record the new scaler in the model, and plan its creation where it lives."""
+    function, klass = home
+    call, statement = found.call, found.statement
+    scaler_enabled, autocast_enabled = _enabled_arguments(settings, scale)
     scaler = Scaler(
         initialize=call,
         statement=statement,
@@ -601,8 +667,9 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
         name=name,
         enabled=scaler_enabled,
         autocast_enabled=autocast_enabled,
-        static_scale=static_scale,
+        static_scale=scale.static,
     )
+    models = found.models
     for element in models.elements if isinstance(models, (cst.List, cst.Tuple)) else [models]:
         expression = element.value if isinstance(element, cst.BaseElement) else element
         dotted = dotted_name(expression)
@@ -610,8 +677,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             scaler.model_names.add(dotted.split(".")[-1])
     model.scalers.append(scaler)
 
-    args = _scaler_arguments(ctx, initial_scale, scaler_enabled)
-    constructor = syntax.call("torch.amp.GradScaler", args)
+    constructor = syntax.call("torch.amp.GradScaler", _scaler_arguments(ctx, scale.initial, scaler_enabled))
     if klass is not None:
         assert function is not None
         owner_name = ctx.self_name(function) or "self"
@@ -623,21 +689,60 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     if klass is not None and function is not None and function.name.value != "__init__":
         scaler.may_be_disabled = _default_in_init(ctx, klass, name)
 
-    replacement: list[Statement] = [alias] if alias is not None else []
     if function is None and ctx.function_of(call) is not None:
         ctx.plan.module_globals.append(creation)
-        if replacement:
-            ctx.plan.replace_statement[statement] = replacement
-        else:
-            ctx.plan.remove.add(statement)
-    elif outermost is statement:
-        ctx.plan.replace_statement[statement] = [*replacement, creation]
+        _drop_call(ctx, found)
+    elif settings.outermost is statement:
+        _drop_call(ctx, found, then=[creation])
     else:
-        ctx.plan.before[outermost].append(creation)
-        if replacement:
-            ctx.plan.replace_statement[statement] = replacement
-        else:
-            ctx.plan.remove.add(statement)
+        ctx.plan.before[settings.outermost].append(creation)
+        _drop_call(ctx, found)
+
+
+def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
+    if ctx.skipped(use.call):
+        return
+    found = _read_call(ctx, use)
+    if found is None:
+        return
+    settings = _read_settings(ctx, model, found)
+    if settings is None:
+        return
+    scale = _loss_scale(found.bound)
+    bound = found.bound
+    if "cast_model_outputs" in bound and syntax.literal(bound["cast_model_outputs"].value) is not None:
+        ctx.report(
+            "AMP005",
+            bound["cast_model_outputs"],
+            "cast_model_outputs has no autocast equivalent: cast the model outputs with .to(dtype) by hand",
+        )
+        return
+    if found.inference_only:
+        ctx.consumed.add(use.base)
+        for note in scale.notes:
+            ctx.report(*note)
+        ctx.report("AMP011", use.call)
+        _drop_call(ctx, found)
+        return
+    home = _home(ctx, model, use.call, settings)
+    if home is None:
+        return
+    ctx.consumed.add(use.base)
+    for note in scale.notes:
+        ctx.report(*note)
+    _report_numerics(ctx, found, settings)
+    function, klass = home
+    if klass is not None:
+        attributes = {scaler.name for scaler in model.scalers if scaler.klass is klass}
+        preferred = ctx.options.scaler_name
+        name = preferred if preferred in attributes else ctx.fresh_name(preferred)
+    else:
+        same_scope = [s for s in model.scalers if s.function is function and s.klass is None]
+        if same_scope:
+            _join_local_scaler(ctx, found, settings, scale, same_scope)
+            return
+        name = ctx.fresh_name(ctx.options.scaler_name)
+    _create_scaler(ctx, model, found, settings, scale, home, name)
 
 
 def plan(ctx: ModuleContext) -> None:

@@ -157,14 +157,11 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
     call = use.call
     if ctx.skipped(call):
         return
-    if (
-        len(call.args) != 1
-        or call.args[0].star
-        or (call.args[0].keyword is not None and call.args[0].keyword.value != "optimizer")
-    ):
+    bound = syntax.bind_arguments(call, ("optimizer",))
+    if bound is None or "optimizer" not in bound:
         ctx.report("AMP032", call, "amp.master_params with unexpected arguments: migrate it by hand")
         return
-    optimizer = syntax.strip_parens(call.args[0].value)
+    optimizer = syntax.strip_parens(bound["optimizer"].value)
     argument = ctx.parent(call)
     outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
     outer_name = dotted_name(outer.func) if isinstance(outer, cst.Call) else None

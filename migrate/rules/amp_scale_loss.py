@@ -63,14 +63,7 @@ from migrate.rules._forward import forward_span, parameter_callers
 
 RULE = "amp_scale_loss"
 
-
-def _argument(call: cst.Call, index: int, name: str) -> cst.Arg | None:
-    for position, arg in enumerate(call.args):
-        if arg.keyword is not None and arg.keyword.value == name:
-            return arg
-        if arg.keyword is None and not arg.star and position == index:
-            return arg
-    return None
+_PARAMETERS = ("loss", "optimizers", "loss_id", "model", "delay_unscale", "delay_overflow_check")
 
 
 def _optimizer_keys(ctx: ModuleContext, expression: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
@@ -189,6 +182,38 @@ def _fp32_branch(
     return branch, fp32_line
 
 
+def _collapse_fp32_branch(
+    ctx: ModuleContext, with_node: cst.With, asname: str, loss: cst.BaseExpression, access: cst.BaseExpression
+) -> None:
+    """``if fp16: <scaled backward> else: loss.backward()`` becomes one line: a disabled
+    GradScaler's scale() is the identity, so it serves both paths."""
+    collapsible = _fp32_branch(ctx, with_node, asname, loss)
+    if collapsible is None:
+        return
+    branch, fp32_line = collapsible
+    backward = fp32_line.body[0].value  # type: ignore[attr-defined]
+    scaled = backward.with_changes(
+        func=backward.func.with_changes(
+            value=syntax.attribute_call(access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())])
+        )
+    )
+    merged = fp32_line.with_changes(body=[fp32_line.body[0].with_changes(value=scaled)], leading_lines=())
+    ctx.plan.replace_statement[branch] = [merged]
+
+
+def _managed_optimizers(
+    ctx: ModuleContext, model: AmpModel, call: cst.Call, optimizers: cst.BaseExpression
+) -> set[str]:
+    """Keys of the optimizers whose steps this scale_loss governs."""
+    keys = _optimizer_keys(ctx, optimizers, call)
+    function = ctx.function_of(call)
+    if function is not None and isinstance(optimizers, cst.Name):
+        # `def backward(loss, optimizer)`: the steps are of what the callers pass
+        for caller, argument in parameter_callers(ctx, function, optimizers.value, model.calls_by_function_name):
+            keys |= _optimizer_keys(ctx, argument, caller)
+    return keys
+
+
 def _plan_one(
     ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[int, set[str]], sites: dict[int, list[cst.CSTNode]]
 ) -> None:
@@ -206,8 +231,9 @@ def _plan_one(
     ):
         ctx.report("AMP021", call)
         return
-    loss_arg = _argument(call, 0, "loss")
-    optimizers_arg = _argument(call, 1, "optimizers")
+    arguments = syntax.bind_arguments(call, _PARAMETERS, partial=True)
+    loss_arg = arguments.get("loss")
+    optimizers_arg = arguments.get("optimizers")
     if loss_arg is None or optimizers_arg is None:
         ctx.report("AMP021", call)
         return
@@ -215,36 +241,18 @@ def _plan_one(
     if found is None:
         return
     scaler, access = found
-    if _argument(call, 2, "loss_id") is not None:
+    if "loss_id" in arguments:
         ctx.report("AMP004", call)
 
     loss = syntax.strip_parens(loss_arg.value)
     asname = with_node.items[0].asname.name.value  # type: ignore[union-attr]
     for name in _scaled_loss_names(ctx, with_node, asname):
         ctx.plan.substitute(name, syntax.attribute_call(access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())]))
-    collapsible = _fp32_branch(ctx, with_node, asname, loss)
-    if collapsible is not None:
-        # `if fp16: <scaled backward> else: loss.backward()`: a disabled GradScaler's
-        # scale() is the identity, so one line serves both paths
-        branch, fp32_line = collapsible
-        backward = fp32_line.body[0].value  # type: ignore[attr-defined]
-        scaled = backward.with_changes(
-            func=backward.func.with_changes(
-                value=syntax.attribute_call(access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())])
-            )
-        )
-        merged = fp32_line.with_changes(body=[fp32_line.body[0].with_changes(value=scaled)], leading_lines=())
-        ctx.plan.replace_statement[branch] = [merged]
+    _collapse_fp32_branch(ctx, with_node, asname, loss, access)
     ctx.plan.unwrap.add(with_node)
     ctx.consumed.add(use.base)
     model.sites.append(call)
-    managed[id(scaler)] |= _optimizer_keys(ctx, optimizers_arg.value, call)
-    function = ctx.function_of(call)
-    root = optimizers_arg.value
-    if function is not None and isinstance(root, cst.Name):
-        # `def backward(loss, optimizer)`: the steps are of what the callers pass
-        for caller, argument in parameter_callers(ctx, function, root.value, model.calls_by_function_name):
-            managed[id(scaler)] |= _optimizer_keys(ctx, argument, caller)
+    managed[id(scaler)] |= _managed_optimizers(ctx, model, call, optimizers_arg.value)
     sites[id(scaler)].append(call)
     _plan_autocast(ctx, model, scaler, access, with_node, loss, call)
 
@@ -281,6 +289,31 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
     if scaler.klass is not None:
         functions |= {node for node in scaler.klass.body.body if isinstance(node, cst.FunctionDef)}
     functions.add(scaler.function)
+    steps = _steps_to_rewrite(ctx, model, scaler, keys, sites, functions)
+    if not steps:
+        if not any(ctx.function_of(step) in functions for step in model.steps):
+            ctx.report(
+                "AMP022",
+                sites[0],
+                "no step() of the optimizer passed to amp.scale_loss was found where the GradScaler is "
+                "reachable: call scaler.step(optimizer) and scaler.update() there",
+            )
+        return
+    per_loop = _rewrite_steps(ctx, model, steps)
+    for stepped in per_loop.values():
+        for anchor in _update_anchors(ctx, stepped):
+            _plan_update(ctx, model, scaler, anchor)
+
+
+def _steps_to_rewrite(
+    ctx: ModuleContext,
+    model: AmpModel,
+    scaler: Scaler,
+    keys: set[str],
+    sites: list[cst.CSTNode],
+    functions: set[cst.FunctionDef | None],
+) -> list[tuple[cst.Call, cst.BaseExpression]]:
+    """The ``step()`` calls (and their optimizers) of the optimizers in ``keys``, in ``functions``."""
     created_at = ctx.order(scaler.initialize) if scaler.initialize is not None else -1
 
     def iterated_from(node: cst.CSTNode, optimizer: cst.BaseExpression) -> bool:
@@ -310,15 +343,14 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
         if fp32_only(ctx, node, sites):
             continue
         steps.append((node, func.value))
-    if not steps:
-        if not any(ctx.function_of(step) in functions for step in model.steps):
-            ctx.report(
-                "AMP022",
-                sites[0],
-                "no step() of the optimizer passed to amp.scale_loss was found where the GradScaler is "
-                "reachable: call scaler.step(optimizer) and scaler.update() there",
-            )
-        return
+    return steps
+
+
+def _rewrite_steps(
+    ctx: ModuleContext, model: AmpModel, steps: list[tuple[cst.Call, cst.BaseExpression]]
+) -> dict[cst.CSTNode | None, list[tuple[cst.CSTNode, str]]]:
+    """Plan ``scaler.step(opt)`` for each step; the stepped statements (with their optimizer
+    keys) grouped by the loop whose iteration they end."""
     per_loop: dict[cst.CSTNode | None, list[tuple[cst.CSTNode, str]]] = defaultdict(list)
     for step, optimizer in steps:
         if step.args:
@@ -327,10 +359,11 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
         found = model.scaler_access_or_report(step)
         if found is None:
             continue
-        _, access = found
         ctx.plan.substitute(
             step,
-            syntax.attribute_call(access.deep_clone(), "step", [cst.Arg(syntax.strip_parens(optimizer).deep_clone())]),
+            syntax.attribute_call(
+                found.expression.deep_clone(), "step", [cst.Arg(syntax.strip_parens(optimizer).deep_clone())]
+            ),
         )
         key = optimizer_key(ctx, optimizer, step)
         model.steps[step] = key
@@ -346,19 +379,21 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
             statement = ctx.statement_of(loop)
             loop = _innermost_loop(ctx, loop)
         per_loop[loop].append((statement, key))
-    for stepped in per_loop.values():
-        for anchor in _update_anchors(ctx, stepped):
-            if anchor in model.updated:
-                continue
-            model.updated.add(anchor)
-            found = model.scaler_access(anchor)
-            assert found is not None
-            _, access = found
-            update_args = []
-            if scaler.static_scale is not None:
-                update_args.append(syntax.keyword("new_scale", cst.Float(repr(float(scaler.static_scale)))))
-            update = syntax.expression_statement(syntax.attribute_call(access.deep_clone(), "update", update_args))
-            ctx.plan.after[anchor].append(update)
+    return per_loop
+
+
+def _plan_update(ctx: ModuleContext, model: AmpModel, scaler: Scaler, anchor: cst.CSTNode) -> None:
+    """``scaler.update()`` after ``anchor`` (once, whichever scaler asks first)."""
+    if anchor in model.updated:
+        return
+    model.updated.add(anchor)
+    found = model.scaler_access(anchor)
+    assert found is not None
+    update_args = []
+    if scaler.static_scale is not None:
+        update_args.append(syntax.keyword("new_scale", cst.Float(repr(float(scaler.static_scale)))))
+    update = syntax.expression_statement(syntax.attribute_call(found.expression.deep_clone(), "update", update_args))
+    ctx.plan.after[anchor].append(update)
 
 
 def _branch_path(ctx: ModuleContext, statement: cst.CSTNode) -> list[tuple[cst.If, bool]]:

@@ -75,7 +75,8 @@ def plan(ctx: ModuleContext) -> None:
                 continue
             ctx.plan.substitute(call, call.with_changes(func=cst.Attribute(access, cst.Name("state_dict"))))
         else:
-            if len(call.args) != 1 or call.args[0].star:
+            bound = syntax.bind_arguments(call, ("state_dict",))
+            if bound is None or "state_dict" not in bound:
                 ctx.report("AMP032", call, "amp.load_state_dict with unexpected arguments: migrate it by hand")
                 continue
             if helper_name is None:

@@ -121,7 +121,7 @@ def _movable(statement: cst.Import | cst.ImportFrom) -> bool:
 def _rewrite_call(device: str, obj: str, spelling: str, call: cst.Call) -> cst.Call | None:
     device_arg = syntax.string(device)
     if obj == "autocast":
-        args = syntax.positional_to_keywords(call.args, _AUTOCAST_PARAMETERS)
+        args = syntax.with_keywords(call, _AUTOCAST_PARAMETERS)
         if args is None:
             return None
         call = call.with_changes(args=args)
