@@ -152,6 +152,16 @@ CODES: dict[str, Code] = {
         "here instead of the amp module.",
         False,
     ),
+    "AMP027": Code(
+        "clip-on-scaled-gradients",
+        "Gradients are clipped after every micro-batch while the optimizer steps only on some "
+        "(gradient accumulation): the clip now acts on the still-scaled gradients with its "
+        "threshold times `scaler.get_scale()` (and the norm it returns divided by it), which "
+        "clips exactly as Apex did on the unscaled ones.",
+        "Nothing. If you prefer to clip once per step, move the clip under the step's condition "
+        "after `scaler.unscale_(optimizer)` (that changes training: Apex clipped every micro-batch).",
+        True,
+    ),
     "AMP030": Code(
         "amp-module-used-as-value",
         "The apex amp module is stored, passed or compared as a value.",

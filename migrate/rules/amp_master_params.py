@@ -139,8 +139,7 @@ def _unscale_before(
     key = optimizer_key(ctx, optimizer, node)
     step = _next_step(ctx, model, node, key)
     if step is not None and _conditional_step(ctx, statement, step):
-        ctx.report("AMP024", node)
-        return False
+        return _clip_scaled_gradients(ctx, model, node)
     found = model.scaler_access_or_report(node)
     if found is None:
         return False
@@ -150,6 +149,55 @@ def _unscale_before(
         ctx.plan.before[statement].append(
             syntax.expression_statement(syntax.attribute_call(access, "unscale_", [cst.Arg(optimizer.deep_clone())]))
         )
+    return True
+
+
+# the threshold argument of each clip that can act on scaled gradients as Apex's acted on
+# unscaled ones: norms and values scale linearly with the loss scale
+_SCALABLE_CLIPS = {
+    "clip_grad_norm_": ("parameters", "max_norm"),
+    "clip_grad_value_": ("parameters", "clip_value"),
+}
+
+
+def _clip_scaled_gradients(ctx: ModuleContext, model: AmpModel, node: cst.CSTNode) -> bool:
+    """A clip after every micro-batch of an accumulation loop, on still-scaled gradients.
+
+    Apex unscaled the accumulated gradients after each backward, so the clip acted on the
+    partial sums; GradScaler can unscale only once per step. Between two steps the scale is
+    fixed, so clipping the scaled gradients at ``threshold * scaler.get_scale()`` scales the
+    same gradients by the same factor (and the norm it returns is divided back). Other
+    clips are reported (AMP024) and the setup left as it was.
+    """
+    argument = ctx.parent(node)
+    clip = node if isinstance(node, cst.Call) and is_clip(node.func) else argument and ctx.parent(argument)
+    name = dotted_name(clip.func) if isinstance(clip, cst.Call) else None
+    parameters = _SCALABLE_CLIPS.get((name or "").split(".")[-1])
+    bound = syntax.bind_arguments(clip, parameters, partial=True) if parameters and isinstance(clip, cst.Call) else {}
+    threshold = bound.get(parameters[1]) if parameters else None
+    if threshold is None or not isinstance(clip, cst.Call):
+        ctx.report("AMP024", node)
+        return False
+    found = model.scaler_access_or_report(node)
+    if found is None:
+        return False
+    scale = syntax.attribute_call(found.expression, "get_scale")
+    value = threshold.value
+    if isinstance(value, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp, cst.Lambda)):
+        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    scaled = cst.BinaryOperation(left=value, operator=cst.Multiply(), right=scale)
+    ctx.plan.substitute(threshold.value, scaled)
+    ctx.report("AMP027", clip)
+    owner = ctx.parent(clip)
+    if name and name.endswith("clip_grad_norm_") and not isinstance(owner, cst.Expr):
+        # the norm it returns is of the scaled gradients: report Apex's
+        divided = scale.deep_clone()
+
+        def unscaled_norm(updated: cst.CSTNode, divided: cst.BaseExpression = divided) -> cst.CSTNode:
+            assert isinstance(updated, cst.Call)
+            return cst.BinaryOperation(left=updated, operator=cst.Divide(), right=divided)
+
+        ctx.plan.replace[clip] = unscaled_norm
     return True
 
 

@@ -91,7 +91,7 @@ def test_migrated_project_trains_like_the_apex_original(project: tuple[Path, Pat
     assert len(native["loss"]) == len(apex["loss"])
     for step, (mine, theirs) in enumerate(zip(native["loss"], apex["loss"])):
         assert _close(mine, theirs, MIXED_LOSS_REL_TOL, MIXED_LOSS_ABS_TOL), (step, mine, theirs)
-    assert native["loss"][-1] < native["loss"][0], "the migrated project must still train"
+    assert sum(native["loss"][-5:]) < sum(native["loss"][:5]), "the migrated project must still train"
     for mine, theirs in zip(native.get("grad_norm", []), apex.get("grad_norm", [])):
         if math.isinf(mine) and math.isinf(theirs):
             continue  # the same overflowing first step, skipped by both scalers
