@@ -50,7 +50,6 @@ class Scaler:
     """A GradScaler standing in for one ``amp.initialize`` call."""
 
     initialize: cst.Call | None  # None: received from another module (a parameter)
-    statement: cst.CSTNode
     function: cst.FunctionDef | None  # None: created at module level
     klass: cst.ClassDef | None  # set when the scaler is an attribute of ``self``
     name: str

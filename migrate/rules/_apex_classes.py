@@ -41,7 +41,7 @@ def _matches(path: str, replacement: Replacement) -> bool:
     )
 
 
-def _rewrite(ctx: ModuleContext, call: cst.Call, replacement: Replacement) -> cst.Call | str:
+def _rewrite(call: cst.Call, replacement: Replacement) -> cst.Call | str:
     """The torch call, or the reason it cannot be written."""
     bound = syntax.bind_arguments(call, replacement.parameters)
     if bound is None:
@@ -86,7 +86,7 @@ def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...])
         replacement = next((r for r in replacements if _matches(path, r)), None)
         if replacement is None or ctx.skipped(call):
             continue
-        result = _rewrite(ctx, call, replacement)
+        result = _rewrite(call, replacement)
         if isinstance(result, str):
             ctx.report("AMP042", call, result)
             continue

@@ -46,7 +46,6 @@ def receive(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
         model.scalers.append(
             Scaler(
                 initialize=None,
-                statement=statement,
                 function=statement,
                 klass=None,
                 name=name,

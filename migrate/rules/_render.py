@@ -19,7 +19,7 @@ import libcst as cst
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
-def _first_line(statement: cst.CSTNode, tree_statement: ast.stmt) -> int:
+def _first_line(tree_statement: ast.stmt) -> int:
     decorators = getattr(tree_statement, "decorator_list", None)
     return min(d.lineno for d in decorators) if decorators else tree_statement.lineno
 
@@ -36,7 +36,7 @@ def _starts(original: cst.Module, source: str, lines: list[str]) -> list[int] | 
         if position >= len(tree):
             return None
         leading = len(statement.leading_lines)
-        starts.append(_first_line(statement, tree[position]) - 1 - leading)
+        starts.append(_first_line(tree[position]) - 1 - leading)
         position += len(statement.body) if isinstance(statement, cst.SimpleStatementLine) else 1
     if position != len(tree):
         return None

@@ -274,7 +274,7 @@ def _default_in_init(ctx: ModuleContext, klass: cst.ClassDef, name: str) -> bool
     body = list(init.body.body)
     index = 0
     # after the docstring and the super().__init__() call, before anything that may use it
-    while index < len(body) and (syntax.is_docstring(body[index]) or _calls_super_init(ctx, body[index])):
+    while index < len(body) and (syntax.is_docstring(body[index]) or _calls_super_init(body[index])):
         index += 1
     if index < len(body):
         ctx.plan.before[body[index]].append(default)
@@ -283,7 +283,7 @@ def _default_in_init(ctx: ModuleContext, klass: cst.ClassDef, name: str) -> bool
     return True
 
 
-def _calls_super_init(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
+def _calls_super_init(statement: cst.CSTNode) -> bool:
     if not (isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr)):
         return False
     call = statement.body[0].value
@@ -661,7 +661,6 @@ def _create_scaler(
     scaler_enabled, autocast_enabled = _enabled_arguments(settings, scale)
     scaler = Scaler(
         initialize=call,
-        statement=statement,
         function=function,
         klass=klass,
         name=name,

@@ -59,7 +59,7 @@ def _parameters_of(optimizer: cst.BaseExpression, as_list: bool = False) -> cst.
     return cst.parse_expression(f"[{code}]" if as_list else f"({code})")
 
 
-def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode, clip: cst.Call) -> cst.If | None:
+def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode) -> cst.If | None:
     """The `if` around ``statement`` when its `else` is the same clip of other parameters."""
     block = ctx.parent(statement)
     owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
@@ -223,13 +223,13 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
     if reads_gradients:
         assert isinstance(outer, cst.Call)
         statement = ctx.statement_of(call)
-        collapsible = _collapsible_else(ctx, statement, outer) if is_clip(outer.func) else None
+        collapsible = _collapsible_else(ctx, statement) if is_clip(outer.func) else None
         if collapsible is not None:
             found = model.scaler_access_or_report(call)
             if found is None:
                 return
             unscale = syntax.expression_statement(
-                syntax.attribute_call(found[1], "unscale_", [cst.Arg(optimizer.deep_clone())])
+                syntax.attribute_call(found.expression, "unscale_", [cst.Arg(optimizer.deep_clone())])
             )
             other = cast(
                 cst.SimpleStatementLine, cast(cst.IndentedBlock, cast(cst.Else, collapsible.orelse).body).body[0]
