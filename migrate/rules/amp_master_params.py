@@ -176,7 +176,12 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
         or call.args[0].star
         or (call.args[0].keyword is not None and call.args[0].keyword.value != "optimizer")
     ):
-        ctx.report("AMP032", call, "amp.master_params with unexpected arguments: migrate it by hand")
+        ctx.report(
+            "AMP032",
+            call,
+            "amp.master_params takes one optimizer: write "
+            '`(p for group in optimizer.param_groups for p in group["params"])`',
+        )
         return
     optimizer = syntax.strip_parens(call.args[0].value)
     argument = ctx.parent(call)
