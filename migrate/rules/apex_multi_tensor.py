@@ -241,10 +241,8 @@ def _statement_line(ctx: ModuleContext, call: cst.Call) -> cst.SimpleStatementLi
 
 
 def _replace_line(ctx: ModuleContext, line: cst.SimpleStatementLine, codes: list[str]) -> None:
-    statements = [cst.parse_statement(code) for code in codes]
-    statements[0] = statements[0].with_changes(leading_lines=line.leading_lines)
-    statements[-1] = statements[-1].with_changes(trailing_whitespace=line.trailing_whitespace)  # type: ignore[call-arg]
-    ctx.plan.replace_statement[line] = statements  # type: ignore[assignment]
+    """Replace one statement line by others; the plan keeps the line's comments."""
+    ctx.plan.replace_statement[line] = [cst.parse_statement(code) for code in codes]  # type: ignore[misc]
 
 
 def _scale(ctx: ModuleContext, call: cst.Call, flag: str | None, lists: cst.BaseExpression, rest: list[cst.Arg]) -> str:

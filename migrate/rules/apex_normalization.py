@@ -46,6 +46,14 @@ _MIXED_NOTE = (
     "its output follows the input's dtype where Apex's followed the parameters': with float32 input and "
     "half parameters write `norm(x).to(norm.weight.dtype)`; under autocast it is float32 where Apex's was float16"
 )
+
+
+def _eps_note(values: dict[str, object]) -> str:
+    if "eps" in values:
+        return "eps kept as written"
+    return "eps=1e-5 is written out (Apex's default; torch's is the float32 machine epsilon)"
+
+
 _MIXED_ADVICE = {
     "elementwise_affine": "Apex raised for it (Mixed* layers always have parameters): use the plain "
     "`torch.nn.LayerNorm(normalized_shape, eps=eps, elementwise_affine=False)` (RMSNorm likewise)"
@@ -69,7 +77,7 @@ REPLACEMENTS = (
         positional=3,
         dropped=frozenset({"memory_efficient"}),
         added=lambda values: {"eps": "1e-5"},
-        note="eps=1e-5 is explicit (torch's default is the float32 machine epsilon)",
+        note=lambda values: _eps_note(values),
     ),
     Replacement(
         apex_name="MixedFusedLayerNorm",
@@ -91,7 +99,7 @@ REPLACEMENTS = (
         dropped=frozenset({"memory_efficient"}),
         required={"elementwise_affine": True},
         added=lambda values: {"eps": "1e-5"},
-        note="eps=1e-5 is explicit (torch's default is the float32 machine epsilon); " + _MIXED_NOTE,
+        note=lambda values: f"{_eps_note(values)}; {_MIXED_NOTE}",
         advice=_MIXED_ADVICE,
     ),
 )

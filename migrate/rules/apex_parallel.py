@@ -36,7 +36,7 @@ After::
 Not rewritten (reported instead)
     ``gradient_average`` chosen at run time, or ``False`` where the wrapped module has no name
     to register the hook on; unknown keywords (AMP042). A subclass of Apex DDP, or the class
-    stored or passed as a value (AMP040). Each message gives the code to write.
+    stored or passed as a value (AMP040, from amp_import). Each message gives the code to write.
 
 Safety
     Gradients are the same average; torch divides by the world size before the all-reduce,
@@ -249,16 +249,6 @@ _HELPER_NOTES = {
 _RENAMED = {"apex.parallel.ReduceOp": "torch.distributed.ReduceOp"}
 
 
-def _reference(ctx: ModuleContext, name: cst.Name) -> cst.BaseExpression:
-    """The whole ``a.b.c`` expression a Name starts."""
-    node: cst.BaseExpression = name
-    parent = ctx.parent(node)
-    while isinstance(parent, cst.Attribute) and parent.value is node:
-        node = parent
-        parent = ctx.parent(node)
-    return node
-
-
 def _same(a: cst.BaseExpression, b: cst.BaseExpression) -> bool:
     return syntax.code(syntax.strip_parens(a)).strip() == syntax.code(syntax.strip_parens(b)).strip()
 
@@ -291,7 +281,9 @@ def _device_ids(ctx: ModuleContext, call: cst.Call, module: cst.BaseExpression) 
     scope = ctx.scope_of(call)
     enclosing = {node for node in ctx.ancestors(call) if isinstance(node, (cst.Module, cst.IndentedBlock))}
     order = ctx.order(call)
-    moved: cst.Call | None = _cuda_call(module, module)
+    moved: cst.Call | None = None
+    if isinstance(module, cst.Call) and isinstance(module.func, cst.Attribute) and module.func.attr.value == "cuda":
+        moved = module  # DDP(model.cuda(...))
     set_device: cst.BaseExpression | None = None
     for earlier in ctx.nodes_of(cst.Call):
         if ctx.order(earlier) >= order or ctx.scope_of(earlier) is not scope:
@@ -358,6 +350,7 @@ def _rewrite_ddp(ctx: ModuleContext, call: cst.Call, path: str, root: cst.Name) 
             # the torch branch of an optional import: already torch's signature
             ctx.plan.substitute(call, call.with_changes(func=syntax.dotted(TORCH_DDP)))
             ctx.plan.needs_torch_import = True
+            ctx.consumed.add(root)
             ctx.report("AMP041", call, f"{path} (bound to {TORCH_DDP} without Apex) became {TORCH_DDP}")
             return True
         unknown = [arg.keyword.value for arg in call.args if arg.keyword and arg.keyword.value not in _DDP_PARAMETERS]
@@ -383,7 +376,8 @@ def _rewrite_ddp(ctx: ModuleContext, call: cst.Call, path: str, root: cst.Name) 
         if average is not False:
             notes.append("gradient_predivide_factor dropped: the result is the same average")
         elif factor != 1:
-            divide = f".div_({syntax.code(bound['gradient_predivide_factor'].value).strip()})"
+            # Apex multiplies by the reciprocal: the same rounding
+            divide = f".mul_(1.0 / ({syntax.code(bound['gradient_predivide_factor'].value).strip()}))"
     hook = _SUM_HOOK.format(divide=divide)
     if average is ...:
         ctx.report(
@@ -485,8 +479,17 @@ def plan(ctx: ModuleContext) -> None:
             continue
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
             continue
-        reference = _reference(ctx, name)
-        found = ctx.apex_path(reference)
+        found = None
+        reference: cst.BaseExpression = name
+        while True:  # the shortest `a.b.c` prefix that names an Apex object handled here
+            found = ctx.apex_path(reference)
+            if found is not None and _handled(found[0]):
+                break
+            parent = ctx.parent(reference)
+            if not (isinstance(parent, cst.Attribute) and parent.value is reference):
+                found = None
+                break
+            reference = parent
         if found is None:
             continue
         path, root = found
@@ -502,13 +505,7 @@ def plan(ctx: ModuleContext) -> None:
                 ctx.plan.substitute(reference, syntax.dotted(TORCH_DDP))
                 ctx.plan.needs_torch_import = True
                 ctx.consumed.add(root)
-            else:
-                ctx.report(
-                    "AMP040",
-                    reference,
-                    f"{path} used as a value (subclassed, stored or passed): use {TORCH_DDP} there and give its "
-                    "constructor broadcast_buffers=False, find_unused_parameters=True instead of Apex's settings",
-                )
+            # other uses (a subclass, the class stored or passed) keep Apex: amp_import reports them
         elif path in _RENAMED:
             if ctx.skipped(reference):
                 continue
@@ -531,6 +528,11 @@ def plan(ctx: ModuleContext) -> None:
                 ctx.report("AMP041", holder, f"{path}: {_HELPER_NOTES[apex_name]}")
     if migrated_ddp:
         _plan_allreduce_switches(ctx)
+
+
+def _handled(path: str) -> bool:
+    name = path.rpartition(".")[2]
+    return path in _DDP_PATHS or path in _RENAMED or (name in _HELPERS and path in _HELPERS[name][0])
 
 
 def _in_type_check(ctx: ModuleContext, reference: cst.BaseExpression) -> bool:
