@@ -55,9 +55,9 @@ def _rewrite(ctx: ModuleContext, call: cst.Call, replacement: Replacement) -> cs
         if not unknown:
             return (
                 f"{replacement.apex_name} is called with *args/**kwargs (or too many positional arguments): "
-                f"spell its arguments out, as {', '.join(replacement.parameters)}"
+                f"spell its arguments out: `{replacement.apex_name}({', '.join(replacement.parameters)})`"
             )
-        hints = [replacement.advice.get(name, f"remove {name}=") for name in unknown]
+        hints = [replacement.advice.get(name, f"remove `{name}=...` (not an Apex argument)") for name in unknown]
         return f"{replacement.apex_name} has no parameter {', '.join(unknown)}: {'; '.join(hints)}"
     values = {name: literal(arg.value) for name, arg in bound.items()}
     codes = {name: syntax.code(arg.value).strip() for name, arg in bound.items()}
@@ -65,7 +65,7 @@ def _rewrite(ctx: ModuleContext, call: cst.Call, replacement: Replacement) -> cs
         allowed = wanted if isinstance(wanted, tuple) else (wanted,)
         if name in values and not any(values[name] is value or values[name] == value for value in allowed):
             shown = f"{name} chosen at run time" if values[name] is ... else f"{name}={codes[name]}"
-            advice = replacement.advice.get(name, f"remove {name}=")
+            advice = replacement.advice.get(name, f"remove `{name}=...`")
             return f"{replacement.apex_name} with {shown} has no torch equivalent: {advice}"
     if target is None:
         target = replacement.target(values, codes)  # type: ignore[operator]

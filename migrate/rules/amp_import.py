@@ -123,27 +123,30 @@ REPLACEMENTS = {
 }
 
 # amp functions without an automatic rewrite (AMP032): what to write instead
-_CAST_DECORATOR = '`@torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.{dtype})` on the forward (and '
-_CAST_DECORATOR += '`@torch.amp.custom_bwd(device_type="cuda")` on the backward) of an autograd Function'
+_CAST_DECORATOR = (
+    'write `@torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.{dtype})` on the forward (and '
+    '`@torch.amp.custom_bwd(device_type="cuda")` on the backward) of an autograd Function'
+)
 AMP_APIS = {
     "init": 'delete the handle it returns; create `scaler = torch.amp.GradScaler("cuda")`, run the forward pass '
     'and loss under `with torch.autocast("cuda", dtype=torch.float16):` and write `scaler.scale(loss).backward()`, '
     "`scaler.step(optimizer)`, `scaler.update()` where the handle scaled the loss",
     "half_function": _CAST_DECORATOR.format(dtype="float16"),
     "float_function": _CAST_DECORATOR.format(dtype="float32"),
-    "promote_function": "delete it: under torch.autocast, torch ops promote mixed float16/float32 inputs "
-    "themselves; a custom kernel can take `*(t.float() for t in tensors)`",
-    "register_half_function": '`module.name = torch.amp.custom_fwd(module.name, device_type="cuda", '
+    "promote_function": "delete `@amp.promote_function`: under torch.autocast, torch ops promote mixed "
+    "float16/float32 inputs themselves; a custom kernel can take `*(t.float() for t in tensors)`",
+    "register_half_function": 'write `module.name = torch.amp.custom_fwd(module.name, device_type="cuda", '
     "cast_inputs=torch.float16)`",
-    "register_float_function": '`module.name = torch.amp.custom_fwd(module.name, device_type="cuda", '
+    "register_float_function": 'write `module.name = torch.amp.custom_fwd(module.name, device_type="cuda", '
     "cast_inputs=torch.float32)`",
-    "register_promote_function": "delete it: torch ops promote mixed float16/float32 inputs under torch.autocast",
-    "scale_loss": "`scaler.scale(loss)` of the GradScaler that replaces amp.initialize",
-    "master_params": '`(p for group in optimizer.param_groups for p in group["params"])`',
-    "state_dict": "`scaler.state_dict()`",
-    "load_state_dict": "`scaler.load_state_dict(state)`",
+    "register_promote_function": "delete the `amp.register_promote_function(module, name)` call: torch ops "
+    "promote mixed float16/float32 inputs under torch.autocast",
+    "scale_loss": "write `scaler.scale(loss)` with the GradScaler that replaces amp.initialize",
+    "master_params": 'write `(p for group in optimizer.param_groups for p in group["params"])`',
+    "state_dict": "write `scaler.state_dict()`",
+    "load_state_dict": "write `scaler.load_state_dict(state)`",
     "initialize": 'delete it and create `scaler = torch.amp.GradScaler("cuda")` (Apex returned the objects it got)',
-    "disable_casts": '`torch.autocast("cuda", enabled=False)`',
+    "disable_casts": 'write `torch.autocast("cuda", enabled=False)`',
 }
 
 
@@ -154,7 +157,7 @@ def _replacement(path: str) -> str:
             advice = REPLACEMENTS[path]
             return advice if advice.startswith("no ") else f"use {advice}"
         path = path.rpartition(".")[0]
-    return "no torch counterpart ampmigrate knows: keep it from an Apex build, or rewrite it with torch ops"
+    return "no torch counterpart ampmigrate knows: keep `import apex` from an Apex build for it"
 
 
 def _amp_api(api: str) -> str:
@@ -164,7 +167,7 @@ def _amp_api(api: str) -> str:
             f"amp.{api} is Apex internals with no automatic rewrite: use the GradScaler's public API "
             "(`scaler.get_scale()`, `scaler.state_dict()`, `scaler.update(new_scale=...)`)"
         )
-    return f"amp.{api} has no automatic rewrite: write {advice}"
+    return f"amp.{api} has no automatic rewrite: {advice}"
 
 
 def _references(ctx: ModuleContext) -> dict[cst.ImportAlias, list[cst.Name]]:

@@ -79,23 +79,22 @@ class Reducer:
 
 
 def _apex_allreduce_hook(predivide: float, average: bool) -> Any:
-    """A DDP communication hook with Apex's arithmetic: ``* 1/f``, all-reduce, ``* f/world``."""
+    """A DDP communication hook with Apex's arithmetic: ``* 1/f``, all-reduce, ``* f/world``.
 
-    def hook(state: Any, bucket: Any) -> Any:
-        buffer = bucket.buffer()
-        if predivide != 1.0:
-            buffer.mul_(1.0 / predivide)
-        world_size = dist.get_world_size()
+    A lambda, because torch rejects a hook whose ``bucket`` annotation is not the GradBucket
+    class itself (postponed annotations are strings).
+    """
 
-        def finish(future: Any) -> torch.Tensor:
-            reduced: torch.Tensor = future.value()[0]
-            if average:
-                reduced.mul_(predivide / world_size)
-            return reduced
+    def scaled(buffer: torch.Tensor) -> torch.Tensor:
+        return buffer.mul_(1.0 / predivide) if predivide != 1.0 else buffer
 
-        return dist.all_reduce(buffer, async_op=True).get_future().then(finish)  # type: ignore[union-attr]
+    def finish(future: Any) -> torch.Tensor:
+        reduced: torch.Tensor = future.value()[0]
+        if average:
+            reduced.mul_(predivide / dist.get_world_size())
+        return reduced
 
-    return hook
+    return lambda state, bucket: dist.all_reduce(scaled(bucket.buffer()), async_op=True).get_future().then(finish)
 
 
 class DistributedDataParallel(torch.nn.Module):
