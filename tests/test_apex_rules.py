@@ -114,6 +114,13 @@ def test_ddp_keeps_apex_buffer_and_unused_parameter_behaviour() -> None:
         ("    if args.gpu is not None:\n        model.cuda(args.gpu)\n    model = DDP(model)\n", None),
         ("    other.cuda(0)\n    model = DDP(model)\n", None),
         ("    model = DDP(model)\n    model.cuda(0)\n", None),
+        # the last move counts; a set_device after .cuda() leaves the device open
+        ("    model.cuda(0)\n    model.cuda(args.gpu)\n    model = DDP(model)\n", "args.gpu"),
+        ("    model.cuda()\n    torch.cuda.set_device(args.gpu)\n    model = DDP(model)\n", None),
+        (
+            "    if args.distributed:\n        torch.cuda.set_device(args.gpu)\n    model.cuda()\n    model = DDP(model)\n",
+            "torch.cuda.current_device()",
+        ),
     ],
 )
 def test_device_ids_follow_where_the_code_put_the_module(body: str, device: str | None) -> None:

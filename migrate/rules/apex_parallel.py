@@ -277,33 +277,41 @@ def _cuda_call(node: cst.BaseExpression, module: cst.BaseExpression) -> cst.Call
 
 
 def _device_ids(ctx: ModuleContext, call: cst.Call, module: cst.BaseExpression) -> tuple[str | None, str]:
-    """The device id expression for ``device_ids`` (or None) and why."""
+    """The device id expression for ``device_ids`` (or None) and why.
+
+    Only a ``.cuda(...)`` of the wrapped module that surely ran before the call (in a block
+    enclosing it) says the module sits on one GPU; its argument, or else the device current
+    at that point, is the id. A ``set_device`` between the move and the call leaves it open.
+    """
     scope = ctx.scope_of(call)
     enclosing = {node for node in ctx.ancestors(call) if isinstance(node, (cst.Module, cst.IndentedBlock))}
     order = ctx.order(call)
     moved: cst.Call | None = None
+    moved_at = order
     if isinstance(module, cst.Call) and isinstance(module.func, cst.Attribute) and module.func.attr.value == "cuda":
         moved = module  # DDP(model.cuda(...))
-    set_device: cst.BaseExpression | None = None
+    set_devices: list[tuple[int, cst.Call, bool]] = []  # (order, call, surely ran)
     for earlier in ctx.nodes_of(cst.Call):
         if ctx.order(earlier) >= order or ctx.scope_of(earlier) is not scope:
             continue
-        if ctx.parent(ctx.statement_of(earlier)) not in enclosing:
-            continue  # in a branch that need not have run
+        ran = ctx.parent(ctx.statement_of(earlier)) in enclosing
         name = dotted_name(earlier.func) or ""
         if name.endswith("cuda.set_device") and len(earlier.args) == 1 and not earlier.args[0].star:
-            set_device = earlier.args[0].value
+            set_devices.append((ctx.order(earlier), earlier, ran))
         found = _cuda_call(earlier, module)
-        if found is not None and moved is None:
-            moved = found
+        if found is not None and ran and (moved is None or moved is not module):
+            moved, moved_at = found, ctx.order(earlier)
     if moved is None:
         return None, "device_ids is left out as Apex did: the module may not be on one GPU"
     explicit = _first_arg(moved, "device")
     if explicit is not None:
         code = syntax.code(explicit).strip()
         return code, f"device_ids=[{code}] from .cuda({code})"
-    if set_device is not None:
-        code = syntax.code(set_device).strip()
+    if any(at > moved_at for at, _, _ in set_devices):
+        return None, "device_ids is left out: torch.cuda.set_device runs between .cuda() and the wrap"
+    before = [(at, device, ran) for at, device, ran in set_devices if at < moved_at]
+    if before and before[-1][2]:
+        code = syntax.code(before[-1][1].args[0].value).strip()
         return code, f"device_ids=[{code}] from torch.cuda.set_device({code}) and .cuda()"
     return "torch.cuda.current_device()", "device_ids=[torch.cuda.current_device()] from .cuda()"
 
