@@ -143,6 +143,11 @@ def main() -> None:
 )
 @click.option("--select", default=None, help="Comma-separated rule names to run (default: all).")
 @click.option(
+    "--fused/--no-fused",
+    default=None,
+    help="Write fused=True into the torch Adam/AdamW replacing FusedAdam (torch >= 2.4 on the CPU) [default: fused].",
+)
+@click.option(
     "--exclude",
     multiple=True,
     help="Gitignore-style pattern to skip, replacing the default excludes (repeatable).",
@@ -170,6 +175,7 @@ def migrate_command(
     dtype: str | None,
     scaler_name: str | None,
     select: str | None,
+    fused: bool | None,
     exclude: tuple[str, ...],
     extend_exclude: tuple[str, ...],
     respect_gitignore: bool | None,
@@ -198,6 +204,7 @@ def migrate_command(
             exclude=exclude or None,
             extend_exclude=extend_exclude,
             respect_gitignore=respect_gitignore,
+            fused=fused,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from None

@@ -53,6 +53,7 @@ _KEYS = {
     "dtype",
     "scaler-name",
     "select",
+    "fused",
 }
 
 
@@ -99,6 +100,7 @@ class FileSettings:
     dtype: str | None = None
     scaler_name: str | None = None
     select: frozenset[str] | None = None
+    fused: bool | None = None
 
 
 def find_pyproject(paths: list[Path]) -> Path | None:
@@ -171,6 +173,7 @@ def load_file_settings(pyproject: Path) -> FileSettings:
         dtype=validate_dtype(table["dtype"], where) if "dtype" in table else None,
         scaler_name=(validate_scaler_name(table["scaler-name"], where) if "scaler-name" in table else None),
         select=(frozenset(_string_list(table, "select", where) or ()) if select is not None else None),
+        fused=_boolean(table, "fused", where),
     )
 
 
@@ -226,6 +229,7 @@ def build_config(
     exclude: tuple[str, ...] | None = None,
     extend_exclude: tuple[str, ...] = (),
     respect_gitignore: bool | None = None,
+    fused: bool | None = None,
 ) -> Config:
     """Merge defaults, the project's [tool.ampmigrate] table and command-line values."""
     pyproject = find_pyproject(paths)
@@ -241,6 +245,7 @@ def build_config(
             else settings.scaler_name or DEFAULT_SCALER_NAME
         ),
         select=select if select is not None else settings.select,
+        fused_optimizers=fused if fused is not None else (settings.fused if settings.fused is not None else True),
     )
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")

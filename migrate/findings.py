@@ -184,26 +184,29 @@ CODES: dict[str, Code] = {
     ),
     "AMP040": Code(
         "other-apex-module",
-        "An Apex module other than amp (fp16_utils, parallel, optimizers, normalization, "
-        "contrib) is used; the tool does not rewrite it.",
-        "Replace it by hand with its torch equivalent (torch DDP, torch.nn.SyncBatchNorm, "
-        "torch.optim.AdamW with an explicit weight_decay for FusedAdam, torch.nn.LayerNorm).",
+        "An Apex module other than amp (fp16_utils, parallel, optimizers, normalization, multi_tensor_apply, "
+        "amp_C, contrib) is still used here; the tool could not rewrite this use.",
+        "Write the replacement code the message gives (for example "
+        "`torch.nn.parallel.DistributedDataParallel(module, broadcast_buffers=False, find_unused_parameters=True)`, "
+        "`torch._foreach_mul_(xs, scale)`), or keep that piece of Apex installed.",
         False,
     ),
     "AMP041": Code(
         "apex-module-replaced",
-        "An Apex fused optimizer, norm layer or SyncBatchNorm helper was replaced by its torch " "equivalent.",
-        "Nothing, usually: the equations are the same. Rounding can differ in the last digits "
-        "(fused kernels), and under autocast torch's LayerNorm returns float32 where Apex's "
-        "FusedLayerNorm returned float16.",
+        "An Apex DDP, fused optimizer, norm layer, SyncBatchNorm helper or multi-tensor kernel was replaced by "
+        "its torch equivalent (or a plain-torch helper written into the module).",
+        "Nothing, usually: the arithmetic is the same. Rounding can differ in the last digits (fused kernels, "
+        "the order of a norm's sums), under autocast torch's LayerNorm returns float32 where Apex's "
+        "FusedLayerNorm returned float16, and the message says what else changed.",
         True,
     ),
     "AMP042": Code(
         "apex-argument-without-equivalent",
-        "This Apex optimizer or layer is called with an argument torch has no equivalent for "
+        "This Apex optimizer, layer or DDP is called with an argument torch has no equivalent for "
         "(bias_correction=False, wd_after_momentum=True, adagrad_w_mode=True, channel_last=True, "
-        "capturable/master_weights, a mode chosen at run time); the call was left as it was.",
-        "Keep apex.optimizers for this call, or rewrite the update rule by hand.",
+        "master_weights, gradient_average chosen at run time, an old or misspelt keyword); the call was left "
+        "as it was.",
+        "Write the replacement code the message gives for that argument, or keep that piece of Apex installed.",
         False,
     ),
     "AMP050": Code(

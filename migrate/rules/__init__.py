@@ -25,8 +25,10 @@ from migrate.rules import (
     amp_master_params,
     amp_scale_loss,
     amp_state_dict,
+    apex_multi_tensor,
     apex_normalization,
     apex_optimizers,
+    apex_parallel,
     apex_syncbn,
     torch_cuda_amp,
 )
@@ -42,6 +44,8 @@ RULES = (
     apex_optimizers,
     apex_normalization,
     apex_syncbn,
+    apex_parallel,
+    apex_multi_tensor,
     amp_import,
     torch_cuda_amp,
 )

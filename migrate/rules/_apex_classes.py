@@ -24,14 +24,18 @@ class Replacement:
     apex_name: str  # e.g. "FusedAdam"
     modules: tuple[str, ...]  # Apex modules it is found in, e.g. ("apex.optimizers",)
     parameters: tuple[str, ...]  # Apex's signature, in order
-    target: str | Callable[[dict[str, object]], str]  # torch callable (or chosen from literal args)
+    # torch callable, or chosen from the literal arguments (values) and their code (codes)
+    target: str | Callable[[dict[str, object], dict[str, str]], str]
     positional: int  # how many leading parameters keep their position in torch's signature
     dropped: frozenset[str] = frozenset()
-    # parameter -> the value (or tuple of values) we can map; others are reported
+    # parameter -> the value (or tuple of values; ``...`` for one chosen at run time) we can map;
+    # others are reported
     required: dict[str, object] = field(default_factory=dict)
     added: Callable[[dict[str, object]], dict[str, str]] = lambda values: {}
     renamed: dict[str, str] = field(default_factory=dict)
     note: str | Callable[[dict[str, object]], str] = ""
+    # parameter (required, or unknown to this Apex signature) -> the code to write instead
+    advice: dict[str, str] = field(default_factory=dict)
 
 
 def _matches(path: str, replacement: Replacement) -> bool:
@@ -44,15 +48,26 @@ def _matches(path: str, replacement: Replacement) -> bool:
 def _rewrite(call: cst.Call, replacement: Replacement) -> cst.Call | str:
     """The torch call, or the reason it cannot be written."""
     bound = syntax.bind_arguments(call, replacement.parameters)
+    target = replacement.target if isinstance(replacement.target, str) else None
     if bound is None:
-        return f"{replacement.apex_name} is called with *args/**kwargs or an unknown keyword"
+        unknown = [a.keyword.value for a in call.args if a.keyword and a.keyword.value not in replacement.parameters]
+        if not unknown:
+            return (
+                f"{replacement.apex_name} is called with *args/**kwargs (or too many positional arguments): "
+                f"spell its arguments out: `{replacement.apex_name}({', '.join(replacement.parameters)})`"
+            )
+        hints = [replacement.advice.get(name, f"remove `{name}=...` (not an Apex argument)") for name in unknown]
+        return f"{replacement.apex_name} has no parameter {', '.join(unknown)}: {'; '.join(hints)}"
     values = {name: syntax.literal(arg.value) for name, arg in bound.items()}
+    codes = {name: syntax.code(arg.value).strip() for name, arg in bound.items()}
     for name, wanted in replacement.required.items():
         allowed = wanted if isinstance(wanted, tuple) else (wanted,)
-        if name in values and (values[name] is ... or values[name] not in allowed):
-            shown = f"{name} chosen at run time" if values[name] is ... else f"{name}={values[name]!r}"
-            return f"{replacement.apex_name} with {shown} has no torch equivalent"
-    target = replacement.target if isinstance(replacement.target, str) else replacement.target(values)
+        if name in values and not any(values[name] is value or values[name] == value for value in allowed):
+            shown = f"{name} chosen at run time" if values[name] is ... else f"{name}={codes[name]}"
+            advice = replacement.advice.get(name, f"remove `{name}=...`")
+            return f"{replacement.apex_name} with {shown} has no torch equivalent: {advice}"
+    if target is None:
+        target = replacement.target(values, codes)  # type: ignore[operator]
     names = {id(arg): name for name, arg in bound.items()}
     kept: list[cst.Arg] = []
     for index, arg in enumerate(call.args):
@@ -74,7 +89,8 @@ def _rewrite(call: cst.Call, replacement: Replacement) -> cst.Call | str:
     for position in range(len(kept) - 1):
         if not isinstance(kept[position].comma, cst.Comma):
             kept[position] = kept[position].with_changes(comma=cst.Comma(whitespace_after=syntax.ONE_SPACE))
-    return call.with_changes(func=syntax.dotted(target), args=kept)
+    func = syntax.dotted(target) if target.replace(".", "").isidentifier() else cst.parse_expression(target)
+    return call.with_changes(func=func, args=kept)
 
 
 def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
@@ -93,7 +109,7 @@ def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...])
         ctx.plan.substitute(call, result)
         ctx.plan.needs_torch_import = True
         ctx.consumed.add(root)
-        target = syntax.code(result.func)
+        target = syntax.code(result.func).strip("()")
         note = replacement.note
         if callable(note):
             bound = syntax.bind_arguments(call, replacement.parameters) or {}

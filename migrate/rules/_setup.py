@@ -70,7 +70,12 @@ def unsupported_shapes(ctx: ModuleContext) -> str | None:
     for use in ctx.amp.calls:
         ancestors = list(ctx.ancestors(use.call))
         if use.api == "initialize" and any(isinstance(a, cst.MatchCase) for a in ancestors):
-            ctx.report("AMP010", use.call, "amp.initialize inside a match/case: migrate it by hand")
+            ctx.report(
+                "AMP010",
+                use.call,
+                "amp.initialize inside a match/case: delete the calls and create one "
+                '`scaler = torch.amp.GradScaler("cuda", enabled=...)` before the `match`, then run ampmigrate again',
+            )
         elif use.api == "master_params" and any(isinstance(a, cst.Lambda) for a in ancestors):
             ctx.report(
                 "AMP022",

@@ -45,36 +45,130 @@ _MIGRATED_APIS = frozenset(
 )
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 
-# what to use instead of other Apex modules (AMP040 messages)
+# what to write instead of other Apex modules (AMP040 messages); the longest known prefix of a
+# dotted path applies
+_CLIP = "`torch.nn.utils.clip_grad_norm_(params, max_grad_norm)` before each `optimizer.step()`"
+_FP16_RECIPE = (
+    'the float32 model under `torch.autocast("cuda", dtype=torch.float16)` with '
+    '`scaler = torch.amp.GradScaler("cuda")`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, '
+    "`scaler.update()`"
+)
 REPLACEMENTS = {
-    "apex.parallel.DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel "
-    "(device_ids=[local_rank]; broadcast_buffers=False matches Apex)",
-    "apex.parallel.SyncBatchNorm": "torch.nn.SyncBatchNorm",
-    "apex.parallel.convert_syncbn_model": "torch.nn.SyncBatchNorm.convert_sync_batchnorm",
-    "apex.parallel.LARC": "no torch equivalent",
-    "apex.optimizers.FusedAdam": "torch.optim.AdamW with an explicit weight_decay (FusedAdam's "
-    "adam_w_mode=True default is AdamW; torch AdamW defaults weight_decay=0.01, FusedAdam 0.0), "
-    "or torch.optim.Adam when adam_w_mode=False",
-    "apex.optimizers.FusedSGD": "torch.optim.SGD",
-    "apex.optimizers.FusedAdagrad": "torch.optim.Adagrad",
-    "apex.optimizers.FusedLAMB": "no torch equivalent (apex.optimizers still ships it)",
-    "apex.normalization.FusedLayerNorm": "torch.nn.LayerNorm",
-    "apex.normalization.FusedRMSNorm": "torch.nn.RMSNorm(..., eps=1e-5)",
-    "apex.fp16_utils.FP16_Optimizer": "torch.autocast + torch.amp.GradScaler on the fp32 model",
-    "apex.fp16_utils": "torch.autocast + torch.amp.GradScaler on the fp32 model",
-    "apex.parallel": "torch.nn.parallel.DistributedDataParallel / torch.nn.SyncBatchNorm",
-    "apex.amp": "the GradScaler's public API (scaler.get_scale(), scaler.state_dict())",
+    "apex.parallel.DistributedDataParallel": "`torch.nn.parallel.DistributedDataParallel(module, "
+    "broadcast_buffers=False, find_unused_parameters=True)` (Apex kept buffers per process and accepted "
+    "parameters without gradients)",
+    "apex.parallel.distributed.DistributedDataParallel": "`torch.nn.parallel.DistributedDataParallel(module, "
+    "broadcast_buffers=False, find_unused_parameters=True)`",
+    "apex.parallel.SyncBatchNorm": "`torch.nn.SyncBatchNorm(num_features, eps, momentum, affine, "
+    "track_running_stats, process_group)`",
+    "apex.parallel.convert_syncbn_model": "`torch.nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)`",
+    "apex.parallel.ReduceOp": "`torch.distributed.ReduceOp`",
+    "apex.parallel.LARC": "the plain-torch `class LARC` the apex_parallel rule writes into the module (torch has "
+    "none): each gradient scaled by trust_coefficient * |w| / (|g| + weight_decay * |w| + eps) before the step",
+    "apex.parallel.Reducer": "`torch.distributed.broadcast(p.data, 0)` for each parameter once, then per reduce: "
+    "`torch.distributed.all_reduce(g); g /= torch.distributed.get_world_size()` for each gradient `g`",
+    "apex.parallel.create_syncbn_process_group": "`torch.distributed.new_group(ranks=list(range(start, start + "
+    "group_size)))` for each start in `range(0, world_size, group_size)` on every rank, keeping the group of "
+    "`torch.distributed.get_rank() // group_size`",
+    "apex.parallel.distributed.flat_dist_call": "`call(tensor, *extra_args)` for each tensor, followed by "
+    "`tensor /= torch.distributed.get_world_size()` when call is `torch.distributed.all_reduce`",
+    "apex.parallel.multiproc": "`torchrun --nproc_per_node=N script.py`",
+    "apex.parallel": "`torch.nn.parallel.DistributedDataParallel(module, broadcast_buffers=False, "
+    "find_unused_parameters=True)` and `torch.nn.SyncBatchNorm`",
+    "apex.optimizers.FusedAdam": "`torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, "
+    "fused=True)` with weight_decay written out (AdamW's default is 0.01, FusedAdam's 0.0), or `torch.optim.Adam"
+    "(...)` for adam_w_mode=False",
+    "apex.optimizers.FusedSGD": "`torch.optim.SGD(params, lr, momentum, dampening, weight_decay, nesterov)`",
+    "apex.optimizers.FusedAdagrad": "`torch.optim.Adagrad(params, lr=lr, eps=eps, weight_decay=weight_decay)`",
+    "apex.optimizers.FusedLAMB": "no torch LAMB: keep `apex.optimizers.FusedLAMB` (current Apex still ships it); "
+    "it clips the global gradient norm to max_grad_norm (default 1.0) inside step(), so with another LAMB write "
+    + _CLIP,
+    "apex.optimizers.FusedMixedPrecisionLamb": "no torch LAMB: keep `apex.optimizers.FusedMixedPrecisionLamb` "
+    "(current Apex still ships it); with another LAMB write " + _CLIP,
+    "apex.optimizers.FusedNovoGrad": "no torch NovoGrad: keep `apex.optimizers.FusedNovoGrad` (current Apex still "
+    "ships it)",
+    "apex.optimizers": "`torch.optim.AdamW(..., weight_decay=weight_decay, fused=True)` for FusedAdam, "
+    "`torch.optim.SGD` for FusedSGD, `torch.optim.Adagrad` for FusedAdagrad",
+    "apex.normalization.FusedLayerNorm": "`torch.nn.LayerNorm(normalized_shape, eps=eps, "
+    "elementwise_affine=elementwise_affine)`",
+    "apex.normalization.FusedRMSNorm": "`torch.nn.RMSNorm(normalized_shape, eps=1e-5, "
+    "elementwise_affine=elementwise_affine)` (eps written out: torch's default is the float32 machine epsilon)",
+    "apex.normalization.MixedFusedLayerNorm": "`torch.nn.LayerNorm(normalized_shape, eps=eps)`, its output cast "
+    "to the parameters' dtype: `norm(x).to(norm.weight.dtype)`",
+    "apex.normalization.MixedFusedRMSNorm": "`torch.nn.RMSNorm(normalized_shape, eps=1e-5)`, its output cast to "
+    "the parameters' dtype: `norm(x).to(norm.weight.dtype)`",
+    "apex.normalization": "`torch.nn.LayerNorm` / `torch.nn.RMSNorm(..., eps=1e-5)`",
+    "apex.fp16_utils.to_python_float": "`tensor.item()`",
+    "apex.fp16_utils.clip_grad_norm": "`torch.nn.utils.clip_grad_norm_`",
+    "apex.fp16_utils.network_to_half": "the model itself (delete the call) and " + _FP16_RECIPE,
+    "apex.fp16_utils.FP16Model": "the model itself (delete the wrapper) and " + _FP16_RECIPE,
+    "apex.fp16_utils.BN_convert_float": "the float32 model itself (delete the call and its .half()) and "
+    + _FP16_RECIPE,
+    "apex.fp16_utils": _FP16_RECIPE,
+    "apex.multi_tensor_apply": "`torch._foreach_*` ops instead of `multi_tensor_applier(amp_C.<kernel>, ...)` "
+    "(`torch._foreach_mul_(xs, scale)` for multi_tensor_scale, `torch.linalg.vector_norm(torch.stack("
+    "torch._foreach_norm(xs, dtype=torch.float32)), keepdim=True)` for multi_tensor_l2norm)",
+    "apex.contrib.xentropy": "`torch.nn.functional.cross_entropy(logits.float() if half_to_float else logits, labels, "
+    'reduction="none", label_smoothing=smoothing, ignore_index=padding_idx)` (padding_idx defaults to 0)',
+    "apex.contrib.clip_grad": "`torch.nn.utils.clip_grad_norm_`",
+    "apex.contrib.group_norm": "`torch.nn.GroupNorm`",
+    "apex.contrib.focal_loss": "`torchvision.ops.sigmoid_focal_loss`",
+    "apex.contrib.multihead_attn": "`torch.nn.MultiheadAttention`",
+    "apex.contrib.layer_norm": "`torch.nn.LayerNorm`",
+    "apex.contrib.optimizers": "`torch.distributed.optim.ZeroRedundancyOptimizer(params, "
+    "optimizer_class=torch.optim.AdamW, lr=lr, weight_decay=weight_decay)`",
+    "apex.mlp": "a `torch.nn.Sequential` of `torch.nn.Linear` and `torch.nn.ReLU` layers",
+    "apex.fused_dense": "`torch.nn.Linear`",
+    "apex.RNN": "`torch.nn.LSTM` / `torch.nn.GRU`",
+    "apex.amp": "the GradScaler's public API (`scaler.get_scale()`, `scaler.state_dict()`)",
+}
+
+# amp functions without an automatic rewrite (AMP032): what to write instead
+_CAST_DECORATOR = (
+    'write `@torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.{dtype})` on the forward (and '
+    '`@torch.amp.custom_bwd(device_type="cuda")` on the backward) of an autograd Function'
+)
+AMP_APIS = {
+    "init": 'delete the handle it returns; create `scaler = torch.amp.GradScaler("cuda")`, run the forward pass '
+    'and loss under `with torch.autocast("cuda", dtype=torch.float16):` and write `scaler.scale(loss).backward()`, '
+    "`scaler.step(optimizer)`, `scaler.update()` where the handle scaled the loss",
+    "half_function": _CAST_DECORATOR.format(dtype="float16"),
+    "float_function": _CAST_DECORATOR.format(dtype="float32"),
+    "promote_function": "delete `@amp.promote_function`: under torch.autocast, torch ops promote mixed "
+    "float16/float32 inputs themselves; a custom kernel can take `*(t.float() for t in tensors)`",
+    "register_half_function": 'write `module.name = torch.amp.custom_fwd(module.name, device_type="cuda", '
+    "cast_inputs=torch.float16)`",
+    "register_float_function": 'write `module.name = torch.amp.custom_fwd(module.name, device_type="cuda", '
+    "cast_inputs=torch.float32)`",
+    "register_promote_function": "delete the `amp.register_promote_function(module, name)` call: torch ops "
+    "promote mixed float16/float32 inputs under torch.autocast",
+    "scale_loss": "write `scaler.scale(loss)` with the GradScaler that replaces amp.initialize",
+    "master_params": 'write `(p for group in optimizer.param_groups for p in group["params"])`',
+    "state_dict": "write `scaler.state_dict()`",
+    "load_state_dict": "write `scaler.load_state_dict(state)`",
+    "initialize": 'delete it and create `scaler = torch.amp.GradScaler("cuda")` (Apex returned the objects it got)',
+    "disable_casts": 'write `torch.autocast("cuda", enabled=False)`',
 }
 
 
 def _replacement(path: str) -> str:
-    """What to do instead of ``path``, as a phrase."""
+    """What to write instead of ``path``, as a phrase."""
     while path:
         if path in REPLACEMENTS:
             advice = REPLACEMENTS[path]
             return advice if advice.startswith("no ") else f"use {advice}"
         path = path.rpartition(".")[0]
-    return "use its torch equivalent"
+    return "no torch counterpart ampmigrate knows: keep `import apex` from an Apex build for it"
+
+
+def _amp_api(api: str) -> str:
+    advice = AMP_APIS.get(api)
+    if advice is None:
+        return (
+            f"amp.{api} is Apex internals with no automatic rewrite: use the GradScaler's public API "
+            "(`scaler.get_scale()`, `scaler.state_dict()`, `scaler.update(new_scale=...)`)"
+        )
+    return f"amp.{api} has no automatic rewrite: {advice}"
 
 
 def _references(ctx: ModuleContext) -> dict[cst.ImportAlias, list[cst.Name]]:
@@ -177,10 +271,10 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
     for attribute in model.private_uses:
         ctx.report("AMP031", attribute)
     for attribute in model.other_attributes:
-        ctx.report("AMP032", attribute, f"amp.{attribute.attr.value} has no automatic rewrite")
+        ctx.report("AMP032", attribute, _amp_api(attribute.attr.value))
     for use in model.calls:
         if use.api not in _MIGRATED_APIS:
-            ctx.report("AMP032", use.call, f"amp.{use.api}() has no automatic rewrite")
+            ctx.report("AMP032", use.call, _amp_api(use.api))
     reported: set[int] = set()
     for scope_imports in ctx.imports.values():
         for bindings in scope_imports.values():

@@ -394,8 +394,18 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> _Call | None:
         return None
     bound = _arguments(call)
     if bound is None:
-        ctx.report("AMP010", call, "amp.initialize with *args/**kwargs or unknown keywords: migrate it by hand")
+        unknown = [
+            arg.keyword.value for arg in call.args if arg.keyword is not None and arg.keyword.value not in PARAMETERS
+        ]
+        what = f"the keyword {', '.join(unknown)} (not an amp.initialize argument)" if unknown else "*args/**kwargs"
+        ctx.report(
+            "AMP010",
+            call,
+            f"amp.initialize with {what}: delete the call and create "
+            '`scaler = torch.amp.GradScaler("cuda")` where the training loop can reach it',
+        )
         return None
+
     models = bound["models"].value
     optimizers = bound["optimizers"].value if "optimizers" in bound else None
     inference_only = (

@@ -207,7 +207,12 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
         return
     bound = syntax.bind_arguments(call, ("optimizer",))
     if bound is None or "optimizer" not in bound:
-        ctx.report("AMP032", call, "amp.master_params with unexpected arguments: migrate it by hand")
+        ctx.report(
+            "AMP032",
+            call,
+            "amp.master_params takes one optimizer: write "
+            '`(p for group in optimizer.param_groups for p in group["params"])`',
+        )
         return
     optimizer = syntax.strip_parens(bound["optimizer"].value)
     argument = ctx.parent(call)

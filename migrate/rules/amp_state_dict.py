@@ -71,13 +71,22 @@ def plan(ctx: ModuleContext) -> None:
         _, access = found
         if use.api == "state_dict":
             if call.args:
-                ctx.report("AMP032", call, "amp.state_dict(destination) is not migrated: call scaler.state_dict()")
+                ctx.report(
+                    "AMP032",
+                    call,
+                    "amp.state_dict(destination) is not migrated: write `destination.update(scaler.state_dict())`",
+                )
                 continue
             ctx.plan.substitute(call, call.with_changes(func=cst.Attribute(access, cst.Name("state_dict"))))
         else:
             bound = syntax.bind_arguments(call, ("state_dict",))
             if bound is None or "state_dict" not in bound:
-                ctx.report("AMP032", call, "amp.load_state_dict with unexpected arguments: migrate it by hand")
+                ctx.report(
+                    "AMP032",
+                    call,
+                    "amp.load_state_dict takes one state dict: write `scaler.load_state_dict(state)`, an Apex "
+                    'checkpoint\'s state converted to `{"scale": float(state["loss_scaler0"]["loss_scale"])}`',
+                )
                 continue
             if helper_name is None:
                 helper_name = ctx.fresh_name("grad_scaler_state")

@@ -14,13 +14,18 @@ After::
 
     self.norm = torch.nn.LayerNorm(hidden_size, eps=1e-12)
 
-Not rewritten
-    ``MixedFusedLayerNorm`` / ``MixedFusedRMSNorm`` (output in the parameters' dtype) are
-    reported (AMP040).
+    ``MixedFusedLayerNorm`` / ``MixedFusedRMSNorm`` become ``torch.nn.LayerNorm`` /
+    ``torch.nn.RMSNorm`` too (eps written out for RMSNorm); their output followed the
+    parameters' dtype, torch's follows the input's, and the note gives the cast that restores
+    Apex's dtype where the two differ.
+
+Not rewritten (reported instead, AMP042, with the code to write)
+    ``elementwise_affine=False`` on a Mixed* layer (Apex raised) and unknown keywords.
 
 Safety
     Under autocast Apex's fused layer norm returned float16; torch's LayerNorm runs in
-    float32 there (AMP041). ``torch.nn.RMSNorm`` needs torch 2.4.
+    float32 there (AMP041). ``torch.nn.RMSNorm`` needs torch 2.4. Outside autocast, a Mixed*
+    layer with half parameters returned half for float32 input, torch returns float32.
 
 References
     NVIDIA/apex: apex/normalization/fused_layer_norm.py; pytorch/pytorch PR #121364;
@@ -35,6 +40,24 @@ from migrate.rules._context import ModuleContext
 RULE = "apex_normalization"
 
 _PARAMETERS = ("normalized_shape", "eps", "elementwise_affine", "memory_efficient")
+# Apex's Mixed* layers: (normalized_shape, eps=1e-5, *, memory_efficient=False, **kwargs)
+_MIXED_PARAMETERS = ("normalized_shape", "eps", "memory_efficient", "elementwise_affine")
+_MIXED_NOTE = (
+    "its output follows the input's dtype where Apex's followed the parameters': with float32 input and "
+    "half parameters write `norm(x).to(norm.weight.dtype)`; under autocast it is float32 where Apex's was float16"
+)
+
+
+def _eps_note(values: dict[str, object]) -> str:
+    if "eps" in values:
+        return "eps kept as written"
+    return "eps=1e-5 is written out (Apex's default; torch's is the float32 machine epsilon)"
+
+
+_MIXED_ADVICE = {
+    "elementwise_affine": "Apex raised for it (Mixed* layers always have parameters): use the plain "
+    "`torch.nn.LayerNorm(normalized_shape, eps=eps, elementwise_affine=False)` (RMSNorm likewise)"
+}
 
 REPLACEMENTS = (
     Replacement(
@@ -54,7 +77,30 @@ REPLACEMENTS = (
         positional=3,
         dropped=frozenset({"memory_efficient"}),
         added=lambda values: {"eps": "1e-5"},
-        note="eps=1e-5 is explicit (torch's default is the float32 machine epsilon)",
+        note=lambda values: _eps_note(values),
+    ),
+    Replacement(
+        apex_name="MixedFusedLayerNorm",
+        modules=("apex.normalization",),
+        parameters=_MIXED_PARAMETERS,
+        target="torch.nn.LayerNorm",
+        positional=2,
+        dropped=frozenset({"memory_efficient"}),
+        required={"elementwise_affine": True},
+        note=_MIXED_NOTE,
+        advice=_MIXED_ADVICE,
+    ),
+    Replacement(
+        apex_name="MixedFusedRMSNorm",
+        modules=("apex.normalization",),
+        parameters=_MIXED_PARAMETERS,
+        target="torch.nn.RMSNorm",
+        positional=2,
+        dropped=frozenset({"memory_efficient"}),
+        required={"elementwise_affine": True},
+        added=lambda values: {"eps": "1e-5"},
+        note=lambda values: f"{_eps_note(values)}; {_MIXED_NOTE}",
+        advice=_MIXED_ADVICE,
     ),
 )
 

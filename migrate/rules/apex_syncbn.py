@@ -14,10 +14,10 @@ After::
 
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
-Not rewritten (reported instead, AMP042)
-    ``channel_last=True`` and ``fuse_relu=True`` (no torch equivalent).
-    ``apex.parallel.DistributedDataParallel`` needs the device ids Apex never asked for
-    and is reported (AMP040).
+Not rewritten (reported instead, AMP042, with the code to write)
+    ``channel_last=True`` (Apex's channels-last layout: permute around torch's layer) and
+    ``fuse_relu=True`` (a ReLU after the layer). ``apex.parallel.DistributedDataParallel`` is
+    the apex_parallel rule's.
 
 Safety
     Exact when distributed. Apex skipped InstanceNorm when converting; torch's converter
@@ -35,6 +35,12 @@ from migrate.rules._context import ModuleContext
 
 RULE = "apex_syncbn"
 
+# Apex's channel_last layers took (N, H, W, C) tensors; torch's normalise dimension 1.
+_CHANNEL_LAST = (
+    "torch.nn.SyncBatchNorm normalises dimension 1: drop channel_last=True and call it on "
+    "`x.permute(0, 3, 1, 2)`, permuting the result back with `.permute(0, 2, 3, 1)`"
+)
+
 REPLACEMENTS = (
     Replacement(
         apex_name="convert_syncbn_model",
@@ -43,6 +49,7 @@ REPLACEMENTS = (
         target="torch.nn.SyncBatchNorm.convert_sync_batchnorm",
         positional=2,
         required={"channel_last": False},
+        advice={"channel_last": _CHANNEL_LAST},
     ),
     Replacement(
         apex_name="SyncBatchNorm",
@@ -60,6 +67,11 @@ REPLACEMENTS = (
         target="torch.nn.SyncBatchNorm",
         positional=6,
         required={"channel_last": False, "fuse_relu": False},
+        advice={
+            "channel_last": _CHANNEL_LAST,
+            "fuse_relu": "drop fuse_relu=True and apply the ReLU after the layer: `torch.relu(bn(x))` "
+            "(Apex's z input: `torch.relu(bn(x) + z)`)",
+        },
     ),
 )
 

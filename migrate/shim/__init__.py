@@ -1,7 +1,8 @@
 """Runtime emulation of NVIDIA Apex mixed precision on plain PyTorch.
 
 ``install()`` makes ``import apex`` (``apex.amp``, ``apex.fp16_utils``, ``apex.optimizers``,
-``apex.parallel``, ``apex.normalization`` and their usual submodules) resolve to this package,
+``apex.parallel``, ``apex.normalization``, ``apex.multi_tensor_apply`` and their usual
+submodules) and Apex's ``amp_C`` kernel module resolve to this package,
 so a legacy Apex training script runs unmodified, on CUDA or, in float16, on the CPU.
 ``cuda_on_cpu`` maps CUDA-only code to the CPU; ``python -m migrate.shim`` runs a script with
 both. Imports torch; never libcst, click or the codemod's rules.
@@ -47,6 +48,10 @@ APEX_MODULES = {
     "apex.parallel.LARC": "migrate.shim.parallel",
     "apex.normalization": "migrate.shim.normalization",
     "apex.normalization.fused_layer_norm": "migrate.shim.normalization",
+    "apex.multi_tensor_apply": "migrate.shim.multi_tensor",
+    "apex.multi_tensor_apply.multi_tensor_apply": "migrate.shim.multi_tensor",
+    # Apex's compiled extension with the multi-tensor kernels is a top-level module.
+    "amp_C": "migrate.shim.amp_c",
 }
 
 # Names that behave as packages (so ``import apex.x.y`` looks further).
@@ -96,7 +101,7 @@ class _ApexAliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(
         self, fullname: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "apex" and not fullname.startswith("apex."):
+        if fullname != "apex" and not fullname.startswith("apex.") and fullname != "amp_C":
             return None
         if fullname not in APEX_MODULES:
             # Anything else under apex (contrib, mlp, ...) is not emulated: a clear ImportError.
@@ -126,7 +131,7 @@ def install() -> None:
     """Make ``import apex`` and its submodules resolve to the shim (idempotent)."""
     if is_installed():
         return
-    loaded = [name for name in sys.modules if name == "apex" or name.startswith("apex.")]
+    loaded = [name for name in sys.modules if name in ("apex", "amp_C") or name.startswith("apex.")]
     foreign = [name for name in loaded if not isinstance(sys.modules[name], _ApexAlias)]
     if foreign:
         raise RuntimeError(

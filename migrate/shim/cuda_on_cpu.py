@@ -11,13 +11,20 @@ unmodified on a machine without one:
   ``torch.cuda.amp.GradScaler(...)`` become an enabled CPU GradScaler with the same arguments.
 - Tensors and modules asked to go to CUDA stay on the CPU: ``Tensor.cuda()``, ``Module.cuda()``,
   ``.to("cuda"...)``, ``.to(torch.device("cuda"))``, factory functions with ``device="cuda"``,
-  ``.type(torch.cuda.HalfTensor)`` and ``.pin_memory()``. ``torch.device("cuda")`` itself is left
+  ``.type(torch.cuda.HalfTensor)`` and ``.pin_memory()``; the legacy constructors
+  (``torch.cuda.IntTensor([0])``) make CPU tensors. ``torch.device("cuda")`` itself is left
   alone, so ``device.type == "cuda"`` still holds and such a script keeps its CUDA code path.
 - ``torch.cuda.synchronize``, ``set_device``, ``current_device``, ``get_device_name``,
   ``reset_peak_memory_stats`` and friends become harmless; ``torch.backends.cudnn.*`` settings
   already are on a CPU build. ``torch.cuda.Stream``/``stream()``/``current_stream()`` and
   ``Tensor.record_stream`` do nothing (CPU work is already ordered); ``torch.cuda.Event``
   measures wall-clock time for ``elapsed_time``.
+
+- ``torch.distributed.init_process_group(backend="nccl")`` uses gloo, and
+  ``torch.nn.parallel.DistributedDataParallel`` drops ``device_ids``/``output_device`` for a
+  module that stayed on the CPU (torch rejects them there) and, in a one-process group,
+  accepts SyncBatchNorm layers on the CPU, which run as BatchNorm there (alone in a group they
+  never synchronise).
 
 ``torch.cuda.is_available()`` returns True and ``torch.cuda.device_count()`` returns 1 after
 ``install()``. Training scripts usually pick their device with
@@ -238,6 +245,20 @@ def _returns(value: Any) -> Callable[..., Any]:
     return fake
 
 
+_LEGACY_TENSOR_TYPES = (
+    "FloatTensor",
+    "DoubleTensor",
+    "HalfTensor",
+    "BFloat16Tensor",
+    "ByteTensor",
+    "CharTensor",
+    "ShortTensor",
+    "IntTensor",
+    "LongTensor",
+    "BoolTensor",
+)
+
+
 def _patch_torch_cuda() -> None:
     cuda = torch.cuda
     cuda.is_available = _returns(True)
@@ -264,8 +285,66 @@ def _patch_torch_cuda() -> None:
     # Patched on the class: torch's argument parser rejects a non-CUDA stream before any
     # torch-function mode could see the call.
     torch.Tensor.record_stream = _returns(None)  # type: ignore[method-assign]
+    # Legacy constructors (``torch.cuda.IntTensor([0])``, Apex's overflow buffers) make CPU tensors.
+    for legacy in _LEGACY_TENSOR_TYPES:
+        setattr(cuda, legacy, getattr(torch, legacy))
     cuda.amp.autocast = CudaAmpAutocast  # type: ignore[misc,assignment]
     cuda.amp.GradScaler = CudaAmpGradScaler  # type: ignore[misc,assignment]
+
+
+def _gloo_backend(backend: Any) -> Any:
+    if isinstance(backend, str) and "nccl" in backend:
+        return "gloo"
+    return backend
+
+
+def _patch_distributed() -> None:
+    """NCCL process groups become gloo ones; DDP forgets GPU ids for a module left on the CPU."""
+    import torch.distributed as dist
+    import torch.nn.parallel
+
+    if not dist.is_available():
+        return
+    original_init = dist.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (_gloo_backend(args[0]), *args[1:])
+        if "backend" in kwargs:
+            kwargs["backend"] = _gloo_backend(kwargs["backend"])
+        return original_init(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+
+    class CpuDistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
+        """torch's DDP, without device ids for a module whose parameters are on the CPU."""
+
+        def __init__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+            if all(p.device.type == "cpu" for p in module.parameters()):
+                if args:  # device_ids, output_device are the first two after the module
+                    args = (None, None, *args[2:])
+                kwargs.pop("device_ids", None)
+                kwargs.pop("output_device", None)
+            super().__init__(module, *args, **kwargs)
+
+        def _passing_sync_batchnorm_handle(self, module: torch.nn.Module) -> None:
+            # torch refuses SyncBatchNorm in a CPU module; alone in its group a SyncBatchNorm
+            # never synchronises (it is plain BatchNorm), so one CPU process can run it.
+            if self.process_group.size() > 1:
+                super()._passing_sync_batchnorm_handle(module)
+
+    original_forward = torch.nn.SyncBatchNorm.forward
+
+    def sync_batch_norm_forward(self: torch.nn.SyncBatchNorm, input: torch.Tensor) -> torch.Tensor:
+        # torch asks for GPU input before it notices there is no one to synchronise with
+        alone = not dist.is_initialized() or dist.get_world_size(self.process_group) == 1
+        if input.device.type == "cpu" and alone:
+            return torch.nn.modules.batchnorm._BatchNorm.forward(self, input)
+        return original_forward(self, input)
+
+    torch.nn.SyncBatchNorm.forward = sync_batch_norm_forward  # type: ignore[method-assign]
+    torch.nn.parallel.DistributedDataParallel = CpuDistributedDataParallel  # type: ignore[misc]
+    torch.nn.parallel.distributed.DistributedDataParallel = CpuDistributedDataParallel  # type: ignore[misc]
 
 
 def install() -> None:
@@ -280,6 +359,7 @@ def install() -> None:
     torch.GradScaler = CpuGradScaler  # type: ignore[misc]
     torch.amp.GradScaler = CpuGradScaler  # type: ignore[misc]
     _patch_torch_cuda()
+    _patch_distributed()
     _mode = _StayOnCpu()
     # Entered for the rest of the process: the script runs inside it.
     _mode.__enter__()

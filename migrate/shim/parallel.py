@@ -1,11 +1,13 @@
-"""``apex.parallel`` on top of torch: DDP, SyncBatchNorm, convert_syncbn_model, LARC."""
+"""``apex.parallel`` on top of torch: DDP, Reducer, flat_dist_call, SyncBatchNorm, convert_syncbn_model, LARC."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 ReduceOp = dist.ReduceOp if dist.is_available() else None
 
@@ -14,11 +16,95 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _grouped() -> bool:
+    """A process group exists (of any size, one process included)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def flatten(bucket: list[torch.Tensor]) -> torch.Tensor:
+    """Apex's ``apex_C.flatten`` (or its Python fallback): one contiguous tensor."""
+    return _flatten_dense_tensors(bucket)
+
+
+def unflatten(coalesced: torch.Tensor, bucket: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return _unflatten_dense_tensors(coalesced, bucket)  # type: ignore[no-any-return]
+
+
+def flat_dist_call(tensors: list[torch.Tensor], call: Any, extra_args: Any = None) -> None:
+    """Per dtype: flatten, ``call(flat, *extra_args)``, average after an all_reduce, copy back."""
+    buckets: dict[Any, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        buckets.setdefault(tensor.type(), []).append(tensor)
+    for bucket in buckets.values():
+        coalesced = flatten(bucket)
+        if extra_args is not None:
+            call(coalesced, *extra_args)
+        else:
+            call(coalesced)
+        if call is dist.all_reduce:
+            coalesced /= dist.get_world_size()
+        for buffer, synced in zip(bucket, unflatten(coalesced, bucket)):
+            buffer.copy_(synced)
+
+
+def _tensors_in(value: Any, found: list[torch.Tensor]) -> None:
+    if torch.is_tensor(value):
+        found.append(value)
+        return
+    try:
+        for item in value:
+            _tensors_in(item, found)
+    except TypeError:
+        return
+
+
+class Reducer:
+    """``apex.parallel.Reducer``: averages gradients over the processes when ``reduce()`` is called."""
+
+    def __init__(self, module_or_grads_list: Any) -> None:
+        if isinstance(module_or_grads_list, torch.nn.Module):
+            self.module: torch.nn.Module | None = module_or_grads_list
+            flat_dist_call([param.data for param in module_or_grads_list.parameters()], dist.broadcast, (0,))
+        else:
+            self.module = None
+            self.grads: list[torch.Tensor] = []
+            _tensors_in(module_or_grads_list, self.grads)
+
+    def reduce(self) -> None:
+        if self.module:
+            grads = [param.grad.data for param in self.module.parameters() if param.grad is not None]
+            flat_dist_call(grads, dist.all_reduce)
+        else:
+            flat_dist_call(self.grads, dist.all_reduce)
+
+
+def _apex_allreduce_hook(predivide: float, average: bool) -> Any:
+    """A DDP communication hook with Apex's arithmetic: ``* 1/f``, all-reduce, ``* f/world``.
+
+    A lambda, because torch rejects a hook whose ``bucket`` annotation is not the GradBucket
+    class itself (postponed annotations are strings).
+    """
+
+    def scaled(buffer: torch.Tensor) -> torch.Tensor:
+        return buffer.mul_(1.0 / predivide) if predivide != 1.0 else buffer
+
+    def finish(future: Any) -> torch.Tensor:
+        reduced: torch.Tensor = future.value()[0]
+        if average:
+            reduced.mul_(predivide / dist.get_world_size())
+        return reduced
+
+    return lambda state, bucket: dist.all_reduce(scaled(bucket.buffer()), async_op=True).get_future().then(finish)
+
+
 class DistributedDataParallel(torch.nn.Module):
     """Apex DDP semantics on torch DDP: params broadcast once, buffers never synced.
 
-    Without an initialised multi-process group it forwards straight to the module, which is
-    what one process of Apex DDP amounts to. ``state_dict`` keys carry ``module.`` either way.
+    With a process group (one process included) it runs torch's DDP with Apex's settings:
+    no buffer broadcast, parameters without gradients allowed, and Apex's averaging
+    arithmetic (``gradient_predivide_factor``, ``gradient_average``) in a communication
+    hook. Without a group it forwards straight to the module (Apex itself required a group).
+    ``state_dict`` keys carry ``module.`` either way.
     """
 
     def __init__(
@@ -39,22 +125,32 @@ class DistributedDataParallel(torch.nn.Module):
     ) -> None:
         super().__init__()
         if shared_param is not None:
-            raise ValueError("shared_param is no longer supported by apex DDP")
-        if not gradient_average or gradient_predivide_factor != 1.0:
-            raise NotImplementedError("the shim maps apex DDP to torch DDP, which always averages gradients")
+            raise ValueError("shared_param is no longer supported as an option (apex DDP)")
+        if num_allreduce_streams > 1 and delay_allreduce:
+            raise ValueError("allreduce_different_streams may only be used if delay_allreduce=False.")
+        if allreduce_trigger_params is not None and delay_allreduce:
+            raise ValueError("Setting allreduce_trigger_params is only valid if delay_allreduce=False.")
         self.module = module
         self.delay_allreduce = delay_allreduce
+        self.message_size = message_size
+        self.gradient_average = gradient_average
+        self.gradient_predivide_factor = gradient_predivide_factor
         bytes_per_element = next((p.element_size() for p in module.parameters()), 4)
         bucket_cap_mb = max(1.0, message_size * bytes_per_element / 2**20)
         torch_ddp = None
-        if _distributed():
+        if _grouped():
             device_ids = [torch.cuda.current_device()] if next(module.parameters()).is_cuda else None
-            torch_ddp = torch.nn.parallel.DistributedDataParallel(
-                module,
-                device_ids=device_ids,
-                broadcast_buffers=False,
-                bucket_cap_mb=bucket_cap_mb,
-            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # broadcast_buffers is deprecated in 2.13
+                torch_ddp = torch.nn.parallel.DistributedDataParallel(
+                    module,
+                    device_ids=device_ids,
+                    broadcast_buffers=False,
+                    bucket_cap_mb=bucket_cap_mb,
+                    find_unused_parameters=True,
+                )
+            if gradient_predivide_factor != 1.0 or not gradient_average:
+                torch_ddp.register_comm_hook(None, _apex_allreduce_hook(gradient_predivide_factor, gradient_average))
         # Kept out of the module tree so state_dict keys stay ``module.*``, as with Apex.
         self.__dict__["_torch_ddp"] = torch_ddp
 

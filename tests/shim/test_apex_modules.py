@@ -60,6 +60,7 @@ APEX_NAMES = {
         "LARC",
         "ReduceOp",
         "create_syncbn_process_group",
+        "Reducer",
     ],
     "apex.normalization": [
         "FusedLayerNorm",
@@ -67,6 +68,10 @@ APEX_NAMES = {
         "MixedFusedLayerNorm",
         "MixedFusedRMSNorm",
     ],
+    "apex.parallel.distributed": ["DistributedDataParallel", "Reducer", "flat_dist_call", "flatten", "unflatten"],
+    "apex.parallel.LARC": ["LARC"],
+    "apex.multi_tensor_apply": ["multi_tensor_applier", "MultiTensorApply"],
+    "amp_C": ["multi_tensor_scale", "multi_tensor_axpby", "multi_tensor_l2norm", "multi_tensor_l2norm_mp"],
 }
 
 

@@ -212,3 +212,42 @@ def test_apex_script_runs_unmodified_under_the_shim(tmp_path: Path) -> None:
     if importlib.util.find_spec("apex") is None:  # --native installs no Apex stand-in
         native = run_shim(script, "O2", native=True)
         assert native.returncode != 0 and "No module named 'apex'" in native.stderr
+
+
+DISTRIBUTED_CUDA_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+
+    overflow_buf = torch.cuda.IntTensor([0])
+    torch.cuda.set_device(0)
+    dist.init_process_group(backend="nccl", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+    out = ddp(torch.randn(2, 3, 5, 5).cuda())
+    out.sum().backward()
+    print(json.dumps({
+        "backend": dist.get_backend(),
+        "buf": [overflow_buf.device.type, str(overflow_buf.dtype)],
+        "device_ids": ddp.device_ids,
+        "grad": model[0].weight.grad is not None,
+        "running_mean_moved": bool(model[1].running_mean.abs().sum() > 0),
+    }))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_one_process_nccl_ddp_script_with_sync_batchnorm_runs_on_gloo(tmp_path: Path) -> None:
+    script = tmp_path / "ddp.py"
+    script.write_text(DISTRIBUTED_CUDA_SCRIPT)
+    completed = run_shim(script, str(tmp_path / "store"))
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert report == {
+        "backend": "gloo",
+        "buf": ["cpu", "torch.int32"],
+        "device_ids": None,
+        "grad": True,
+        "running_mean_moved": True,
+    }

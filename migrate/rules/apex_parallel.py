@@ -1,0 +1,563 @@
+"""apex_parallel: ``apex.parallel.DistributedDataParallel`` and the rest of ``apex.parallel``.
+
+What it rewrites
+    ``apex.parallel.DistributedDataParallel(module, ...)`` becomes
+    ``torch.nn.parallel.DistributedDataParallel(module, ..., broadcast_buffers=False,
+    find_unused_parameters=True)``: Apex never synchronised buffers (BatchNorm statistics
+    stay per process), and it accepted parameters that get no gradient, where torch raises
+    without ``find_unused_parameters``. ``device_ids`` is written only where the code around
+    the call puts the module on one GPU (``model.cuda(args.gpu)``, or ``model.cuda()`` after
+    ``torch.cuda.set_device(args.local_rank)``); elsewhere it is left out, which is what Apex
+    did (the module stays wherever it is, CPU included). ``message_size`` (elements) becomes
+    ``bucket_cap_mb`` (MiB of 4-byte gradients). Settings that only changed *when* gradients
+    were all-reduced go (``delay_allreduce``, ``allreduce_trigger_params``,
+    ``num_allreduce_streams``, ``allreduce_communicators``, ``retain_allreduce_buffers``,
+    ``shared_param``, ``prof``), and so does ``gradient_predivide_factor`` with averaging on
+    (the average is the same). ``gradient_average=False`` (a sum) becomes a communication hook
+    that sums. ``ddp.disable_allreduce()`` / ``enable_allreduce()`` become
+    ``ddp.require_backward_grad_sync = False`` / ``True``; ``isinstance(m, DDP)`` checks name
+    torch's class. ``apex.parallel.ReduceOp`` is ``torch.distributed.ReduceOp``.
+
+    ``LARC``, ``Reducer``, ``create_syncbn_process_group`` and ``flat_dist_call`` have no torch
+    counterpart: a plain-torch version of each (same arithmetic) is written once into the
+    module, and the calls use it.
+
+Before::
+
+    from apex.parallel import DistributedDataParallel as DDP
+    model = model.cuda()
+    model = DDP(model, delay_allreduce=True)
+
+After::
+
+    model = model.cuda()
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()], broadcast_buffers=False, find_unused_parameters=True)
+
+Not rewritten (reported instead)
+    ``gradient_average`` chosen at run time, or ``False`` where the wrapped module has no name
+    to register the hook on; unknown keywords (AMP042). A subclass of Apex DDP, or the class
+    stored or passed as a value (AMP040, from amp_import). Each message gives the code to write.
+
+Safety
+    Gradients are the same average; torch divides by the world size before the all-reduce,
+    Apex after (or split by ``gradient_predivide_factor``): the last bits can differ in
+    float16. ``allreduce_always_fp32`` mattered only for float16 gradients; under
+    ``torch.autocast`` they are float32. ``find_unused_parameters=True`` costs one graph
+    traversal per step: drop it when every parameter gets a gradient every step.
+
+References
+    NVIDIA/apex@e13873d: apex/parallel/distributed.py, apex/parallel/LARC.py,
+    apex/parallel/__init__.py; pytorch/pytorch: torch/nn/parallel/distributed.py;
+    ../shared/apex-semantics.md section 5 (apex.parallel).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.rules import _syntax as syntax
+from migrate.rules._context import ModuleContext, dotted_name
+
+RULE = "apex_parallel"
+
+TORCH_DDP = "torch.nn.parallel.DistributedDataParallel"
+_DDP_PATHS = frozenset({"apex.parallel.DistributedDataParallel", "apex.parallel.distributed.DistributedDataParallel"})
+_DDP_PARAMETERS = (
+    "module",
+    "message_size",
+    "delay_allreduce",
+    "shared_param",
+    "allreduce_trigger_params",
+    "retain_allreduce_buffers",
+    "allreduce_always_fp32",
+    "num_allreduce_streams",
+    "allreduce_communicators",
+    "gradient_average",
+    "gradient_predivide_factor",
+    "gradient_average_split_factor",
+    "prof",
+)
+# Apex settings that only chose when (or how) gradients were communicated, never their values.
+_SCHEDULING = (
+    "delay_allreduce",
+    "allreduce_trigger_params",
+    "num_allreduce_streams",
+    "allreduce_communicators",
+    "retain_allreduce_buffers",
+    "shared_param",
+    "gradient_average_split_factor",
+    "prof",
+)
+_SUM_HOOK = (
+    "lambda _, bucket: torch.distributed.all_reduce(bucket.buffer(){divide}, async_op=True)"
+    ".get_future().then(lambda fut: fut.value()[0])"
+)
+
+_LARC = '''\
+class {name}:
+    """apex.parallel.LARC in plain torch: layer-wise adaptive learning rates around an optimizer.
+
+    Before each step every gradient (plus its weight decay) is multiplied by
+    trust_coefficient * |w| / (|g| + weight_decay * |w| + eps), divided by the group's lr and
+    capped at 1 when clip=True; the wrapped optimizer then steps with its weight decay off.
+    """
+
+    def __init__(self, optimizer, trust_coefficient=0.02, clip=True, eps=1e-8):
+        self.optim = optimizer
+        self.trust_coefficient = trust_coefficient
+        self.clip = clip
+        self.eps = eps
+
+    def __getstate__(self):
+        return self.optim.__getstate__()
+
+    def __setstate__(self, state):
+        self.optim.__setstate__(state)
+
+    def __repr__(self):
+        return repr(self.optim)
+
+    @property
+    def state(self):
+        return self.optim.state
+
+    @property
+    def param_groups(self):
+        return self.optim.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.optim.param_groups = value
+
+    def state_dict(self):
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optim.load_state_dict(state_dict)
+
+    def zero_grad(self):
+        self.optim.zero_grad()
+
+    def add_param_group(self, param_group):
+        self.optim.add_param_group(param_group)
+
+    def step(self):
+        decays = []
+        with torch.no_grad():
+            for group in self.optim.param_groups:
+                decay = group.get("weight_decay", 0)
+                decays.append(decay)
+                group["weight_decay"] = 0
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    param_norm = torch.linalg.vector_norm(param)
+                    grad_norm = torch.linalg.vector_norm(param.grad)
+                    if param_norm != 0 and grad_norm != 0:
+                        rate = self.trust_coefficient * param_norm / (grad_norm + param_norm * decay + self.eps)
+                        if self.clip:
+                            rate = torch.clamp(rate / group["lr"], max=1)
+                        param.grad += decay * param
+                        param.grad *= rate
+        self.optim.step()
+        for group, decay in zip(self.optim.param_groups, decays):
+            group["weight_decay"] = decay
+'''
+
+_REDUCER = '''\
+class {name}:
+    """apex.parallel.Reducer in plain torch: reduce() averages gradients over the processes.
+
+    Given a module it broadcasts the parameters from rank 0 first and reduces the gradients
+    its parameters hold; given (nested lists of) gradient tensors it reduces those.
+    """
+
+    def __init__(self, module_or_grads_list):
+        if isinstance(module_or_grads_list, torch.nn.Module):
+            self.module = module_or_grads_list
+            for param in self.module.parameters():
+                torch.distributed.broadcast(param.data, 0)
+        else:
+            self.module = None
+            self.grads = []
+            pending = [module_or_grads_list]
+            while pending:
+                item = pending.pop(0)
+                if torch.is_tensor(item):
+                    self.grads.append(item)
+                elif isinstance(item, (list, tuple)):
+                    pending[:0] = item
+
+    def reduce(self):
+        if self.module is not None:
+            grads = [param.grad.data for param in self.module.parameters() if param.grad is not None]
+        else:
+            grads = self.grads
+        world_size = torch.distributed.get_world_size()
+        for grad in grads:
+            torch.distributed.all_reduce(grad)
+            grad /= world_size
+'''
+
+_SYNCBN_GROUP = '''\
+def {name}(group_size):
+    """apex.parallel.create_syncbn_process_group in plain torch: this rank's group of group_size ranks.
+
+    Every rank creates every group (torch.distributed.new_group requires it); 0 means the
+    whole world (None).
+    """
+    if group_size == 0:
+        return None
+    world_size = torch.distributed.get_world_size()
+    assert world_size >= group_size and world_size % group_size == 0
+    groups = [
+        torch.distributed.new_group(ranks=list(range(start, start + group_size)))
+        for start in range(0, world_size, group_size)
+    ]
+    return groups[torch.distributed.get_rank() // group_size]
+'''
+
+_FLAT_DIST_CALL = '''\
+def {name}(tensors, call, extra_args=None):
+    """apex.parallel.distributed.flat_dist_call in plain torch: call(tensor, *extra_args) on each tensor.
+
+    An all_reduce is followed by a division by the world size (an average), as in Apex.
+    """
+    for tensor in tensors:
+        if extra_args is not None:
+            call(tensor, *extra_args)
+        else:
+            call(tensor)
+        if call is torch.distributed.all_reduce:
+            tensor /= torch.distributed.get_world_size()
+'''
+
+# Apex name -> (paths it is imported from, helper template)
+_HELPERS = {
+    "LARC": (("apex.parallel.LARC", "apex.parallel.LARC.LARC"), _LARC),
+    "Reducer": (("apex.parallel.Reducer", "apex.parallel.distributed.Reducer"), _REDUCER),
+    "create_syncbn_process_group": (("apex.parallel.create_syncbn_process_group",), _SYNCBN_GROUP),
+    "flat_dist_call": (("apex.parallel.distributed.flat_dist_call",), _FLAT_DIST_CALL),
+}
+_HELPER_NOTES = {
+    "LARC": "LARC is written into this module in plain torch (same per-parameter rates)",
+    "Reducer": "Reducer is written into this module in plain torch (broadcast, then averaged all-reduces)",
+    "create_syncbn_process_group": "create_syncbn_process_group is written into this module in plain torch",
+    "flat_dist_call": "flat_dist_call is written into this module in plain torch (one call per tensor)",
+}
+_RENAMED = {"apex.parallel.ReduceOp": "torch.distributed.ReduceOp"}
+
+
+def _same(a: cst.BaseExpression, b: cst.BaseExpression) -> bool:
+    return syntax.code(syntax.strip_parens(a)).strip() == syntax.code(syntax.strip_parens(b)).strip()
+
+
+def _first_arg(call: cst.Call, keyword: str) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.star:
+            return None
+        if arg.keyword is None or arg.keyword.value == keyword:
+            return arg.value
+    return None
+
+
+def _cuda_call(node: cst.BaseExpression, module: cst.BaseExpression) -> cst.Call | None:
+    """``module.cuda(...)`` somewhere in a method chain starting at ``module``."""
+    while isinstance(node, (cst.Call, cst.Attribute)):
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "cuda"
+            and _same(node.func.value, module)
+        ):
+            return node
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return None
+
+
+def _device_ids(ctx: ModuleContext, call: cst.Call, module: cst.BaseExpression) -> tuple[str | None, str]:
+    """The device id expression for ``device_ids`` (or None) and why.
+
+    Only a ``.cuda(...)`` of the wrapped module that surely ran before the call (in a block
+    enclosing it) says the module sits on one GPU; its argument, or else the device current
+    at that point, is the id. A ``set_device`` between the move and the call leaves it open.
+    """
+    scope = ctx.scope_of(call)
+    enclosing = {node for node in ctx.ancestors(call) if isinstance(node, (cst.Module, cst.IndentedBlock))}
+    order = ctx.order(call)
+    moved: cst.Call | None = None
+    moved_at = order
+    if isinstance(module, cst.Call) and isinstance(module.func, cst.Attribute) and module.func.attr.value == "cuda":
+        moved = module  # DDP(model.cuda(...))
+    set_devices: list[tuple[int, cst.Call, bool]] = []  # (order, call, surely ran)
+    for earlier in ctx.nodes_of(cst.Call):
+        if ctx.order(earlier) >= order or ctx.scope_of(earlier) is not scope:
+            continue
+        ran = ctx.parent(ctx.statement_of(earlier)) in enclosing
+        name = dotted_name(earlier.func) or ""
+        if name.endswith("cuda.set_device") and len(earlier.args) == 1 and not earlier.args[0].star:
+            set_devices.append((ctx.order(earlier), earlier, ran))
+        found = _cuda_call(earlier, module)
+        if found is not None and ran and (moved is None or moved is not module):
+            moved, moved_at = found, ctx.order(earlier)
+    if moved is None:
+        return None, "device_ids is left out as Apex did: the module may not be on one GPU"
+    explicit = _first_arg(moved, "device")
+    if explicit is not None:
+        code = syntax.code(explicit).strip()
+        return code, f"device_ids=[{code}] from .cuda({code})"
+    if any(at > moved_at for at, _, _ in set_devices):
+        return None, "device_ids is left out: torch.cuda.set_device runs between .cuda() and the wrap"
+    before = [(at, device, ran) for at, device, ran in set_devices if at < moved_at]
+    if before and before[-1][2]:
+        code = syntax.code(before[-1][1].args[0].value).strip()
+        return code, f"device_ids=[{code}] from torch.cuda.set_device({code}) and .cuda()"
+    return "torch.cuda.current_device()", "device_ids=[torch.cuda.current_device()] from .cuda()"
+
+
+def _has_torch_fallback(ctx: ModuleContext, name: cst.Name) -> bool:
+    """``try: from apex.parallel import DDP except ImportError: from torch...import ... as DDP``."""
+    binding = ctx.resolve(name.value, name)
+    if binding is None:
+        return False
+    bound = name.value
+    for ancestor in ctx.ancestors(binding.statement):
+        if not isinstance(ancestor, cst.Try):
+            continue
+        for handler in ancestor.handlers:
+            for node in ctx.walk(handler):
+                if isinstance(node, cst.ImportAlias):
+                    alias = dotted_name(node.asname.name) if node.asname else dotted_name(node.name)  # type: ignore[arg-type]
+                    if alias == bound and (dotted_name(node.name) or "").endswith("DistributedDataParallel"):
+                        return True
+                if isinstance(node, cst.Assign) and (dotted_name(node.value) or "").endswith(
+                    "parallel.DistributedDataParallel"
+                ):
+                    if any(isinstance(t.target, cst.Name) and t.target.value == bound for t in node.targets):
+                        return True
+        break
+    return False
+
+
+def _assigned_to(ctx: ModuleContext, call: cst.Call) -> cst.BaseExpression | None:
+    """``x`` / ``self.x`` when the call is the whole value of ``x = call``."""
+    parent = ctx.parent(call)
+    if isinstance(parent, cst.Assign) and parent.value is call and len(parent.targets) == 1:
+        target = parent.targets[0].target
+        if dotted_name(target) is not None:
+            return target
+    return None
+
+
+def _rewrite_ddp(ctx: ModuleContext, call: cst.Call, path: str, root: cst.Name) -> bool:
+    """Plan the torch DDP call for one Apex DDP call; False when it is reported instead."""
+    bound = syntax.bind_arguments(call, _DDP_PARAMETERS)
+    if bound is None:
+        if isinstance(call.func, cst.Name) and _has_torch_fallback(ctx, call.func):
+            # the torch branch of an optional import: already torch's signature
+            ctx.plan.substitute(call, call.with_changes(func=syntax.dotted(TORCH_DDP)))
+            ctx.plan.needs_torch_import = True
+            ctx.consumed.add(root)
+            ctx.report("AMP041", call, f"{path} (bound to {TORCH_DDP} without Apex) became {TORCH_DDP}")
+            return True
+        unknown = [arg.keyword.value for arg in call.args if arg.keyword and arg.keyword.value not in _DDP_PARAMETERS]
+        what = f"keyword {', '.join(unknown)}" if unknown else "*args/**kwargs"
+        ctx.report(
+            "AMP042",
+            call,
+            f"{path} has no parameter for its {what}: write {TORCH_DDP}(module, broadcast_buffers=False, "
+            "find_unused_parameters=True) with the torch arguments you need",
+        )
+        return False
+    values = {name: syntax.literal(arg.value) for name, arg in bound.items()}
+    module_arg = bound.get("module")
+    if module_arg is None:
+        ctx.report("AMP042", call, f"{path} without a module: write {TORCH_DDP}(module, broadcast_buffers=False)")
+        return False
+    notes: list[str] = []
+    after: list[cst.SimpleStatementLine] = []
+    average = values.get("gradient_average", True)
+    divide = ""
+    if "gradient_predivide_factor" in bound:
+        factor = values["gradient_predivide_factor"]
+        if average is not False:
+            notes.append("gradient_predivide_factor dropped: the result is the same average")
+        elif factor != 1:
+            # Apex multiplies by the reciprocal: the same rounding
+            divide = f".mul_(1.0 / ({syntax.code(bound['gradient_predivide_factor'].value).strip()}))"
+    hook = _SUM_HOOK.format(divide=divide)
+    if average is ...:
+        ctx.report(
+            "AMP042",
+            call,
+            f"{path} with gradient_average chosen at run time: torch DDP averages; where it is False (a sum) "
+            f"register after the wrap: `ddp_model.register_comm_hook(None, {hook})`",
+        )
+        return False
+    if average is False:
+        target = _assigned_to(ctx, call)
+        if target is None:
+            ctx.report(
+                "AMP042",
+                call,
+                f"{path}(..., gradient_average=False) sums gradients: assign the wrapped model, then "
+                f"`ddp_model.register_comm_hook(None, {hook})`",
+            )
+            return False
+        after.append(cst.parse_statement(f"{syntax.code(target).strip()}.register_comm_hook(None, {hook})"))  # type: ignore[arg-type]
+        notes.append("gradient_average=False became a communication hook that sums")
+    kept = module_arg.with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=syntax.NO_SPACE)
+    args = [kept]
+    device, why = _device_ids(ctx, call, module_arg.value)
+    if device is not None:
+        args.append(syntax.keyword("device_ids", cst.parse_expression(f"[{device}]")))
+    notes.insert(0, why)
+    args.append(syntax.keyword("broadcast_buffers", cst.Name("False")))
+    if (
+        "message_size" in bound
+        and values.get("delay_allreduce") is not True
+        and "allreduce_trigger_params" not in bound
+    ):
+        size = syntax.code(syntax.strip_parens(bound["message_size"].value)).strip()
+        args.append(syntax.keyword("bucket_cap_mb", cst.parse_expression(f"{size} * 4 / 2**20")))
+        notes.append(f"message_size={size} elements became bucket_cap_mb (4-byte gradients)")
+    args.append(syntax.keyword("find_unused_parameters", cst.Name("True")))
+    dropped = [name for name in _SCHEDULING if name in bound]
+    if "message_size" in bound and not any(arg.keyword and arg.keyword.value == "bucket_cap_mb" for arg in args):
+        dropped.insert(0, "message_size")
+    if dropped:
+        notes.append(f"{', '.join(dropped)} dropped (scheduling only: torch overlaps the all-reduce with backward)")
+    if "allreduce_always_fp32" in bound:
+        notes.append("allreduce_always_fp32 dropped: gradients are all-reduced in their dtype (float32 under autocast)")
+    args = [arg.with_changes(comma=cst.Comma(whitespace_after=syntax.ONE_SPACE)) for arg in args[:-1]] + [args[-1]]
+    new = call.with_changes(func=syntax.dotted(TORCH_DDP), args=args, whitespace_before_args=syntax.NO_SPACE)
+    ctx.plan.substitute(call, new)
+    if after:
+        ctx.plan.after[ctx.statement_of(call)].extend(after)
+    ctx.plan.needs_torch_import = True
+    ctx.consumed.add(root)
+    ctx.report(
+        "AMP041",
+        call,
+        f"{path} became {TORCH_DDP}: broadcast_buffers=False keeps buffers per process as Apex did; "
+        "find_unused_parameters=True because Apex accepted parameters without gradients (remove it if every "
+        "parameter gets one each step); " + "; ".join(notes),
+    )
+    return True
+
+
+def _plan_allreduce_switches(ctx: ModuleContext) -> None:
+    """``ddp.disable_allreduce()`` / ``enable_allreduce()`` statements of a migrated Apex DDP."""
+    defined = {node.name.value for node in ctx.walk(ctx.module) if isinstance(node, cst.FunctionDef)}
+    for call in ctx.nodes_of(cst.Call):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in ("disable_allreduce", "enable_allreduce")):
+            continue
+        if call.args or func.attr.value in defined or ctx.skipped(call):
+            continue
+        expression = ctx.parent(call)
+        if not isinstance(expression, cst.Expr):
+            ctx.report(
+                "AMP040",
+                call,
+                f"Apex DDP's {func.attr.value}() has no torch method: use the statement "
+                f"`{syntax.code(func.value).strip()}.require_backward_grad_sync = "
+                f"{func.attr.value == 'enable_allreduce'}` (or `with ddp_model.no_sync():`)",
+            )
+            continue
+        flag = "True" if func.attr.value == "enable_allreduce" else "False"
+        target = cst.Attribute(value=func.value, attr=cst.Name("require_backward_grad_sync"))
+        ctx.plan.substitute(expression, cst.Assign(targets=[cst.AssignTarget(target)], value=cst.Name(flag)))
+        ctx.report(
+            "AMP041",
+            call,
+            f"{func.attr.value}() became require_backward_grad_sync = {flag} (what torch's no_sync sets)",
+        )
+
+
+def plan(ctx: ModuleContext) -> None:
+    migrated_ddp = False
+    helper_names: dict[str, str] = {}
+    for name in ctx.nodes_of(cst.Name):
+        parent = ctx.parent(name)
+        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
+            isinstance(parent, cst.Attribute) and parent.attr is name
+        ):
+            continue
+        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
+            continue
+        found = None
+        reference: cst.BaseExpression = name
+        while True:  # the shortest `a.b.c` prefix that names an Apex object handled here
+            found = ctx.apex_path(reference)
+            if found is not None and _handled(found[0]):
+                break
+            parent = ctx.parent(reference)
+            if not (isinstance(parent, cst.Attribute) and parent.value is reference):
+                found = None
+                break
+            reference = parent
+        if found is None:
+            continue
+        path, root = found
+        holder = ctx.parent(reference)
+        is_call = isinstance(holder, cst.Call) and holder.func is reference
+        apex_name = path.rpartition(".")[2]
+        if path in _DDP_PATHS:
+            if ctx.skipped(reference):
+                continue
+            if is_call:
+                migrated_ddp |= _rewrite_ddp(ctx, holder, path, root)  # type: ignore[arg-type]
+            elif _in_type_check(ctx, reference):
+                ctx.plan.substitute(reference, syntax.dotted(TORCH_DDP))
+                ctx.plan.needs_torch_import = True
+                ctx.consumed.add(root)
+            # other uses (a subclass, the class stored or passed) keep Apex: amp_import reports them
+        elif path in _RENAMED:
+            if ctx.skipped(reference):
+                continue
+            ctx.plan.substitute(reference, syntax.dotted(_RENAMED[path]))
+            ctx.plan.needs_torch_import = True
+            ctx.consumed.add(root)
+        elif apex_name in _HELPERS and path in _HELPERS[apex_name][0]:
+            if ctx.skipped(reference):
+                continue
+            helper = helper_names.get(apex_name)
+            if helper is None:
+                helper = helper_names[apex_name] = _helper_name(ctx, apex_name)
+                template = _HELPERS[apex_name][1]
+                ctx.plan.module_helpers.append(cst.parse_statement(template.format(name=helper)))
+                ctx.plan.needs_torch_import = True
+            if not (isinstance(reference, cst.Name) and reference.value == helper):
+                ctx.plan.substitute(reference, cst.Name(helper))
+            ctx.consumed.add(root)
+            if is_call and holder is not None:
+                ctx.report("AMP041", holder, f"{path}: {_HELPER_NOTES[apex_name]}")
+    if migrated_ddp:
+        _plan_allreduce_switches(ctx)
+
+
+def _handled(path: str) -> bool:
+    name = path.rpartition(".")[2]
+    return path in _DDP_PATHS or path in _RENAMED or (name in _HELPERS and path in _HELPERS[name][0])
+
+
+def _in_type_check(ctx: ModuleContext, reference: cst.BaseExpression) -> bool:
+    """Inside the class argument of ``isinstance`` / ``issubclass``."""
+    for ancestor in ctx.ancestors(reference):
+        if isinstance(ancestor, cst.Call):
+            return (
+                isinstance(ancestor.func, cst.Name)
+                and ancestor.func.value in ("isinstance", "issubclass")
+                and len(ancestor.args) == 2
+                and any(node is reference for node in ctx.walk(ancestor.args[1]))
+            )
+        if not isinstance(ancestor, (cst.Tuple, cst.Element, cst.Arg)):
+            return False
+    return False
+
+
+def _helper_name(ctx: ModuleContext, apex_name: str) -> str:
+    """Apex's own name unless the module binds it to something else."""
+    taken = any(apex_name in names for names in ctx.locals.values())
+    return ctx.fresh_name(apex_name) if taken else apex_name
