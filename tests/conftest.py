@@ -10,7 +10,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--update-fixtures",
         action="store_true",
         default=False,
-        help="rewrite fixtures/**/*.out.py from the engine's current output (review the diff)",
+        help="rewrite fixtures/**/*.out.py and *.findings from the engine's current output (review the diff)",
     )
 
 
