@@ -8,11 +8,24 @@ What it rewrites
 
 Before::
 
-    self.norm = FusedLayerNorm(hidden_size, eps=1e-12)
+    import torch
+    from apex.normalization import FusedLayerNorm
+
+
+    class Block(torch.nn.Module):
+        def __init__(self, hidden_size):
+            super().__init__()
+            self.norm = FusedLayerNorm(hidden_size, eps=1e-12)
 
 After::
 
-    self.norm = torch.nn.LayerNorm(hidden_size, eps=1e-12)
+    import torch
+
+
+    class Block(torch.nn.Module):
+        def __init__(self, hidden_size):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(hidden_size, eps=1e-12)
 
 Not rewritten
     ``MixedFusedLayerNorm`` / ``MixedFusedRMSNorm`` (output in the parameters' dtype) are
