@@ -16,6 +16,7 @@ must be produced by at least one case.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -35,8 +36,11 @@ def _read(path: Path) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8", newline="") as handle:
+    """Replace ``path`` at once: under xdist another worker may be reading it."""
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "w", encoding="utf-8", newline="") as handle:
         handle.write(text)
+    os.replace(temporary, path)
 
 
 def _beside(case: Path, suffix: str) -> Path:
