@@ -1,6 +1,14 @@
-"""Shared pytest configuration."""
+"""Shared pytest configuration.
+
+The codemod tests need no torch. Tests that do skip themselves where it is missing, with the
+reason: modules that import it use ``pytest.importorskip("torch", reason=...)``, and tests
+that only run it in subprocesses are marked ``torch``. Nothing here imports torch unless a
+collected test is marked ``cuda``.
+"""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 
@@ -10,16 +18,49 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--update-fixtures",
         action="store_true",
         default=False,
-        help="rewrite fixtures/**/*.out.py from the engine's current output (review the diff)",
+        help="rewrite fixtures/**/*.out.py and *.findings from the engine's current output (review the diff)",
     )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def torch_installed() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def _no_cuda_reason() -> str | None:
+    """Why ``cuda`` tests cannot run here, or None when a CUDA GPU is available."""
+    if not torch_installed():
+        return "needs torch with a CUDA GPU; torch is not installed"
     import torch
 
-    if torch.cuda.is_available():
+    return None if torch.cuda.is_available() else "needs a CUDA GPU"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _longest_first(items)
+    if not torch_installed():
+        skip = pytest.mark.skip(reason="needs torch, which is not installed")
+        for item in items:
+            if item.get_closest_marker("torch") is not None:
+                item.add_marker(skip)
+    cuda_items = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not cuda_items:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    reason = _no_cuda_reason()
+    if reason is not None:
+        for item in cuda_items:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Put the modules with the most slow tests first, keeping the order inside each module.
+
+    xdist (``--dist loadscope --no-loadscope-reorder``) hands whole modules to the workers in
+    this order: the long ones then run side by side from the start, instead of one of them
+    ending the run alone on one core.
+    """
+    slow: dict[str, int] = {}
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        module = item.nodeid.split("::")[0]
+        slow[module] = slow.get(module, 0) + (item.get_closest_marker("slow") is not None)
+    position = {module: index for index, module in enumerate(slow)}
+    items.sort(key=lambda item: (-slow[item.nodeid.split("::")[0]], position[item.nodeid.split("::")[0]]))

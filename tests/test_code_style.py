@@ -5,6 +5,7 @@ The settings live in pyproject.toml; .pre-commit-config.yaml runs the same tools
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,19 @@ def test_ruff_clean() -> None:
     assert result.returncode == 0, f"run `ruff check --fix .`:\n{result.stdout}"
 
 
+TORCH = importlib.util.find_spec("torch") is not None
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not TORCH, reason="migrate/shim is typed against torch, which is not installed")
 def test_mypy_clean() -> None:
     result = _run("mypy", "--no-incremental", "migrate")
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TORCH, reason="torch is installed: test_mypy_clean checks the whole package")
+def test_mypy_clean_without_torch() -> None:
+    """Without torch, everything but the shim (typed against torch) is still checked."""
+    result = _run("mypy", "--no-incremental", "--exclude", "migrate/shim/", "migrate")
     assert result.returncode == 0, result.stdout

@@ -6,10 +6,14 @@ What it rewrites
 
 Before::
 
+    from apex import amp
+
     with amp.disable_casts():
         out = custom_op(x.float())
 
 After::
+
+    import torch
 
     with torch.autocast("cuda", enabled=False):
         out = custom_op(x.float())

@@ -9,10 +9,15 @@ What it rewrites
 
 Before::
 
+    import torch
+    from apex import amp
+
     if args.fp16:
         model, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level)
 
 After::
+
+    import torch
 
     scaler = torch.amp.GradScaler("cuda", enabled=args.fp16 and args.opt_level != "O0")
 

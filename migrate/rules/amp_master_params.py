@@ -13,20 +13,32 @@ What it rewrites
 
 Before::
 
-    with amp.scale_loss(loss, optimizer) as scaled_loss:
-        scaled_loss.backward()
-    torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), max_norm)
-    optimizer.step()
+    import torch
+    from apex import amp
+
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for images, target in loader:
+        loss = criterion(model(images), target)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), max_norm)
+        optimizer.step()
 
 After::
 
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(
-        (p for group in optimizer.param_groups for p in group["params"]), max_norm
-    )
-    scaler.step(optimizer)
-    scaler.update()
+    import torch
+
+    scaler = torch.amp.GradScaler("cuda")
+    for images, target in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = criterion(model(images), target)
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_((p for group in optimizer.param_groups for p in group["params"]), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
 
 Not rewritten (reported instead)
     A clip where no GradScaler is reachable (AMP022, AMP023).

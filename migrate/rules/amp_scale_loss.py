@@ -12,22 +12,31 @@ What it rewrites
 
 Before::
 
-    output = model(images)
-    loss = criterion(output, target)
-    optimizer.zero_grad()
-    with amp.scale_loss(loss, optimizer) as scaled_loss:
-        scaled_loss.backward()
-    optimizer.step()
+    import torch
+    from apex import amp
+
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for images, target in loader:
+        output = model(images)
+        loss = criterion(output, target)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
 
 After::
 
-    with torch.autocast("cuda", dtype=torch.float16):
-        output = model(images)
-        loss = criterion(output, target)
-    optimizer.zero_grad()
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
+    import torch
+
+    scaler = torch.amp.GradScaler("cuda")
+    for images, target in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            output = model(images)
+            loss = criterion(output, target)
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
 
 Not rewritten (reported instead)
     ``scale_loss`` entered by hand or combined with other context managers (AMP021); a

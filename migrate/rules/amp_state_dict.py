@@ -1,4 +1,4 @@
-"""amp_state_dict: ``amp.state_dict()`` and ``amp.load_state_dict(sd)``.
+'''amp_state_dict: ``amp.state_dict()`` and ``amp.load_state_dict(sd)``.
 
 What it rewrites
     Both become the GradScaler's own methods. Loading goes through a small helper written
@@ -8,15 +8,42 @@ What it rewrites
 
 Before::
 
+    import torch
+    from apex import amp
+
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    if args.resume:
+        checkpoint = torch.load(args.resume)
+        amp.load_state_dict(checkpoint["amp"])
+    train(model, optimizer)
     torch.save({"model": model.state_dict(), "amp": amp.state_dict()}, path)
-    ...
-    amp.load_state_dict(checkpoint["amp"])
 
 After::
 
+    import torch
+
+
+    def grad_scaler_state(state):
+        """A GradScaler state dict from one saved by GradScaler or by apex.amp.state_dict()."""
+        if "loss_scaler0" not in state:
+            return state
+        apex_state = state["loss_scaler0"]
+        unskipped = apex_state["unskipped"]
+        return {
+            "scale": float(apex_state["loss_scale"]),
+            "growth_factor": 2.0,
+            "backoff_factor": 0.5,
+            "growth_interval": 2000,
+            # Apex counted clean steps without bound under a static scale
+            "_growth_tracker": unskipped if unskipped < 2000 else 0,
+        }
+
+    scaler = torch.amp.GradScaler("cuda")
+    if args.resume:
+        checkpoint = torch.load(args.resume)
+        scaler.load_state_dict(grad_scaler_state(checkpoint["amp"]))
+    train(model, optimizer)
     torch.save({"model": model.state_dict(), "amp": scaler.state_dict()}, path)
-    ...
-    scaler.load_state_dict(grad_scaler_state(checkpoint["amp"]))
 
 Not rewritten (reported instead)
     Calls where no GradScaler is reachable (AMP022, AMP023).
@@ -29,7 +56,7 @@ Safety
 References
     NVIDIA/apex@e13873d: apex/amp/frontend.py (state_dict, load_state_dict);
     pytorch/pytorch: torch/amp/grad_scaler.py (state_dict); ../shared/apex-semantics.md 3.3.
-"""
+'''
 
 from __future__ import annotations
 

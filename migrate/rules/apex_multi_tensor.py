@@ -23,9 +23,14 @@ What it rewrites
 
 Before::
 
+    import amp_C
+    from apex.multi_tensor_apply import multi_tensor_applier
+
     multi_tensor_applier(amp_C.multi_tensor_scale, overflow_buf, [grads, grads], 1.0 / loss_scale)
 
 After::
+
+    import torch
 
     torch._foreach_mul_(grads, 1.0 / loss_scale)
 

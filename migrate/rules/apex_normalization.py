@@ -6,18 +6,31 @@ What it rewrites
     float32 machine epsilon, Apex's 1e-5). ``memory_efficient`` goes: it only trades memory
     for recomputation. Parameter names (``weight``, ``bias``) match, so checkpoints load.
 
-Before::
-
-    self.norm = FusedLayerNorm(hidden_size, eps=1e-12)
-
-After::
-
-    self.norm = torch.nn.LayerNorm(hidden_size, eps=1e-12)
-
     ``MixedFusedLayerNorm`` / ``MixedFusedRMSNorm`` become ``torch.nn.LayerNorm`` /
     ``torch.nn.RMSNorm`` too (eps written out for RMSNorm); their output followed the
     parameters' dtype, torch's follows the input's, and the note gives the cast that restores
     Apex's dtype where the two differ.
+
+Before::
+
+    import torch
+    from apex.normalization import FusedLayerNorm
+
+
+    class Block(torch.nn.Module):
+        def __init__(self, hidden_size):
+            super().__init__()
+            self.norm = FusedLayerNorm(hidden_size, eps=1e-12)
+
+After::
+
+    import torch
+
+
+    class Block(torch.nn.Module):
+        def __init__(self, hidden_size):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(hidden_size, eps=1e-12)
 
 Not rewritten (reported instead, AMP042, with the code to write)
     ``elementwise_affine=False`` on a Mixed* layer (Apex raised) and unknown keywords.

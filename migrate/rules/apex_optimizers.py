@@ -18,9 +18,13 @@ What it rewrites
 
 Before::
 
+    from apex.optimizers import FusedAdam
+
     optimizer = FusedAdam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
 
 After::
+
+    import torch
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), weight_decay=0.0, fused=True)
 

@@ -25,10 +25,13 @@ What it rewrites
 Before::
 
     from apex.parallel import DistributedDataParallel as DDP
+
     model = model.cuda()
     model = DDP(model, delay_allreduce=True)
 
 After::
+
+    import torch
 
     model = model.cuda()
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()], broadcast_buffers=False, find_unused_parameters=True)

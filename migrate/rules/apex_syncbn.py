@@ -8,9 +8,13 @@ What it rewrites
 
 Before::
 
+    from apex.parallel import convert_syncbn_model
+
     model = convert_syncbn_model(model)
 
 After::
+
+    import torch
 
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 

@@ -10,11 +10,15 @@ What it rewrites
 
 Before::
 
+    import torch
+
     with torch.cuda.amp.autocast(enabled=use_amp):
         out = model(x)
     scaler = torch.cuda.amp.GradScaler()
 
 After::
+
+    import torch
 
     with torch.autocast("cuda", enabled=use_amp):
         out = model(x)

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="the shim emulates Apex on top of torch")
 
 
 @pytest.fixture(autouse=True)

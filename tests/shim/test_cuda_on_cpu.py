@@ -85,6 +85,7 @@ def run_shim(script: Path, *args: str, native: bool = True) -> subprocess.Comple
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
+# One run of a training script (seconds), read by the tests marked slow below.
 @pytest.fixture(scope="module")
 def cuda_script_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     script = tmp_path_factory.mktemp("cuda") / "train_cuda.py"
@@ -96,6 +97,7 @@ def cuda_script_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ob
     return report
 
 
+@pytest.mark.slow
 def test_cuda_script_runs_as_main_with_its_arguments(
     cuda_script_report: dict[str, object],
 ) -> None:
@@ -104,6 +106,7 @@ def test_cuda_script_runs_as_main_with_its_arguments(
     assert cuda_script_report["path0"] == cuda_script_report["script_dir"]
 
 
+@pytest.mark.slow
 def test_cuda_placement_stays_on_cpu_and_keeps_cuda_code_path(
     cuda_script_report: dict[str, object],
 ) -> None:
@@ -114,6 +117,7 @@ def test_cuda_placement_stays_on_cpu_and_keeps_cuda_code_path(
     assert cuda_script_report["elapsed_ms"] >= 0  # streams and events exist and time
 
 
+@pytest.mark.slow
 def test_cuda_autocast_computes_linear_in_float16_on_cpu(
     cuda_script_report: dict[str, object],
 ) -> None:
@@ -122,6 +126,7 @@ def test_cuda_autocast_computes_linear_in_float16_on_cpu(
     assert cuda_script_report["weight_dtype"] == "torch.float32"
 
 
+@pytest.mark.slow
 def test_explicit_dtype_and_enabled_flag_are_kept(
     cuda_script_report: dict[str, object],
 ) -> None:
@@ -129,6 +134,7 @@ def test_explicit_dtype_and_enabled_flag_are_kept(
     assert cuda_script_report["disabled_dtype"] == "torch.float32"
 
 
+@pytest.mark.slow
 def test_cuda_grad_scalers_are_enabled_on_cpu(
     cuda_script_report: dict[str, object],
 ) -> None:
@@ -137,6 +143,7 @@ def test_cuda_grad_scalers_are_enabled_on_cpu(
     assert cuda_script_report["scale"] in (65536.0, 32768.0)
 
 
+@pytest.mark.slow
 def test_script_exit_status_and_traceback_come_through(tmp_path: Path) -> None:
     failing = tmp_path / "fails.py"
     failing.write_text("import sys\nprint('before')\nraise ValueError('boom in script')\n")
@@ -201,6 +208,7 @@ APEX_SCRIPT = textwrap.dedent("""
     """)
 
 
+@pytest.mark.slow
 def test_apex_script_runs_unmodified_under_the_shim(tmp_path: Path) -> None:
     script = tmp_path / "train_apex.py"
     script.write_text(APEX_SCRIPT)
