@@ -121,7 +121,10 @@ def plan(ctx: ModuleContext) -> None:
 
             def load(updated: cst.CSTNode, a=access, helper=helper_name) -> cst.CSTNode:
                 assert isinstance(updated, cst.Call)
-                state = updated.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                # `amp.load_state_dict(state_dict=sd)`: the helper takes the state positionally
+                state = updated.args[0].with_changes(
+                    comma=cst.MaybeSentinel.DEFAULT, keyword=None, equal=cst.MaybeSentinel.DEFAULT
+                )
                 converted = syntax.call(helper, [state])
                 return updated.with_changes(
                     func=cst.Attribute(a, cst.Name("load_state_dict")), args=[cst.Arg(converted)]
