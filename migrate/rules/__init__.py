@@ -80,7 +80,7 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
     if frozen is None and (left or unshared) and setup.migrated_any(ctx):
         # half a setup would crash or train differently: keep all of it, say why
         frozen = setup.why_left(ctx, left) if left else "the GradScaler could not be shared (see AMP022)"
-        unresolved = [finding for finding in ctx.findings if not finding.fixed]
+        unresolved = [finding for finding in ctx.findings if not finding.fixed or finding.code == "AMP050"]
         ctx, unshared = _plan(module, source, options, frozen=True)
         ctx.findings.extend(finding for finding in unresolved if finding not in ctx.findings)
         left = setup.leftovers(ctx)

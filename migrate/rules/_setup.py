@@ -125,6 +125,8 @@ def why_left(ctx: ModuleContext, names: list[cst.Name]) -> str:
     if isinstance(parent, cst.Attribute) and parent.value is first:
         call = ctx.parent(parent)
         if isinstance(call, cst.Call) and call.func is parent:
+            if any(f.code == "AMP050" and f.line == line for f in ctx.findings):
+                return f"amp.{parent.attr.value} at line {line} is kept by `# ampmigrate: skip`"
             return f"amp.{parent.attr.value} at line {line} could not be migrated (see its finding)"
         return f"amp.{parent.attr.value} at line {line} has no native equivalent (see its finding)"
     return f"the amp module is stored or passed as a value at line {line} (see its finding)"
