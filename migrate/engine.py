@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.findings import Finding, make_finding
-from migrate.options import Options
+from migrate.options import Options, ScalerInfo
 from migrate.rules import run_rules
-from migrate.rules._context import SKIP_COMMENT
 from migrate.rules._render import render
+from migrate.skip import SKIP_COMMENT
 
 
 class SourceSyntaxError(Exception):
@@ -37,6 +37,11 @@ class MigrationResult:
     changed: bool
     findings: tuple[Finding, ...]
     skipped: bool = False  # the whole file carries `# ampmigrate: skip`
+    # how the Apex amp setup came out (project mode links modules by these)
+    amp_left: bool = False  # some use of Apex amp stays in the code
+    amp_migrated: bool = False  # some use of Apex amp was rewritten
+    scalers: tuple[ScalerInfo, ...] = ()  # the GradScalers it creates, as other modules see them
+    scaler_unused: bool = False  # a training GradScaler that no backward here uses
 
     @property
     def needs_review(self) -> bool:
@@ -84,11 +89,20 @@ def _migrate(source: str, options: Options) -> MigrationResult:
             "AMP050", skip_line, 1, "`# ampmigrate: skip` at the top: the whole file was left as it was"
         )
         return MigrationResult(source, False, (note,), skipped=True)
-    new_module, findings = run_rules(module, source, options)
+    outcome = run_rules(module, source, options)
+    new_module = outcome.module
     new_source = render(module, new_module, source) if new_module is not module else source
     if new_source != source:
         try:
             compile(new_source, "<migrated>", "exec")
         except SyntaxError as error:
             raise InternalError(f"migrated code does not compile: {error}") from None
-    return MigrationResult(new_source, new_source != source, tuple(findings))
+    return MigrationResult(
+        new_source,
+        new_source != source,
+        tuple(outcome.findings),
+        amp_left=outcome.amp_left,
+        amp_migrated=outcome.amp_migrated,
+        scalers=outcome.scalers,
+        scaler_unused=outcome.scaler_unused,
+    )

@@ -134,6 +134,24 @@ CODES: dict[str, Code] = {
         "the accumulated gradients once, just before `scaler.step(optimizer)`.",
         False,
     ),
+    "AMP025": Code(
+        "amp-setup-left-as-it-was",
+        "This Apex amp setup was left exactly as it was: part of it (in this file or in a module "
+        "linked to it by imports) cannot be migrated, and migrating the rest alone would crash "
+        "or train differently.",
+        "Fix what the message names (its own finding says how), or migrate that part by hand, "
+        "then run ampmigrate again on the whole project.",
+        False,
+    ),
+    "AMP026": Code(
+        "amp-from-unseen-binding",
+        "An amp function is called on a name that no Apex import binds in this module (the amp "
+        "module passed as a parameter, stored on an object, or brought in by a star import or "
+        "a notebook's %run).",
+        "Run ampmigrate on the whole project so the binding is found, or pass the GradScaler "
+        "here instead of the amp module.",
+        False,
+    ),
     "AMP030": Code(
         "amp-module-used-as-value",
         "The apex amp module is stored, passed or compared as a value.",

@@ -8,6 +8,39 @@ DEFAULT_SCALER_NAME = "scaler"
 
 
 @dataclass(frozen=True)
+class ModuleFacts:
+    """What the project around a module tells the engine about it (project mode).
+
+    ``amp_from``: names this module gets bound to apex.amp through project imports
+    (``from common import *`` where common imports amp), as (name, line of that import).
+    ``exported``: names other given modules import from this one (``"*"``: all of them),
+    so an Apex import here is not unused merely because this module does not use it.
+    ``frozen``: why this module's amp setup must stay as it was (its group of modules
+    cannot be migrated whole); None to migrate it.
+    """
+
+    amp_from: tuple[tuple[str, int], ...] = ()
+    exported: frozenset[str] = frozenset()
+    frozen: str | None = None
+    # the GradScaler shared across modules: the module that creates it passes it (as a
+    # keyword named ``Options.scaler_name``) to these imported functions ("f" or "mod.f")...
+    passes_scaler: tuple[str, ...] = ()
+    # ...and the module that defines them gives these top-level functions that parameter
+    receives_scaler: tuple[str, ...] = ()
+    shared_scaler: ScalerInfo | None = None
+
+
+@dataclass(frozen=True)
+class ScalerInfo:
+    """What other modules need to know about a GradScaler a module creates."""
+
+    function: str | None  # the top-level function that creates it; None: module level
+    static_scale: float | None  # a fixed loss scale (``update(new_scale=...)`` holds it)
+    follows: bool  # autocast is on exactly when the scaler is (``scaler.is_enabled()``)
+    models: tuple[str, ...] = ()  # names of the models given to amp.initialize
+
+
+@dataclass(frozen=True)
 class Options:
     """What the generated torch.amp code looks like.
 
@@ -21,6 +54,7 @@ class Options:
     dtype: str = "float16"
     scaler_name: str = DEFAULT_SCALER_NAME
     select: frozenset[str] | None = None
+    facts: ModuleFacts = ModuleFacts()
 
     def rule_enabled(self, rule: str) -> bool:
         return self.select is None or rule in self.select

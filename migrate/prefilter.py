@@ -11,8 +11,12 @@ from __future__ import annotations
 import re
 
 # "apex" covers every Apex import; "amp" in a torch.cuda/torch.cpu context covers the
-# deprecated native forms, also when reached through `from torch.cuda import amp`.
-_NEEDLE = re.compile(rb"apex|(?:cuda|cpu)\b[\s\\]*(?:\.|import)[\s\\(]*amp")
+# deprecated native forms, also when reached through `from torch.cuda import amp`; the
+# amp functions themselves cover code that gets the amp module from elsewhere (a
+# parameter, a star import, a notebook's %run), which must be reported, not passed over.
+_NEEDLE = re.compile(
+    rb"apex|(?:cuda|cpu)\b[\s\\]*(?:\.|import)[\s\\(]*amp|scale_loss|master_params|amp\.(?:initialize|state_dict|load_state_dict)"
+)
 
 
 def may_need_migration(data: bytes | str) -> bool:

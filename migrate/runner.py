@@ -15,7 +15,7 @@ import stat
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +24,7 @@ from migrate.atomic import StaleFileError, write_atomic
 from migrate.config import Config
 from migrate.discovery import Candidate, discover
 from migrate.findings import Finding
-from migrate.options import Options
+from migrate.options import ModuleFacts, Options, ScalerInfo
 from migrate.prefilter import may_need_migration
 
 if TYPE_CHECKING:
@@ -79,6 +79,13 @@ class FileResult:
     first_change: int | None = None
     # Apex amp / torch.cuda.amp names the rewrite removed: a summary for readers.
     migrated_apis: tuple[str, ...] = ()
+    # how the file's Apex amp setup came out (project mode settles groups of files by it)
+    amp_left: bool = False
+    amp_migrated: bool = False
+    scalers: tuple[ScalerInfo, ...] = ()
+    scaler_unused: bool = False
+    # the bytes to write (the main process writes, once the project is settled)
+    new_data: bytes | None = field(default=None, repr=False, compare=False)
 
     @property
     def needs_review(self) -> bool:
@@ -125,8 +132,88 @@ def run(
                     config.diff,
                 )
             )
-    results.extend(_migrate_all(tasks, config.jobs, progress))
+    results.extend(_write(_migrate_project(tasks, config.jobs, progress), tasks))
     return sorted(results, key=lambda result: result.path)
+
+
+def _migrate_project(
+    tasks: list[_Task], jobs: int, progress: Callable[[int], Iterator[None]] | None
+) -> list[FileResult]:
+    """Migrate the files as one project: each amp setup whole, across modules, or not at all.
+
+    A first pass migrates every file with what the project index knows (``ModuleFacts``);
+    the modules of a group that came out half migrated are then migrated again, frozen.
+    """
+    from migrate.project import Outcome, ProjectPlan
+
+    by_path = {str(task.candidate.path): task for task in tasks}
+    sources = {
+        path: text
+        for path, task in by_path.items()
+        if not task.candidate.is_notebook and (text := _decoded(task.data)) is not None
+    }
+    project = ProjectPlan(sources, {path: by_path[path].candidate.display for path in sources}, _source_on_disk)
+    results = {
+        result.path: result for result in _migrate_all([_with_facts(t, project.facts) for t in tasks], jobs, progress)
+    }
+    # a group settles in at most three passes: as found, with its scaler shared, frozen
+    for _ in range(3):
+        outcome = {
+            path: Outcome(result.amp_left, result.amp_migrated, result.scalers, result.scaler_unused)
+            for path, task in by_path.items()
+            if (result := results[task.candidate.display])
+        }
+        again = project.settle(outcome)
+        if not again:
+            break
+        redo = [_with_facts(by_path[path], project.facts) for path in sorted(again)]
+        results.update((result.path, result) for result in _migrate_all(redo, jobs, None))
+    return list(results.values())
+
+
+def _with_facts(task: _Task, facts: dict[str, ModuleFacts]) -> _Task:
+    found = facts.get(str(task.candidate.path))
+    return task if found is None else replace(task, options=replace(task.options, facts=found))
+
+
+def _decoded(data: bytes) -> str | None:
+    import tokenize
+
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return None
+
+
+def _source_on_disk(path: str) -> str | None:
+    """The text of a project module that was not given (read only to follow imports)."""
+    try:
+        if not os.path.isfile(path):
+            return None
+        with open(path, "rb") as stream:
+            return _decoded(stream.read())
+    except OSError:
+        return None
+
+
+def _write(results: list[FileResult], tasks: list[_Task]) -> list[FileResult]:
+    """Write the changed files (``--write``), now that every group is settled."""
+    by_display = {task.candidate.display: task for task in tasks}
+    written = []
+    for result in results:
+        task = by_display[result.path]
+        if result.status is Status.CHANGED and task.write and result.new_data is not None:
+            try:
+                write_atomic(task.candidate.path, result.new_data, task.file_stat)
+            except StaleFileError as error:
+                result = _failed(task.candidate, str(error))
+            except OSError as error:
+                result = _failed(task.candidate, f"cannot write: {error.strerror or error}")
+            else:
+                result = replace(result, written=True)
+        written.append(replace(result, new_data=None))
+    return written
 
 
 def _read(candidate: Candidate) -> tuple[bytes, os.stat_result] | FileResult:
@@ -223,7 +310,7 @@ def _migrate_python(task: _Task) -> FileResult:
     if result.skipped:
         return FileResult(candidate.display, Status.SKIPPED, diagnostics)
     if not result.changed:
-        return FileResult(candidate.display, Status.UNCHANGED, diagnostics)
+        return FileResult(candidate.display, Status.UNCHANGED, diagnostics, amp_left=result.amp_left)
     check = _check_compiles(result.source, candidate.display)
     if check:
         return _failed(candidate, check)
@@ -235,16 +322,18 @@ def _migrate_python(task: _Task) -> FileResult:
             f"internal error, file not written: cannot encode as {encoding}: {error}",
         )
     diff = unified_diff(text, result.source, candidate.display) if task.want_diff else ""
-    if task.write:
-        write_atomic(candidate.path, new_data, task.file_stat)
     return FileResult(
         candidate.display,
         Status.CHANGED,
         diagnostics,
         diff,
-        written=task.write,
         first_change=_first_change(text, result.source),
         migrated_apis=migrated_apis(text, result.source),
+        amp_left=result.amp_left,
+        amp_migrated=result.amp_migrated,
+        scalers=result.scalers,
+        scaler_unused=result.scaler_unused,
+        new_data=new_data,
     )
 
 
@@ -339,14 +428,12 @@ def _migrate_notebook(task: _Task) -> FileResult:
             )
             for index in sorted(sources)
         )
-    if task.write:
-        write_atomic(candidate.path, new_data, task.file_stat)
     return FileResult(
         candidate.display,
         Status.CHANGED,
         found,
         diff,
-        written=task.write,
+        new_data=new_data,
         notebook=True,
         migrated_apis=migrated_apis(program.text, result.source),
     )

@@ -10,6 +10,7 @@ import migrate.rules
 from migrate.engine import InternalError, SourceSyntaxError, migrate_source
 from migrate.findings import CODES
 from migrate.options import Options
+from migrate.rules import RulesOutcome
 
 BASIC = """\
 import torch
@@ -47,7 +48,8 @@ def test_syntax_error_names_the_position() -> None:
 
 def test_output_that_does_not_compile_is_an_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken_rules(module, source, options):
-        return cst.Module(body=[cst.SimpleStatementLine([cst.Return()])]), []
+        broken = cst.Module(body=[cst.SimpleStatementLine([cst.Return()])])
+        return RulesOutcome(broken, [], amp_left=False, amp_migrated=False)
 
     monkeypatch.setattr(migrate.engine, "run_rules", broken_rules)
     with pytest.raises(InternalError):
@@ -170,6 +172,6 @@ def test_rendering_reuses_input_text_exactly() -> None:
     for case in sorted((Path(__file__).resolve().parent.parent / "fixtures").glob("*/*.in.py")):
         source = case.read_text(encoding="utf-8")
         module = cst.parse_module(source)
-        updated, _ = run_rules(module, source, Options())
+        updated = run_rules(module, source, Options()).module
         if updated is not module:
             assert render(module, updated, source) == updated.code, case.name

@@ -44,7 +44,9 @@ def test_fixture(case: Path, request: pytest.FixtureRequest) -> None:
     compile(result.source, str(expected_path), "exec")
     again = migrate_source(result.source)
     assert again.source == result.source, "a second pass must change nothing"
-    assert not any(f.fixed for f in again.findings) or not result.changed, "notes belong to the pass that rewrote"
+    # (AMP050 says a skip comment is there, and it stays there: every pass says so)
+    notes = [f for f in again.findings if f.fixed and f.code != "AMP050"]
+    assert not notes or not result.changed, "notes belong to the pass that rewrote"
 
 
 def test_enough_cases() -> None:

@@ -10,10 +10,14 @@ imports nothing uses any more and to report what still uses Apex.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
 from migrate.findings import Finding
-from migrate.options import Options
+from migrate.options import Options, ScalerInfo
+from migrate.rules import _project_scaler as project_scaler
+from migrate.rules import _setup as setup
 from migrate.rules import (
     amp_disable_casts,
     amp_import,
@@ -26,7 +30,6 @@ from migrate.rules import (
     apex_syncbn,
     torch_cuda_amp,
 )
-from migrate.rules._amp import AmpModel
 from migrate.rules._apply import apply_plan
 from migrate.rules._context import ModuleContext
 
@@ -46,16 +49,64 @@ RULES = (
 RULE_NAMES = tuple(rule.RULE for rule in RULES)
 
 
-def run_rules(module: cst.Module, source: str, options: Options) -> tuple[cst.Module, list[Finding]]:
-    """Apply every enabled rule to ``module``; return the new module and the findings."""
+@dataclass(frozen=True)
+class RulesOutcome:
+    """The migrated module, the findings, and how the amp setup came out."""
+
+    module: cst.Module
+    findings: list[Finding]
+    amp_left: bool  # some use of Apex amp stays in the code
+    amp_migrated: bool  # some use of Apex amp was rewritten
+    scalers: tuple[ScalerInfo, ...] = ()  # the GradScalers created, as other modules see them
+    # a GradScaler was created for training, but no backward here uses it, nor is it passed on:
+    # the loop that needs it lives elsewhere (reached at run time, not through imports)
+    scaler_unused: bool = False
+
+
+def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome:
+    """Apply every enabled rule to ``module``; the amp setup is migrated whole or not at all."""
+    frozen = options.facts.frozen
+    blocked: list[Finding] = []
+    if frozen is None and options.rule_enabled("amp_initialize"):
+        probe = ModuleContext(module, source, options)
+        frozen, blocked = setup.unsupported_shapes(probe), probe.findings
+    ctx, unshared = _plan(module, source, options, frozen=frozen is not None)
+    ctx.findings.extend(blocked)
+    left = setup.leftovers(ctx)
+    if frozen is None and (left or unshared) and setup.migrated_any(ctx):
+        # half a setup would crash or train differently: keep all of it, say why
+        frozen = setup.why_left(ctx, left) if left else "the GradScaler could not be shared (see AMP022)"
+        unresolved = [finding for finding in ctx.findings if not finding.fixed]
+        ctx, unshared = _plan(module, source, options, frozen=True)
+        ctx.findings.extend(finding for finding in unresolved if finding not in ctx.findings)
+        left = setup.leftovers(ctx)
+    if frozen is not None:
+        setup.report_frozen(ctx, frozen)
+    unseen = setup.report_unseen_amp(ctx)
+    findings = sorted(ctx.findings, key=lambda f: (f.line, f.column, f.code))
+    new_module = module if ctx.plan.empty else apply_plan(ctx)
+    return RulesOutcome(
+        new_module,
+        findings,
+        bool(left) or unseen > 0 or unshared > 0,
+        setup.migrated_any(ctx),
+        project_scaler.shared_scalers(ctx.amp),
+        project_scaler.unused(ctx.amp, options.facts),
+    )
+
+
+def _plan(module: cst.Module, source: str, options: Options, frozen: bool) -> tuple[ModuleContext, int]:
+    """Plan every rule; returns the context and how many cross-module scaler hand-overs failed."""
     ctx = ModuleContext(module, source, options)
-    ctx.amp = AmpModel(ctx)  # type: ignore[attr-defined]
+    setup.bind_project_amp(ctx, options.facts.amp_from)  # before the amp model resolves names
+    model = ctx.amp
+    migrating = not frozen and options.rule_enabled("amp_initialize")
+    unshared = project_scaler.receive(ctx, model, options.facts) if migrating else 0
     for rule in RULES:
-        if options.rule_enabled(rule.RULE):
+        if options.rule_enabled(rule.RULE) and not (frozen and rule.RULE in setup.AMP_SETUP_RULES):
             rule.plan(ctx)
+    if migrating:
+        unshared += project_scaler.pass_on(ctx, model, options.facts)
     if ctx.plan.needs_torch_import and ctx.imports[ctx.module].get("torch"):
         ctx.plan.needs_torch_import = False
-    findings = sorted(ctx.findings, key=lambda f: (f.line, f.column, f.code))
-    if ctx.plan.empty:
-        return module, findings
-    return apply_plan(ctx), findings
+    return ctx, unshared

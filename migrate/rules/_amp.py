@@ -1,24 +1,39 @@
 """The Apex amp model of a module: every amp call, the scalers that replace
 ``amp.initialize``, and how each place in the file reaches its scaler.
 
-The scaler is created where ``amp.initialize`` was called. Code elsewhere reaches it
-as the same local name (same function, or a module-level script), as ``self.<name>``
-(another method of the class whose method called ``initialize``), or through a new
-parameter threaded from the function that created it to the functions it calls.
-Where none of these works, the use is reported (AMP022) instead of guessed.
+A scaler's *home* is where it is created: the function that called ``amp.initialize``
+(and, for a method, its class), or the module. Code elsewhere reaches it in one of
+three ways, tried in this order:
+
+1. directly (``_direct_access``): as the same name in the home function, in a closure
+   defined there, or anywhere when the scaler lives at module level (a module-level
+   script, or a factory function's scaler moved up there); as ``<self>.<name>`` in any
+   method of the home class;
+2. through a threaded parameter (``_thread_parameter``): a plain module-level function
+   whose callers all reach the scaler gets it as a new parameter, and each caller passes
+   it by keyword;
+3. not at all: the use is reported (AMP022) instead of guessed.
+
+The vocabulary: ``scaler_access(node)`` answers "which scaler, spelled how, at node"
+(planning a threaded parameter if that is the way), ``scaler_access_or_report(node)``
+does the same and reports a failure, and ``can_reach(home, klass, node)`` asks the same
+question before the scaler exists, without planning anything.
 """
 
 from __future__ import annotations
 
-import ast
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._bindings import dotted_name
+
+if TYPE_CHECKING:  # _context builds the model
+    from migrate.rules._context import ModuleContext
 
 
 @dataclass(frozen=True)
@@ -34,7 +49,7 @@ class AmpCall:
 class Scaler:
     """A GradScaler standing in for one ``amp.initialize`` call."""
 
-    initialize: cst.Call
+    initialize: cst.Call | None  # None: received from another module (a parameter)
     statement: cst.CSTNode
     function: cst.FunctionDef | None  # None: created at module level
     klass: cst.ClassDef | None  # set when the scaler is an attribute of ``self``
@@ -49,46 +64,11 @@ class Scaler:
     model_names: set[str] = field(default_factory=set)
 
 
-def literal(node: cst.BaseExpression) -> object:
-    """The Python value of a literal expression (``2.**24`` included), else ``...``."""
-    if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
-        return {"True": True, "False": False, "None": None}[node.value]
-    try:
-        tree = ast.parse(syntax.code(node).strip(), mode="eval")
-    except SyntaxError:
-        return ...
+class ScalerAccess(NamedTuple):
+    """The scaler serving some code, and the expression that reaches it from there."""
 
-    def evaluate(expression: ast.expr) -> object:
-        if isinstance(expression, ast.Constant):
-            return expression.value
-        if isinstance(expression, ast.UnaryOp) and isinstance(expression.op, ast.USub):
-            return -evaluate(expression.operand)  # type: ignore[operator]
-        if isinstance(expression, ast.BinOp) and isinstance(
-            expression.op, (ast.Pow, ast.Mult, ast.Add, ast.Sub, ast.Div)
-        ):
-            left, right = evaluate(expression.left), evaluate(expression.right)
-            if isinstance(left, (int, float)) and isinstance(right, (int, float)):
-                operators = {
-                    ast.Pow: lambda a, b: a**b,
-                    ast.Mult: lambda a, b: a * b,
-                    ast.Add: lambda a, b: a + b,
-                    ast.Sub: lambda a, b: a - b,
-                    ast.Div: lambda a, b: a / b,
-                }
-                return operators[type(expression.op)](left, right)
-        raise ValueError
-
-    try:
-        return evaluate(tree.body)
-    except (ValueError, TypeError, ZeroDivisionError, OverflowError):
-        return ...
-
-
-def normalized(node: cst.BaseExpression) -> str:
-    """Code of ``node`` without layout, tuples and lists spelled alike."""
-    if isinstance(node, (cst.Tuple, cst.List)):
-        return "(" + ",".join(normalized(element.value) for element in node.elements) + ")"
-    return "".join(syntax.code(node).split())
+    scaler: Scaler
+    expression: cst.BaseExpression
 
 
 class AmpModel:
@@ -154,31 +134,46 @@ class AmpModel:
         return [call for call in self.calls if call.api == api]
 
     # ------------------------------------------------------------------ scaler access
-    def scaler_for(self, node: cst.CSTNode) -> tuple[Scaler, cst.BaseExpression] | None:
-        """The scaler serving ``node`` and the expression that reaches it there."""
+    def scaler_access(self, node: cst.CSTNode) -> ScalerAccess | None:
+        """The scaler serving the code at ``node`` and the expression that reaches it there.
+
+        A scaler the code sees directly wins (one of its own function first); failing
+        that, the scaler is threaded in as a new parameter (planned here, once).
+        """
         function = self.ctx.function_of(node)
         candidates = sorted(self.scalers, key=lambda s: s.function is not function)
         for scaler in candidates:
-            access = self._reach(scaler, function)
-            if access is not None:
-                return scaler, access
+            expression = self._direct_access(scaler, function)
+            if expression is not None:
+                return ScalerAccess(scaler, expression)
         for scaler in candidates:
-            if function is not None and self._thread(scaler, function):
-                return scaler, cst.Name(scaler.name)
+            if function is not None and self._thread_parameter(scaler, function):
+                return ScalerAccess(scaler, cst.Name(scaler.name))
         return None
 
-    def reach(self, node: cst.CSTNode) -> tuple[Scaler, cst.BaseExpression] | None:
-        """``scaler_for``, reporting AMP023 (no initialize) or AMP022 (out of reach) on failure."""
-        found = self.scaler_for(node)
+    def scaler_access_or_report(self, node: cst.CSTNode) -> ScalerAccess | None:
+        """``scaler_access``, reporting AMP023 (no initialize) or AMP022 (out of reach) on failure."""
+        found = self.scaler_access(node)
         if found is None:
             migrated_nothing = not self.scalers and any(call.api == "initialize" for call in self.calls)
             self.ctx.report("AMP023" if not self.scalers and not migrated_nothing else "AMP022", node)
         return found
 
-    def _reach(self, scaler: Scaler, function: cst.FunctionDef | None) -> cst.BaseExpression | None:
-        """The scaler's expression inside ``function`` without new parameters, if any.
+    def can_reach(self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, node: cst.CSTNode) -> bool:
+        """Whether a scaler created in ``home`` (on ``self`` when ``klass``) could serve ``node``:
+        directly or through parameters threaded from its callers. Asked before the scaler
+        exists, so it plans nothing."""
+        if home is None and klass is None:
+            return True
+        function = self.ctx.function_of(node)
+        return self._in_home(home, klass, function) or (
+            function is not None and self._can_thread(home, klass, function, frozenset())
+        )
 
-        A closure sees what its enclosing functions see, so the enclosing chain counts.
+    def _direct_access(self, scaler: Scaler, function: cst.FunctionDef | None) -> cst.BaseExpression | None:
+        """The scaler's expression inside ``function`` without new parameters, if any:
+        its name at module level or in its own function, ``<self>.<name>`` in a method of
+        its class. A closure sees what its enclosing functions see.
         """
         ctx = self.ctx
         if scaler.function is None and scaler.klass is None:
@@ -194,17 +189,11 @@ class AmpModel:
             current = ctx.function_of(current)
         return None
 
-    def reachable(self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, node: cst.CSTNode) -> bool:
-        """Whether a scaler created in ``home`` (on ``self`` when ``klass``) can serve ``node``:
-        directly, from a closure, or through parameters threaded from its callers. No edits."""
-        if home is None and klass is None:
-            return True
-        function = self.ctx.function_of(node)
-        return self._sees(home, klass, function) or (
-            function is not None and self._threadable(home, klass, function, frozenset())
-        )
-
-    def _sees(self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, function: cst.FunctionDef | None) -> bool:
+    def _in_home(
+        self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, function: cst.FunctionDef | None
+    ) -> bool:
+        """Whether ``function`` runs in a scaler's home: ``home`` itself or a closure of it,
+        or (when ``klass``) a method of that class."""
         current = function
         while current is not None:
             if (klass is not None and self.ctx.class_of_method(current) is klass) or (
@@ -214,9 +203,11 @@ class AmpModel:
             current = self.ctx.function_of(current)
         return False
 
-    def _threadable(
+    def _can_thread(
         self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, function: cst.FunctionDef, seen: frozenset
     ) -> bool:
+        """Whether the scaler can become a parameter of ``function``: a plain module-level
+        function whose every caller in this file is in the home or can be threaded itself."""
         ctx = self.ctx
         params = function.params
         if (
@@ -229,34 +220,35 @@ class AmpModel:
             return False
         callers = self.calls_by_function_name.get(function.name.value, [])
         return bool(callers) and all(
-            self._sees(home, klass, (caller := ctx.function_of(call)))
-            or (caller is not None and self._threadable(home, klass, caller, seen | {function}))
+            self._in_home(home, klass, (caller := ctx.function_of(call)))
+            or (caller is not None and self._can_thread(home, klass, caller, seen | {function}))
             for call in callers
         )
 
-    def _thread(self, scaler: Scaler, function: cst.FunctionDef) -> bool:
+    def _thread_parameter(self, scaler: Scaler, function: cst.FunctionDef) -> bool:
         """Make ``scaler`` a parameter of ``function`` if every caller can pass it.
 
-        Checked first with ``_threadable`` (no edits), so a chain that fails half way
+        Checked first with ``_can_thread`` (no edits), so a chain that fails half way
         never leaves parameters behind.
         """
         key = (id(scaler), function)
         if key not in self._threaded:
-            self._threaded[key] = self._threadable(scaler.function, scaler.klass, function, frozenset())
+            self._threaded[key] = self._can_thread(scaler.function, scaler.klass, function, frozenset())
             if self._threaded[key]:
-                self._plan_thread(scaler, function)
+                self._plan_threaded_parameter(scaler, function)
         return self._threaded[key]
 
-    def _plan_thread(self, scaler: Scaler, function: cst.FunctionDef) -> None:
+    def _plan_threaded_parameter(self, scaler: Scaler, function: cst.FunctionDef) -> None:
+        """The new parameter of ``function`` and the keyword each caller passes it with."""
         ctx = self.ctx
         for call in self.calls_by_function_name[function.name.value]:
             caller = ctx.function_of(call)
-            access = self._reach(scaler, caller)
-            if access is None and caller is not None and self._thread(scaler, caller):
-                access = cst.Name(scaler.name)
-            if access is None:  # ruled out by _threadable
+            expression = self._direct_access(scaler, caller)
+            if expression is None and caller is not None and self._thread_parameter(scaler, caller):
+                expression = cst.Name(scaler.name)
+            if expression is None:  # ruled out by _can_thread
                 raise AssertionError(f"{function.name.value}: a caller cannot pass the scaler")
-            ctx.plan.new_keywords[call].append((scaler.name, access))
+            ctx.plan.new_keywords[call].append((scaler.name, expression))
         has_defaults = any(param.default is not None for param in function.params.params)
         ctx.plan.new_params[function].append((scaler.name, cst.Name("None") if has_defaults else None))
 
@@ -293,7 +285,7 @@ class AmpModel:
 
 def optimizer_key(ctx: ModuleContext, expression: cst.BaseExpression, at: cst.CSTNode) -> str:
     """The optimizer expression as a key, with a method's own ``self`` spelled ``self``."""
-    key = normalized(expression)
+    key = syntax.normalized(expression)
     function = ctx.function_of(at)
     if function is not None and ctx.class_of_method(function) is not None:
         owner = ctx.self_name(function)
@@ -336,8 +328,24 @@ def _is_none_fallback(ctx: ModuleContext, node: cst.Name) -> bool:
     parent = ctx.parent(node)
     if isinstance(parent, cst.AssignTarget):
         assign = ctx.parent(parent)
-        if isinstance(assign, cst.Assign) and literal(assign.value) is None:
+        if isinstance(assign, cst.Assign) and syntax.literal(assign.value) is None:
             return any(isinstance(a, cst.ExceptHandler) for a in ctx.ancestors(assign))
     if isinstance(parent, cst.Del):
         return True
     return False
+
+
+def is_clip(func: cst.BaseExpression) -> bool:
+    """A gradient clip or norm: ``clip_grad_norm_``, ``clip_grad_value_``, ``get_grad_norm``..."""
+    name = dotted_name(func)
+    if name is None:
+        return False
+    last = name.split(".")[-1]
+    return last.startswith("clip_grad") or "grad_norm" in last
+
+
+def in_clip(ctx: ModuleContext, call: cst.Call) -> bool:
+    """Whether this ``amp.master_params(...)`` call is an argument of a gradient clip."""
+    argument = ctx.parent(call)
+    outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
+    return isinstance(outer, cst.Call) and is_clip(outer.func)

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._amp import literal
 from migrate.rules._context import ModuleContext
 
 
@@ -47,7 +46,7 @@ def _rewrite(ctx: ModuleContext, call: cst.Call, replacement: Replacement) -> cs
     bound = syntax.bind_arguments(call, replacement.parameters)
     if bound is None:
         return f"{replacement.apex_name} is called with *args/**kwargs or an unknown keyword"
-    values = {name: literal(arg.value) for name, arg in bound.items()}
+    values = {name: syntax.literal(arg.value) for name, arg in bound.items()}
     for name, wanted in replacement.required.items():
         allowed = wanted if isinstance(wanted, tuple) else (wanted,)
         if name in values and (values[name] is ... or values[name] not in allowed):
@@ -97,5 +96,5 @@ def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...])
         note = replacement.note
         if callable(note):
             bound = syntax.bind_arguments(call, replacement.parameters) or {}
-            note = note({name: literal(arg.value) for name, arg in bound.items()})
+            note = note({name: syntax.literal(arg.value) for name, arg in bound.items()})
         ctx.report("AMP041", call, f"{path} became {target}" + (f": {note}" if note else ""))

@@ -14,7 +14,8 @@ from typing import cast
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._context import ModuleContext, Plan, Statement
+from migrate.rules._context import ModuleContext
+from migrate.rules._plan import Plan, Statement
 
 _IMPORT_TORCH = cst.parse_statement("import torch\n")
 
@@ -192,7 +193,12 @@ class PlanApplier(cst.CSTTransformer):
             leading.extend(_orphaned_comments(updated, middle))
         elif original in plan.unwrap:
             assert isinstance(updated, cst.With)
-            middle = list(cast(Sequence[Statement], cast(cst.IndentedBlock, updated.body).body))
+            if isinstance(updated.body, cst.SimpleStatementSuite):
+                # `with amp.scale_loss(...) as s: s.backward()` on one line: its body becomes a line
+                suite = updated.body
+                middle = [cst.SimpleStatementLine(body=suite.body, trailing_whitespace=suite.trailing_whitespace)]
+            else:
+                middle = list(cast(Sequence[Statement], cast(cst.IndentedBlock, updated.body).body))
             header = updated.body.header if isinstance(updated.body, cst.IndentedBlock) else None
             if header is not None and header.comment is not None:
                 leading.append(cst.EmptyLine(comment=header.comment))

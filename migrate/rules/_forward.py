@@ -6,7 +6,8 @@ blocks but never out of the loop iteration or the function. The walk stops at a
 previous backward or optimizer step (the end of the previous phase). The forward pass
 is the earliest statement on that chain that calls one of the models passed to
 ``amp.initialize`` (or, failing that, anything that computes); the span to wrap runs
-from there to the last plain statement of the chain in the same block.
+from there to the last statement of the chain in the same block (compound statements
+that compute the loss, such as an ``if``/``else`` choosing the loss, included).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
 
 # calls that move or reshape data rather than compute a forward pass
 _DATA_METHODS = frozenset(
@@ -215,12 +217,12 @@ def forward_span(
     last = forward
     members = {statement for statement, _ in chain}
     for statement in body[body.index(forward) + 1 : end]:
-        if statement in members:
-            if not isinstance(statement, cst.SimpleStatementLine):
-                break
-            last = statement
-        elif _is_boundary(ctx, statement):
+        if _is_boundary(ctx, statement):
             break
+        if statement in members:
+            # an if/else, loop or with that computes the loss (its own head layers, a sum
+            # over outputs) runs under autocast too, as all of it ran under Apex O1
+            last = statement
     return forward, last
 
 

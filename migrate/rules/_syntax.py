@@ -1,7 +1,9 @@
-"""Small builders for the code the rules write, keeping the user's layout where it can."""
+"""Small helpers for the code the rules read (literal values, normalized code) and write (builders
+that keep the user's layout where they can)."""
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 from typing import cast
 
@@ -118,3 +120,45 @@ def is_docstring(statement: cst.CSTNode) -> bool:
         and isinstance(statement.body[0], cst.Expr)
         and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
+
+
+def literal(node: cst.BaseExpression) -> object:
+    """The Python value of a literal expression (``2.**24`` included), else ``...``."""
+    if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[node.value]
+    try:
+        tree = ast.parse(code(node).strip(), mode="eval")
+    except SyntaxError:
+        return ...
+
+    def evaluate(expression: ast.expr) -> object:
+        if isinstance(expression, ast.Constant):
+            return expression.value
+        if isinstance(expression, ast.UnaryOp) and isinstance(expression.op, ast.USub):
+            return -evaluate(expression.operand)  # type: ignore[operator]
+        if isinstance(expression, ast.BinOp) and isinstance(
+            expression.op, (ast.Pow, ast.Mult, ast.Add, ast.Sub, ast.Div)
+        ):
+            left, right = evaluate(expression.left), evaluate(expression.right)
+            if isinstance(left, (int, float)) and isinstance(right, (int, float)):
+                operators = {
+                    ast.Pow: lambda a, b: a**b,
+                    ast.Mult: lambda a, b: a * b,
+                    ast.Add: lambda a, b: a + b,
+                    ast.Sub: lambda a, b: a - b,
+                    ast.Div: lambda a, b: a / b,
+                }
+                return operators[type(expression.op)](left, right)
+        raise ValueError
+
+    try:
+        return evaluate(tree.body)
+    except (ValueError, TypeError, ZeroDivisionError, OverflowError):
+        return ...
+
+
+def normalized(node: cst.BaseExpression) -> str:
+    """Code of ``node`` without layout, tuples and lists spelled alike."""
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return "(" + ",".join(normalized(element.value) for element in node.elements) + ")"
+    return "".join(code(node).split())

@@ -28,14 +28,13 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._amp import AmpModel
 from migrate.rules._context import ModuleContext
 
 RULE = "amp_disable_casts"
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     for use in model.of("disable_casts"):
         if ctx.skipped(use.call) or use.call.args:
             continue

@@ -35,7 +35,8 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.rules._amp import AmpModel
-from migrate.rules._context import Binding, ModuleContext, dotted_name
+from migrate.rules._bindings import Binding, dotted_name
+from migrate.rules._context import ModuleContext
 
 RULE = "amp_import"
 
@@ -123,6 +124,10 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
     """Remove an import line; collapse an optional-import ``try`` around it."""
     block = ctx.parent(line)
     owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if isinstance(owner, cst.Try) and ctx.skipped(owner):
+        return  # `try:  # ampmigrate: skip` keeps the whole optional import as it was
+    if ctx.skipped(line):
+        return
     if isinstance(owner, cst.Try) and owner.body is block and owner.finalbody is None:
         remaining = [s for s in block.body if s is not line and s not in ctx.plan.remove]
         if all(_is_simple(s) for s in remaining) and all(_catches_import_error(h) for h in owner.handlers):
@@ -138,12 +143,15 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
 
 def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
     removable: dict[cst.Import | cst.ImportFrom, set[cst.ImportAlias]] = {}
-    for scope_imports in ctx.imports.values():
-        for bindings in scope_imports.values():
+    exported = ctx.options.facts.exported
+    for scope, scope_imports in ctx.imports.items():
+        for bound, bindings in scope_imports.items():
             for binding in bindings:
                 if binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
                     continue
                 uses = references.get(binding.alias, [])
+                if scope is ctx.module and (bound in exported or "*" in exported):
+                    continue  # other modules of the project import it from here
                 if any(name not in ctx.consumed and not _is_fallback(ctx, name) for name in uses):
                     continue  # still used: keep it so that code keeps running with Apex
                 if binding.kind in ("apex", "other_apex") and not any(name in ctx.consumed for name in uses):
@@ -217,7 +225,7 @@ def _report_apex_package_uses(
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     references = _references(ctx)
     _report_leftovers(ctx, model, references)
     _plan_imports(ctx, references)

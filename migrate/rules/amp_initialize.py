@@ -38,9 +38,10 @@ import re
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._amp import AmpCall, AmpModel, Scaler, literal, normalized
-from migrate.rules._context import ModuleContext, Statement, dotted_name
-from migrate.rules.amp_master_params import in_clip
+from migrate.rules._amp import AmpCall, AmpModel, Scaler, in_clip
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
+from migrate.rules._plan import Statement
 
 RULE = "amp_initialize"
 
@@ -78,7 +79,7 @@ def _alias_assignment(target: cst.BaseExpression, value: cst.BaseExpression) -> 
     def match(t: cst.BaseExpression, v: cst.BaseExpression) -> None:
         if isinstance(t, cst.Name) and t.value == "_":
             return
-        if normalized(t) == normalized(v):
+        if syntax.normalized(t) == syntax.normalized(v):
             return
         if (
             isinstance(t, (cst.Tuple, cst.List))
@@ -168,7 +169,7 @@ def _apex_free_conjuncts(ctx: ModuleContext, guard: cst.BaseExpression) -> list[
         isinstance(probe, cst.Comparison)
         and len(probe.comparisons) == 1
         and isinstance(probe.comparisons[0].operator, cst.IsNot)
-        and literal(probe.comparisons[0].comparator) is None
+        and syntax.literal(probe.comparisons[0].comparator) is None
     ):
         probe = probe.left
     if isinstance(probe, cst.Name):
@@ -198,14 +199,14 @@ def _conjunction(parts: list[cst.BaseExpression], level_code: str | None) -> cst
     unique: list[cst.BaseExpression] = []
     seen: set[str] = set()
     for part in parts:
-        key = normalized(part)
+        key = syntax.normalized(part)
         if key in seen:
             continue
         seen.add(key)
         if (
             level_code is not None
             and not _surely_bool(part)
-            and re.search(rf"(?<![\w.]){re.escape(normalized(part))}(?![\w.])", level_code)
+            and re.search(rf"(?<![\w.]){re.escape(syntax.normalized(part))}(?![\w.])", level_code)
         ):
             # `if args.fp16:` where args.fp16 holds "O1" (or "%i" of an int): autocast
             # needs a real bool
@@ -238,7 +239,7 @@ def _in_branch_statements(ctx: ModuleContext, model: AmpModel) -> set[cst.CSTNod
     by_function: dict[cst.CSTNode | None, list[cst.CSTNode]] = {}
     for use in model.of("initialize"):
         bound = bind_arguments(use.call)
-        if bound is None or "optimizers" not in bound or literal(bound["optimizers"].value) is None:
+        if bound is None or "optimizers" not in bound or syntax.literal(bound["optimizers"].value) is None:
             continue
         by_function.setdefault(ctx.function_of(use.call), []).append(ctx.statement_of(use.call))
     found: set[cst.CSTNode] = set()
@@ -353,12 +354,12 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     optimizers = bound["optimizers"].value if "optimizers" in bound else None
     inference_only = (
         optimizers is None
-        or literal(optimizers) is None
+        or syntax.literal(optimizers) is None
         or (isinstance(optimizers, (cst.List, cst.Tuple)) and not optimizers.elements)
     )
     result = (
         models
-        if optimizers is None or literal(optimizers) is None
+        if optimizers is None or syntax.literal(optimizers) is None
         else cst.Tuple([cst.Element(models), cst.Element(optimizers)])
     )
     alias = _alias_assignment(target, result) if target is not None else None
@@ -380,7 +381,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     level: str | None = "O1"
     level_expression: cst.BaseExpression | None = None
     if level_arg is not None:
-        value = literal(level_arg.value)
+        value = syntax.literal(level_arg.value)
         if isinstance(value, str) and value in ("O0", "O1", "O2", "O3"):
             level = value
         elif value is ...:
@@ -392,7 +393,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     disabled = level == "O0"
     enabled_arg = bound.get("enabled")
     if enabled_arg is not None:
-        value = literal(enabled_arg.value)
+        value = syntax.literal(enabled_arg.value)
         if enabled_arg.keyword is None and isinstance(value, str):
             ctx.report(
                 "AMP005",
@@ -434,7 +435,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     scaling_off = False
     loss_scale_arg = bound.get("loss_scale")
     if loss_scale_arg is not None:
-        value = literal(loss_scale_arg.value)
+        value = syntax.literal(loss_scale_arg.value)
         try:
             number = None if value == "dynamic" else float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
@@ -454,14 +455,14 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             notes.append(("AMP002", loss_scale_arg, None))
     initial_scale = static_scale
     for name in ("min_loss_scale", "max_loss_scale"):
-        if name in bound and literal(bound[name].value) is not None:
+        if name in bound and syntax.literal(bound[name].value) is not None:
             notes.append(("AMP003", bound[name], None))
-    ceiling = literal(bound["max_loss_scale"].value) if "max_loss_scale" in bound else None
+    ceiling = syntax.literal(bound["max_loss_scale"].value) if "max_loss_scale" in bound else None
     if static_scale is None and isinstance(ceiling, (int, float)) and ceiling < 2.0**16:
         initial_scale = float(ceiling)  # Apex started at min(max_loss_scale, 2**16)
-    if "num_losses" in bound and literal(bound["num_losses"].value) != 1:
+    if "num_losses" in bound and syntax.literal(bound["num_losses"].value) != 1:
         notes.append(("AMP004", bound["num_losses"], None))
-    if "cast_model_outputs" in bound and literal(bound["cast_model_outputs"].value) is not None:
+    if "cast_model_outputs" in bound and syntax.literal(bound["cast_model_outputs"].value) is not None:
         ctx.report(
             "AMP005",
             bound["cast_model_outputs"],
@@ -491,7 +492,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     ]
     if function is not None and elsewhere:
         klass = ctx.class_of_method(function)
-        unreachable = [other for other in elsewhere if not model.reachable(function, klass, other.call)]
+        unreachable = [other for other in elsewhere if not model.can_reach(function, klass, other.call)]
         if unreachable and klass is None and not enabled_parts and isinstance(ctx.parent(function), cst.Module):
             # a factory function: a scaler with a fixed configuration can live at module
             # level, where every function of the file reaches it
@@ -513,11 +514,11 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     if (
         level in ("O2", "O3")
         or level_expression is not None
-        or any(name in bound and literal(bound[name].value) is not None for name in _CASTING_SETTINGS)
+        or any(name in bound and syntax.literal(bound[name].value) is not None for name in _CASTING_SETTINGS)
     ):
         if not disabled:
             if level_expression is not None:
-                what = f"opt_level is chosen at run time ({normalized(level_expression)}): O2/O3 runs now use"
+                what = f"opt_level is chosen at run time ({syntax.normalized(level_expression)}): O2/O3 runs now use"
             elif level in ("O2", "O3"):
                 what = f"{level} was migrated to"
             else:
@@ -557,7 +558,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
                     "a static loss_scale in one branch only: GradScaler.update() "
                     "cannot hold it there; set the scale by hand after update()",
                 )
-            level_code = normalized(level_expression) if level_expression is not None else None
+            level_code = syntax.normalized(level_expression) if level_expression is not None else None
             branch_enabled = (
                 cst.Name("False")
                 if disabled or scaling_off
@@ -581,7 +582,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     scaler_enabled = (
         None
         if not enabled_parts
-        else _conjunction(enabled_parts, normalized(level_expression) if level_expression is not None else None)
+        else _conjunction(enabled_parts, syntax.normalized(level_expression) if level_expression is not None else None)
     )
     if disabled:
         scaler_enabled = cst.Name("False")
@@ -640,6 +641,6 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     for use in model.of("initialize"):
         _plan_one(ctx, model, use)

@@ -47,25 +47,11 @@ from typing import cast
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._amp import AmpCall, AmpModel, fp32_only, optimizer_key
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._amp import AmpCall, AmpModel, fp32_only, is_clip, optimizer_key
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
 
 RULE = "amp_master_params"
-
-
-def _is_clip(func: cst.BaseExpression) -> bool:
-    name = dotted_name(func)
-    if name is None:
-        return False
-    last = name.split(".")[-1]
-    return last.startswith("clip_grad") or "grad_norm" in last
-
-
-def in_clip(ctx: ModuleContext, call: cst.Call) -> bool:
-    """Whether this ``amp.master_params(...)`` call is an argument of a gradient clip."""
-    argument = ctx.parent(call)
-    outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
-    return isinstance(outer, cst.Call) and _is_clip(outer.func)
 
 
 def _parameters_of(optimizer: cst.BaseExpression, as_list: bool = False) -> cst.BaseExpression:
@@ -91,7 +77,7 @@ def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode, clip: cst.Call
 
     # the two statements must differ only in the clip's first argument
     def shape(line: cst.SimpleStatementLine) -> str | None:
-        calls = [n for n in ctx.walk(line) if isinstance(n, cst.Call) and _is_clip(n.func)]
+        calls = [n for n in ctx.walk(line) if isinstance(n, cst.Call) and is_clip(n.func)]
         if len(calls) != 1 or not calls[0].args:
             return None
         blanked = line.deep_replace(calls[0].args[0].value, cst.Name("_"))
@@ -155,7 +141,7 @@ def _unscale_before(
     if step is not None and _conditional_step(ctx, statement, step):
         ctx.report("AMP024", node)
         return False
-    found = model.reach(node)
+    found = model.scaler_access_or_report(node)
     if found is None:
         return False
     _, access = found
@@ -183,7 +169,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
     outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
     outer_name = dotted_name(outer.func) if isinstance(outer, cst.Call) else None
     reads_gradients = isinstance(outer, cst.Call) and (
-        _is_clip(outer.func)
+        is_clip(outer.func)
         or (
             outer_name not in _COLLECTING
             and _next_step(ctx, model, call, optimizer_key(ctx, optimizer, call)) is not None
@@ -192,9 +178,9 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
     if reads_gradients:
         assert isinstance(outer, cst.Call)
         statement = ctx.statement_of(call)
-        collapsible = _collapsible_else(ctx, statement, outer) if _is_clip(outer.func) else None
+        collapsible = _collapsible_else(ctx, statement, outer) if is_clip(outer.func) else None
         if collapsible is not None:
-            found = model.reach(call)
+            found = model.scaler_access_or_report(call)
             if found is None:
                 return
             unscale = syntax.expression_statement(
@@ -232,7 +218,7 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, unscaled: set[tuple[i
         return
     site_functions = {ctx.function_of(site) for site in model.sites}
     for clip in ctx.nodes_of(cst.Call):
-        if not _is_clip(clip.func) or any(
+        if not is_clip(clip.func) or any(
             isinstance(n, cst.Call) and (found := ctx.amp_api(n.func)) is not None and found[0] == "master_params"
             for n in ctx.walk(clip)
         ):
@@ -260,7 +246,7 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, unscaled: set[tuple[i
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     unscaled: set[tuple[int, str]] = set()
     for use in model.of("master_params"):
         _plan_one(ctx, model, use, unscaled)

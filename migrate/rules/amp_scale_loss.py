@@ -56,7 +56,6 @@ from migrate.rules._amp import (
     AmpModel,
     Scaler,
     fp32_only,
-    normalized,
     optimizer_key,
 )
 from migrate.rules._context import ModuleContext
@@ -179,7 +178,7 @@ def _fp32_branch(
     code = syntax.code
     scaled_code = "".join(code(scaled_line.with_changes(leading_lines=())).split())
     fp32_code = "".join(code(fp32_line.with_changes(leading_lines=())).split())
-    loss_code = normalized(loss)
+    loss_code = syntax.normalized(loss)
     if not scaled_code.startswith(f"{asname}.backward(") or "#" in scaled_code:
         return None
     if (
@@ -212,7 +211,7 @@ def _plan_one(
     if loss_arg is None or optimizers_arg is None:
         ctx.report("AMP021", call)
         return
-    found = model.reach(call)
+    found = model.scaler_access_or_report(call)
     if found is None:
         return
     scaler, access = found
@@ -282,7 +281,7 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
     if scaler.klass is not None:
         functions |= {node for node in scaler.klass.body.body if isinstance(node, cst.FunctionDef)}
     functions.add(scaler.function)
-    created_at = ctx.order(scaler.initialize)
+    created_at = ctx.order(scaler.initialize) if scaler.initialize is not None else -1
 
     def iterated_from(node: cst.CSTNode, optimizer: cst.BaseExpression) -> bool:
         """`for opt in optimizers: opt.step()` where `optimizers` went to scale_loss."""
@@ -325,7 +324,7 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
         if step.args:
             ctx.report("AMP021", step, "optimizer.step(closure): GradScaler does not support closures")
             continue
-        found = model.reach(step)
+        found = model.scaler_access_or_report(step)
         if found is None:
             continue
         _, access = found
@@ -352,7 +351,7 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
             if anchor in model.updated:
                 continue
             model.updated.add(anchor)
-            found = model.scaler_for(anchor)
+            found = model.scaler_access(anchor)
             assert found is not None
             _, access = found
             update_args = []
@@ -430,7 +429,7 @@ def _blocks(ctx: ModuleContext, statement: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     managed: dict[int, set[str]] = defaultdict(set)
     sites: dict[int, list[cst.CSTNode]] = defaultdict(list)
     for use in model.of("scale_loss"):

@@ -36,7 +36,6 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._amp import AmpModel
 from migrate.rules._context import ModuleContext
 
 RULE = "amp_state_dict"
@@ -60,13 +59,13 @@ def {name}(state):
 
 
 def plan(ctx: ModuleContext) -> None:
-    model: AmpModel = ctx.amp  # type: ignore[attr-defined]
+    model = ctx.amp
     helper_name: str | None = None
     for use in [*model.of("state_dict"), *model.of("load_state_dict")]:
         call = use.call
         if ctx.skipped(call):
             continue
-        found = model.reach(call)
+        found = model.scaler_access_or_report(call)
         if found is None:
             continue
         _, access = found

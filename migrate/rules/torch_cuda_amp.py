@@ -40,7 +40,8 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext
 
 RULE = "torch_cuda_amp"
 
@@ -61,7 +62,7 @@ def _deprecated_target(ctx: ModuleContext, func: cst.BaseExpression) -> tuple[st
     parts = name.split(".")
     if len(parts) == 4 and parts[0] == "torch" and parts[1] in ("cuda", "cpu") and parts[2] == "amp":
         binding = ctx.resolve("torch", func)
-        if binding is not None and binding.kind == "torch":
+        if (binding is not None and binding.kind == "torch") or _torch_from_star_import(ctx):
             return parts[1], parts[3], "dotted"
         return None
     if len(parts) == 1:
@@ -71,9 +72,42 @@ def _deprecated_target(ctx: ModuleContext, func: cst.BaseExpression) -> tuple[st
             return device, original, "name"
     if len(parts) == 2:
         binding = ctx.resolve(parts[0], func)
-        if binding is not None and binding.kind == "torch_amp_module":
+        if binding is not None and binding.kind == "torch_amp_module" and _module_import_moves(binding.statement):
             return binding.target, parts[1], "module"
     return None
+
+
+def _torch_from_star_import(ctx: ModuleContext) -> bool:
+    """``torch`` used but bound by no import or assignment here: a star import brings it.
+
+    Without this, a file whose only torch comes from ``from pkg import *`` would be
+    rewritten on the second pass, once the first one added ``import torch`` for another rule.
+    """
+    if "torch" in ctx.imports.get(ctx.module, {}) or any("torch" in names for names in ctx.locals.values()):
+        return False
+    return any(isinstance(statement.names, cst.ImportStar) for statement in ctx.nodes_of(cst.ImportFrom))
+
+
+def _module_import_moves(statement: cst.Import | cst.ImportFrom) -> bool:
+    """Whether the import of the deprecated module is itself rewritten to torch.amp (see
+    ``_plan_module_imports``): ``amp.X(...)`` may only gain a device argument then."""
+    return not isinstance(statement.names, cst.ImportStar) and len(statement.names) == 1
+
+
+def _plan_module_imports(ctx: ModuleContext) -> None:
+    """``import torch.cuda.amp as amp`` -> ``import torch.amp as amp`` (the calls gain a device)."""
+    for scope_imports in ctx.imports.values():
+        for bindings in scope_imports.values():
+            for binding in bindings:
+                statement = binding.statement
+                if (
+                    binding.kind == "torch_amp_module"
+                    and isinstance(statement, cst.Import)
+                    and _module_import_moves(statement)
+                    and not ctx.skipped(statement)
+                ):
+                    alias = binding.alias
+                    ctx.plan.replace[alias] = lambda updated: updated.with_changes(name=syntax.dotted("torch.amp"))
 
 
 def _movable(statement: cst.Import | cst.ImportFrom) -> bool:
@@ -170,3 +204,4 @@ def plan(ctx: ModuleContext) -> None:
         finder.visit_Decorator(decorator)
     for statement in ctx.nodes_of(cst.ImportFrom):
         finder.visit_ImportFrom(statement)
+    _plan_module_imports(ctx)

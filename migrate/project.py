@@ -1,0 +1,633 @@
+"""Project mode: which of the given modules share one Apex amp setup.
+
+Real training code spans modules: ``main.py`` calls ``amp.initialize`` and ``trainer.py``
+runs the loop with ``amp.scale_loss``; ``common.py`` imports amp and ``train.py`` gets it
+through ``from common import *``. Migrating such modules one by one leaves a project that
+crashes or trains differently. So the runner first indexes the modules that may use Apex
+(cheaply, with ``ast``), links those that import each other inside the project, and then
+treats each linked group as one setup: migrated completely, or left exactly as it was.
+
+This module only reads source text; it never imports libcst or torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from migrate.options import ModuleFacts, ScalerInfo
+
+# amp functions whose call on a name that no import binds means "the amp module came
+# from somewhere we cannot see"; initialize and state_dict are too common a method name
+# for that unless the name itself says amp (the engine reports by the same rule).
+_DISTINCT_APIS = frozenset({"scale_loss", "master_params"})
+_AMP_APIS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"})
+
+
+@dataclass(frozen=True)
+class ImportEdge:
+    """One import of a project module: ``from <module> import <names>`` or ``import <module>``."""
+
+    module: str  # absolute dotted name, relative imports already resolved
+    names: tuple[str, ...]  # imported names; ("*",) for a star import; () for `import module`
+    line: int
+    # the names the importer binds: one per imported name, or the one name `import module` binds
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FunctionSummary:
+    """A top-level function: does it call amp itself, and which top-level names it calls."""
+
+    uses_amp: bool
+    calls: frozenset[str]
+
+
+@dataclass(frozen=True)
+class AmpUse:
+    """``NAME.api(...)`` where the module itself binds ``NAME`` to nothing we can see."""
+
+    name: str
+    api: str
+    line: int
+    column: int
+
+
+@dataclass
+class ModuleSummary:
+    """What one module says about Apex amp and about the project modules it imports."""
+
+    path: str
+    given: bool = True  # False: read only to follow imports (not among the paths to migrate)
+    imports: list[ImportEdge] = field(default_factory=list)
+    amp_names: set[str] = field(default_factory=set)  # module-level names bound to apex.amp
+    uses_amp: bool = False  # imports apex.amp anywhere, or calls an amp function
+    unbound_uses: list[AmpUse] = field(default_factory=list)
+    parameter_uses: list[AmpUse] = field(default_factory=list)  # amp received as a parameter
+    functions: dict[str, FunctionSummary] = field(default_factory=dict)  # top-level functions
+    amp_apis: set[str] = field(default_factory=set)  # amp functions the module calls
+    amp_outside_functions: bool = False  # an amp call at module level or in a class
+    calls_outside_functions: frozenset[str] = frozenset()  # names called at module level or in classes
+
+
+def summarize(path: str, source: str) -> ModuleSummary | None:
+    """Index one module; None when it does not parse (the engine reports that)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    summary = ModuleSummary(path)
+    package = _package_of(path)
+    bound: set[str] = set()
+    parameters: set[str] = set()
+    calls: list[tuple[str, str, ast.Call]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound.add(alias.asname or alias.name.split(".")[0])
+                if alias.name == "apex.amp" or (alias.name == "apex" and alias.asname is None):
+                    summary.uses_amp = summary.uses_amp or alias.name == "apex.amp"
+                    if alias.asname and _at_module_level(tree, node):
+                        summary.amp_names.add(alias.asname)
+                bound_as = alias.asname or alias.name
+                summary.imports.append(ImportEdge(alias.name, (), node.lineno, (bound_as,)))
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(node.module, node.level, package)
+            names = tuple(alias.name for alias in node.names)
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+            if module == "apex" and "amp" in names or module == "apex.amp":
+                summary.uses_amp = True
+                if module == "apex" and _at_module_level(tree, node):
+                    summary.amp_names.update(a.asname or a.name for a in node.names if a.name == "amp")
+            if module is not None:
+                aliases = tuple(alias.asname or alias.name for alias in node.names)
+                summary.imports.append(ImportEdge(module, names, node.lineno, aliases))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            parameters.add(node.arg)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            base = node.func.value
+            if isinstance(base, ast.Name):
+                calls.append((base.id, node.func.attr, node))
+            elif (
+                isinstance(base, ast.Attribute)
+                and base.attr == "amp"
+                and isinstance(base.value, ast.Name)
+                and base.value.id == "apex"
+            ):
+                summary.amp_apis.add(node.func.attr)  # apex.amp.X with `import apex`
+            elif isinstance(base, ast.Attribute) and "amp" in base.attr.lower() and node.func.attr in _AMP_APIS:
+                # `self.amp.scale_loss(...)`: the amp module stored on an object
+                summary.unbound_uses.append(AmpUse(base.attr, node.func.attr, node.lineno, node.col_offset + 1))
+    for name, api, call in calls:
+        if name in summary.amp_names or name == "amp":
+            summary.amp_apis.add(api)
+        if name in ("self", "cls") or not (api in _DISTINCT_APIS or (api in _AMP_APIS and "amp" in name.lower())):
+            continue
+        use = AmpUse(name, api, call.lineno, call.col_offset + 1)
+        if name in summary.amp_names:
+            continue
+        if name in parameters and name not in bound:
+            summary.parameter_uses.append(use)
+        elif name not in bound:
+            summary.unbound_uses.append(use)
+    summary.uses_amp = summary.uses_amp or bool(summary.unbound_uses or summary.parameter_uses)
+    _summarize_functions(tree, summary)
+    return summary
+
+
+def _summarize_functions(tree: ast.Module, summary: ModuleSummary) -> None:
+    """Which top-level functions call amp (on this module's amp names), and whom they call."""
+    names = summary.amp_names | {"amp"}
+
+    def amp_calls(node: ast.AST) -> bool:
+        return any(
+            isinstance(sub, ast.Call)
+            and isinstance(sub.func, ast.Attribute)
+            and isinstance(sub.func.value, ast.Name)
+            and sub.func.value.id in names
+            for sub in ast.walk(node)
+        )
+
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            called = frozenset(
+                sub.func.id
+                for sub in ast.walk(statement)
+                if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name)
+            )
+            summary.functions[statement.name] = FunctionSummary(amp_calls(statement), called)
+        elif not isinstance(statement, (ast.Import, ast.ImportFrom)):
+            summary.amp_outside_functions = summary.amp_outside_functions or amp_calls(statement)
+            summary.calls_outside_functions |= {
+                sub.func.id
+                for sub in ast.walk(statement)
+                if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name)
+            }
+
+
+def _at_module_level(tree: ast.Module, node: ast.stmt) -> bool:
+    """The import runs at module level (possibly inside a try/if), so others can import the name."""
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        statement = pending.pop()
+        if statement is node:
+            return True
+        if isinstance(statement, (ast.Try, ast.If)):
+            pending.extend(statement.body)
+            pending.extend(statement.orelse)
+            if isinstance(statement, ast.Try):
+                pending.extend(statement.finalbody)
+                for handler in statement.handlers:
+                    pending.extend(handler.body)
+    return False
+
+
+def _package_of(path: str) -> list[str]:
+    """The folders of ``path`` as package parts, innermost last (relative imports climb them)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return [part for part in folder.split(os.sep) if part]
+
+
+def _absolute(module: str | None, level: int, package: list[str]) -> str | None:
+    """``from ..x import y`` inside ``a/b/c.py`` names ``a.x``: return that dotted path."""
+    if level == 0:
+        return module
+    if level > len(package):
+        return None
+    parts = package[: len(package) - (level - 1)]
+    return ".".join([*parts, *([module] if module else [])])
+
+
+class ProjectIndex:
+    """The given modules, found by the dotted names they can be imported under."""
+
+    def __init__(self, summaries: Iterable[ModuleSummary]) -> None:
+        self.modules: dict[str, ModuleSummary] = {}
+        self._by_name: dict[str, list[str]] = {}
+        for summary in summaries:
+            self.modules[summary.path] = summary
+            for name in _import_names(summary.path):
+                self._by_name.setdefault(name, []).append(summary.path)
+
+    def resolve(self, importer: str, module: str) -> str | None:
+        """The given module that ``importer`` gets for ``import <module>``, if it is one of ours.
+
+        Absolute paths count as dotted names too (relative imports were resolved against the
+        folders), so a name matches a file whose path ends with it; among several, the one
+        nearest to the importer wins, as a script run from its folder would see it.
+        """
+        candidates = self._by_name.get(module, [])
+        if not candidates:
+            return None
+        folder = os.path.dirname(os.path.abspath(importer))
+        return min(candidates, key=lambda path: (_distance(folder, path), path))
+
+    def imported(self, summary: ModuleSummary) -> list[tuple[ImportEdge, str]]:
+        """The project modules ``summary`` imports, each with the edge that imports it."""
+        found = []
+        for edge in summary.imports:
+            target = self.resolve(summary.path, edge.module)
+            if target is None and edge.names and edge.names != ("*",):
+                # `from package import module`
+                for name in edge.names:
+                    target = self.resolve(summary.path, f"{edge.module}.{name}")
+                    if target is not None:
+                        found.append((ImportEdge(f"{edge.module}.{name}", (), edge.line), target))
+                continue
+            if target is not None and target != summary.path:
+                found.append((edge, target))
+        return found
+
+    def reached_amp_modules(self, path: str) -> list[str]:
+        """The amp modules ``path`` imports, directly or through modules without amp."""
+        reached: list[str] = []
+        seen = {path}
+        pending = [path]
+        while pending:
+            for _edge, target in self.imported(self.modules[pending.pop()]):
+                if target in seen:
+                    continue
+                seen.add(target)
+                if self.modules[target].uses_amp:
+                    reached.append(target)
+                else:
+                    pending.append(target)
+        return reached
+
+
+def _import_names(path: str) -> list[str]:
+    """Every dotted name a file may be imported under: each suffix of its path."""
+    parts = [part for part in os.path.abspath(path).split(os.sep) if part]
+    stem = parts[-1]
+    if stem.endswith(".py"):
+        parts[-1] = stem[:-3]
+    elif stem.endswith(".ipynb"):
+        return []
+    if parts[-1] == "__init__":
+        parts.pop()
+    return [".".join(parts[index:]) for index in range(len(parts))]
+
+
+def _distance(folder: str, path: str) -> int:
+    """Folders to climb up and go down from ``folder`` to reach ``path``."""
+    return len(os.path.relpath(os.path.dirname(os.path.abspath(path)), folder).split(os.sep))
+
+
+@dataclass
+class Group:
+    """Modules linked by imports that all take part in Apex amp."""
+
+    paths: list[str]
+
+
+def amp_groups(index: ProjectIndex) -> list[Group]:
+    """Group the given amp modules that import one another.
+
+    An import counts when it reaches the other amp module directly or through modules that
+    do not use amp themselves (``from engine import fit`` where ``engine/__init__.py``
+    re-exports ``fit`` from ``engine/loop.py``); two modules that merely share a helper
+    module stay apart.
+    """
+    amp_modules = [path for path, summary in index.modules.items() if summary.uses_amp and summary.given]
+    parent: dict[str, str] = {path: path for path in amp_modules}
+
+    def find(path: str) -> str:
+        while parent[path] != path:
+            parent[path] = parent[parent[path]]
+            path = parent[path]
+        return path
+
+    for path in amp_modules:
+        for target in index.reached_amp_modules(path):
+            if target in parent:
+                parent[find(path)] = find(target)
+    groups: dict[str, list[str]] = {}
+    for path in amp_modules:
+        groups.setdefault(find(path), []).append(path)
+    return [Group(sorted(paths)) for paths in groups.values()]
+
+
+def module_facts(index: ProjectIndex) -> dict[str, ModuleFacts]:
+    """Facts for every indexed module that has any (the rest get the defaults)."""
+    exported: dict[str, set[str]] = {}
+    amp_from: dict[str, list[tuple[str, int]]] = {}
+    for path, summary in index.modules.items():
+        for edge, target in index.imported(summary):
+            if not edge.names:
+                continue
+            exported.setdefault(target, set()).update(edge.names)
+            source = index.modules[target]
+            names = source.amp_names if edge.names == ("*",) else source.amp_names & set(edge.names)
+            for name in sorted(names):
+                amp_from.setdefault(path, []).append((name, edge.line))
+    facts = {}
+    for path in index.modules:
+        if path in exported or path in amp_from:
+            facts[path] = ModuleFacts(
+                amp_from=tuple(amp_from.get(path, ())),
+                exported=frozenset(exported.get(path, ())),
+            )
+    return facts
+
+
+def build_index(sources: Mapping[str, str]) -> ProjectIndex:
+    """Index the given modules (path -> source text); those that do not parse are left out."""
+    summaries = (summarize(path, text) for path, text in sources.items() if not path.endswith(".ipynb"))
+    return ProjectIndex(summary for summary in summaries if summary is not None)
+
+
+class Outcome(NamedTuple):
+    """How one module's amp setup came out of a pass."""
+
+    amp_left: bool  # some use of Apex amp stays
+    amp_migrated: bool  # some use of Apex amp was rewritten
+    scalers: tuple[ScalerInfo, ...] = ()  # the GradScalers it creates
+    scaler_unused: bool = False  # a training GradScaler that no backward of the module uses
+
+
+def _reaches(summary: ModuleSummary, start: str, targets: set[str]) -> bool:
+    """Whether the top-level function ``start`` calls into ``targets`` (or is one)."""
+    seen, pending = set(), [start]
+    while pending:
+        name = pending.pop()
+        if name in targets:
+            return True
+        if name in seen or name not in summary.functions:
+            continue
+        seen.add(name)
+        pending.extend(summary.functions[name].calls)
+    return False
+
+
+class ProjectPlan:
+    """The facts each module is migrated with, and how to settle a group after a first pass.
+
+    The runner migrates every module once with ``facts``; ``settle`` then looks at how each
+    group came out and returns the modules to migrate again with new facts: a group where
+    some module keeps Apex amp while another was migrated is frozen whole, and a module that
+    kept its amp import only for modules that no longer use amp may drop it.
+    """
+
+    # how far imports are followed into modules that were not given, and how many are read
+    CONTEXT_DEPTH = 3
+    CONTEXT_FILES = 200
+
+    def __init__(
+        self,
+        sources: Mapping[str, str],
+        displays: Mapping[str, str] | None = None,
+        load: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.index = build_index(sources)
+        if load is not None:
+            self._add_context(load)
+        self.groups = amp_groups(self.index)
+        self.facts = module_facts(self.index)
+        self._display = dict(displays or {})
+        self._stage: dict[int | None, str] = {}
+        self._freeze_outside_context()
+
+    def display(self, path: str) -> str:
+        return self._display.get(path, os.path.relpath(path))
+
+    def _add_context(self, load: Callable[[str], str | None]) -> None:
+        """Read the project modules the given ones import, so imports can be followed."""
+        frontier = list(self.index.modules)
+        for _depth in range(self.CONTEXT_DEPTH):
+            found: list[ModuleSummary] = []
+            for path in frontier:
+                for edge in self.index.modules[path].imports:
+                    if edge.module.split(".")[0] in ("apex", "torch") or self.index.resolve(path, edge.module):
+                        continue
+                    names = [edge.module, *(f"{edge.module}.{name}" for name in edge.names if name != "*")]
+                    for candidate in (file for name in names for file in _module_files(path, name)):
+                        if candidate in self.index.modules or any(s.path == candidate for s in found):
+                            continue
+                        source = load(candidate)
+                        summary = summarize(candidate, source) if source is not None else None
+                        if summary is not None:
+                            summary.given = False
+                            found.append(summary)
+                            break
+            if not found or len(self.index.modules) + len(found) > self.CONTEXT_FILES:
+                break
+            self.index = ProjectIndex([*self.index.modules.values(), *found])
+            frontier = [summary.path for summary in found]
+
+    def _freeze_outside_context(self) -> None:
+        """Freeze the groups whose amp setup continues in a module that was not given."""
+        for number, group in enumerate(self.groups):
+            for path in group.paths:
+                outside = [t for t in self.index.reached_amp_modules(path) if not self.index.modules[t].given]
+                if outside:
+                    self._stage[number] = "frozen"
+                    reason = (
+                        f"the setup continues in {self.display(outside[0])}, which was not given: run ampmigrate "
+                        "on the whole project (or on both files)"
+                    )
+                    for member in group.paths:
+                        self._freeze(member, reason)
+                    break
+
+    def _freeze(self, path: str, reason: str) -> None:
+        previous = self.facts.get(path, ModuleFacts())
+        if previous.frozen is None:
+            self.facts[path] = replace(previous, frozen=reason)
+
+    def settle(self, outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
+        """The modules to migrate again, with their new facts; empty once all is settled.
+
+        A group that came out half migrated (some module keeps Apex amp while another was
+        rewritten) first gets its scaler threaded across modules, where one module creates
+        it and the others' amp code sits in functions it calls; if that still leaves Apex
+        behind, the group is frozen whole. A module that kept its amp import only for
+        modules that no longer use amp drops it.
+        """
+        again: dict[str, ModuleFacts] = {}
+        if not self._stage:
+            again.update(self._freeze_unused_scalers(outcome))
+        for number, group in enumerate(self.groups):
+            members = [path for path in group.paths if path in outcome]
+            left = [path for path in members if outcome[path].amp_left]
+            migrated = [path for path in members if outcome[path].amp_migrated]
+            stage = self._stage.get(number, "first")
+            if not (left and migrated) or stage == "frozen":
+                continue
+            threaded = self._thread(members, left, outcome) if stage == "first" else None
+            if threaded:
+                self._stage[number] = "threaded"
+                again.update(threaded)
+                continue
+            self._stage[number] = "frozen"
+            reason = (
+                f"the setup continues in {self.display(left[0])}, where Apex amp stays (see its findings); "
+                "migrating the rest alone would break it"
+            )
+            for path in migrated:
+                again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
+        for path, facts in self.facts.items():
+            if path not in outcome or path in again or not facts.exported or not self.index.modules[path].amp_names:
+                continue
+            member_of = next((n for n, g in enumerate(self.groups) if path in g.paths), None)
+            users = [other for other, f in self.facts.items() if f.amp_from and self._gets_amp_from(other, path)]
+            if self._stage.get(member_of) == "frozen" or any(
+                outcome.get(u, Outcome(True, False)).amp_left for u in users
+            ):
+                continue
+            # every module that took amp from here no longer uses it
+            again[path] = replace(facts, exported=facts.exported - self.index.modules[path].amp_names - {"*"})
+        self.facts.update(again)
+        return again
+
+    def _freeze_unused_scalers(self, outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
+        """Freeze a migrated amp.initialize whose scaler nothing here uses while, in the same
+        project folder, amp code without an amp.initialize stays as it was.
+
+        Frameworks reach their training loop through registries and config strings (an
+        mmcv optimizer hook), not imports; migrating the initialize alone would leave that
+        loop calling Apex amp on a setup that no longer exists.
+        """
+        orphans = [
+            path
+            for path, result in outcome.items()
+            if result.amp_left and "initialize" not in self.index.modules[path].amp_apis
+        ]
+        again = {}
+        for path, result in outcome.items():
+            if not (result.scaler_unused and result.amp_migrated):
+                continue
+            related = [orphan for orphan in orphans if _project_root(orphan) == _project_root(path)]
+            if related:
+                reason = (
+                    f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "
+                    "amp.initialize of its own: they may be one setup, linked at run time rather than by imports"
+                )
+                again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
+        return again
+
+    def _thread(self, members: list[str], left: list[str], outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
+        """Facts that pass each creating module's GradScaler to the functions that need it; {} if none do.
+
+        Several entry scripts may share one trainer module: each creates its scaler and passes
+        it, as long as their scalers behave alike (the receiving code is written once).
+        """
+        creators = [path for path in members if outcome[path].scalers]
+        if not creators or any(len(outcome[path].scalers) != 1 or path in left for path in creators):
+            return {}
+        infos = [outcome[path].scalers[0] for path in creators]
+        if len({(info.static_scale, info.follows) for info in infos}) != 1:
+            return {}
+        models = tuple(sorted({name for info in infos for name in info.models}))
+        shared = replace(infos[0], function=None, models=models)
+        facts: dict[str, ModuleFacts] = {}
+        passes: dict[str, set[str]] = {creator: set() for creator in creators}
+        for path in left:
+            summary = self.index.modules[path]
+            needing = {name for name, function in summary.functions.items() if function.uses_amp}
+            if summary.amp_outside_functions or not needing:
+                return {}
+            entries: set[str] = set()
+            for creator in creators:
+                for alias, origin, origin_name in self._imported_functions(creator):
+                    if origin == path and _reaches(summary, origin_name, needing):
+                        entries.add(origin_name)
+                        passes[creator].add(alias)
+            if not entries or self._called_without_scaler(path, entries, set(creators)):
+                return {}
+            facts[path] = replace(
+                self.facts.get(path, ModuleFacts()), receives_scaler=tuple(sorted(entries)), shared_scaler=shared
+            )
+        for creator, aliases in passes.items():
+            facts[creator] = replace(self.facts.get(creator, ModuleFacts()), passes_scaler=tuple(sorted(aliases)))
+        return facts
+
+    def _imported_functions(self, path: str) -> Iterator[tuple[str, str, str]]:
+        """(how ``path`` calls it, defining module, name there) for each project function it imports."""
+        for edge in self.index.modules[path].imports:
+            target = self.index.resolve(path, edge.module)
+            if target is None:
+                continue
+            if not edge.names:
+                for name in self.index.modules[target].functions:
+                    yield f"{edge.aliases[0]}.{name}", target, name
+                continue
+            for name, alias in zip(edge.names, edge.aliases):
+                origin = self._origin(target, name)
+                if origin is not None:
+                    yield alias, origin[0], origin[1]
+
+    def _origin(self, path: str, name: str, depth: int = 0) -> tuple[str, str] | None:
+        """Where the function ``name`` imported from ``path`` is defined (following re-exports)."""
+        summary = self.index.modules[path]
+        if name in summary.functions:
+            return path, name
+        if depth > 3:
+            return None
+        for edge in summary.imports:
+            if name in edge.aliases and edge.names:
+                target = self.index.resolve(path, edge.module)
+                if target is not None:
+                    return self._origin(target, edge.names[edge.aliases.index(name)], depth + 1)
+        return None
+
+    def _called_without_scaler(self, path: str, entries: set[str], creators: set[str]) -> bool:
+        """Whether code other than the creators' calls a receiving function (it could not pass the scaler)."""
+        summary = self.index.modules[path]
+        if entries & summary.calls_outside_functions:
+            return True
+        if any(entries & function.calls for name, function in summary.functions.items() if name not in entries):
+            return True
+        for other, other_summary in self.index.modules.items():
+            if other == path or other in creators:
+                continue
+            called = other_summary.calls_outside_functions.union(*(f.calls for f in other_summary.functions.values()))
+            for alias, origin, name in self._imported_functions(other):
+                # a package __init__ that only re-exports the function does not call it
+                if origin == path and name in entries and ("." in alias or alias in called):
+                    return True
+        return False
+
+    def _gets_amp_from(self, importer: str, exporter: str) -> bool:
+        return any(target == exporter for _, target in self.index.imported(self.index.modules[importer]))
+
+
+_ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", "requirements.txt", ".git")
+
+
+@functools.lru_cache(maxsize=4096)
+def _project_root(path: str) -> str:
+    """The nearest folder above ``path`` that looks like a project's root (setup.py, .git, ...)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while True:
+        if any(os.path.exists(os.path.join(folder, marker)) for marker in _ROOT_MARKERS):
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return folder
+        folder = parent
+
+
+def _module_files(importer: str, module: str) -> list[str]:
+    """Where ``import module`` could find a project file: from the importer's folder (a
+    script's own folder is on ``sys.path``) or from one of the folders above it (a package
+    root); for relative imports ``module`` is already the absolute path of folders."""
+    folder = os.path.dirname(os.path.abspath(importer))
+    parts = module.split(".")
+    found = []
+    for _level in range(3):
+        base = os.path.join(folder, *parts)
+        found += [base + ".py", os.path.join(base, "__init__.py")]
+        folder = os.path.dirname(folder)
+    if os.path.isabs(os.sep + os.path.join(*parts)):  # relative import, resolved to folders
+        base = os.sep + os.path.join(*parts)
+        found += [base + ".py", os.path.join(base, "__init__.py")]
+    return found

@@ -1,0 +1,291 @@
+"""Which names in a module are bound to Apex or torch.amp, and one indexing pass over the tree.
+
+``Indexer`` walks the module once and records, for every node, its parent, its children
+and its scope, every node of the few types the rules look for, and per scope the names
+bound by imports we track (``Binding``) and the other local names.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+
+import libcst as cst
+
+Scope = cst.Module | cst.FunctionDef | cst.ClassDef | cst.Lambda
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A name bound by an import of something we care about.
+
+    kind: "amp" (the apex.amp module), "apex" (the apex package), "amp_function"
+    (``from apex.amp import scale_loss``; ``target`` is the function), "other_apex"
+    (any other Apex module or object; ``target`` is its dotted path), "torch_amp"
+    (a deprecated ``torch.cuda.amp`` / ``torch.cpu.amp`` object; ``target`` is e.g.
+    ``cuda.autocast``), "torch" (the torch package).
+    """
+
+    kind: str
+    target: str
+    alias: cst.ImportAlias
+    statement: cst.Import | cst.ImportFrom
+
+
+def dotted_name(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a chain of Names and Attributes, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted_name(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    return None
+
+
+def target_names(target: cst.BaseExpression) -> Iterator[str]:
+    """Plain names bound by an assignment target (tuples and starred unpacked)."""
+    if isinstance(target, cst.Name):
+        yield target.value
+    elif isinstance(target, (cst.Tuple, cst.List)):
+        for element in target.elements:
+            yield from target_names(element.value)
+    elif isinstance(target, cst.StarredElement):
+        yield from target_names(target.value)
+
+
+def _classify_import(module_path: str, name: str) -> tuple[str, str] | None:
+    """Binding kind and target for ``from module_path import name``."""
+    full = f"{module_path}.{name}"
+    if full == "apex.amp":
+        return ("amp", "apex.amp")
+    if module_path == "apex.amp":
+        return ("amp_function", name)
+    if module_path == "apex" or module_path.startswith("apex."):
+        return ("other_apex", full)
+    if module_path in ("torch.cuda.amp", "torch.cpu.amp"):
+        return ("torch_amp", f"{module_path.split('.')[1]}.{name}")
+    if module_path in ("torch.cuda", "torch.cpu") and name == "amp":
+        return ("torch_amp_module", module_path.split(".")[1])
+    return None
+
+
+_SKIPPED_FIELDS = frozenset(
+    {
+        "lpar",
+        "rpar",
+        "lbracket",
+        "rbracket",
+        "lbrace",
+        "rbrace",
+        "comma",
+        "semicolon",
+        "equal",
+        "colon",
+        "dot",
+        "header",
+        "footer",
+        "leading_lines",
+        "lines_after_decorators",
+        "trailing_whitespace",
+        "asynchronous",
+        "operator",
+        "star_tok",
+        "default_indent",
+    }
+)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(kind: type) -> tuple[str, ...]:
+    """The fields of a node type that can hold the nodes the rules care about, in source order."""
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = tuple(
+            f.name for f in fields(kind) if not f.name.startswith("whitespace") and f.name not in _SKIPPED_FIELDS
+        )
+        if "decorators" in names:  # decorators come first in the source, last in the dataclass
+            names = ("decorators", *(name for name in names if name != "decorators"))
+        _FIELDS[kind] = names
+    return names
+
+
+class Indexer:
+    """One pass over the tree: parents, children, nodes by type, and bindings per scope.
+
+    It walks the dataclass fields itself instead of using a libcst visitor: a libcst visit
+    rebuilds every node it passes, which costs several times more than this walk. The
+    ``visit_X`` / ``leave_X`` methods below are dispatched by node type, as a visitor's are.
+    """
+
+    INDEXED = (cst.Call, cst.Name, cst.Decorator, cst.ImportFrom, cst.With)
+
+    def __init__(self) -> None:
+        self.imports: dict[Scope, dict[str, list[Binding]]] = defaultdict(lambda: defaultdict(list))
+        self.locals: dict[Scope, set[str]] = defaultdict(set)
+        self.scope_parent: dict[Scope, Scope | None] = {}
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.children: dict[cst.CSTNode, list[cst.CSTNode]] = defaultdict(list)
+        self.nodes: dict[type, list[cst.CSTNode]] = defaultdict(list)
+        self.scope: dict[cst.CSTNode, Scope] = {}
+        self._stack: list[Scope] = []
+
+    def index(self, root: cst.Module) -> None:
+        pending: list[tuple[cst.CSTNode, cst.CSTNode | None, bool]] = [(root, None, False)]
+        parents, children, scope, nodes = self.parents, self.children, self.scope, self.nodes
+        indexed = dict.fromkeys(self.INDEXED, True)
+        hooks: dict[type, tuple[object, object]] = {}
+        is_node: dict[type, bool] = {}  # isinstance on the CSTNode ABC is slow; types repeat
+        while pending:
+            node, parent, leaving = pending.pop()
+            kind = type(node)
+            hook = hooks.get(kind)
+            if hook is None:
+                hook = hooks[kind] = (
+                    getattr(self, "visit_" + kind.__name__, None),
+                    getattr(self, "leave_" + kind.__name__, None),
+                )
+            if leaving:
+                hook[1](node)  # type: ignore[operator]
+                continue
+            if parent is not None:
+                parents[node] = parent
+                children[parent].append(node)
+            if self._stack:
+                scope[node] = self._stack[-1]
+            if kind in indexed:
+                nodes[kind].append(node)
+            if hook[0] is not None:
+                hook[0](node)  # type: ignore[operator]
+            if hook[1] is not None:
+                pending.append((node, None, True))
+            found: list[cst.CSTNode] = []
+            for name in _child_fields(kind):
+                value = getattr(node, name)
+                value_kind = type(value)
+                if value_kind is list or value_kind is tuple:
+                    for item in value:
+                        item_kind = type(item)
+                        known = is_node.get(item_kind)
+                        if known is None:
+                            known = is_node[item_kind] = issubclass(item_kind, cst.CSTNode)
+                        if known:
+                            found.append(item)
+                    continue
+                known = is_node.get(value_kind)
+                if known is None:
+                    known = is_node[value_kind] = issubclass(value_kind, cst.CSTNode)
+                if known:
+                    found.append(value)
+            pending.extend((child, node, False) for child in reversed(found))
+
+    # scopes
+    def visit_Module(self, node: cst.Module) -> None:
+        self.scope_parent[node] = None
+        self._stack.append(node)
+
+    def _push(self, node: Scope) -> None:
+        self.scope_parent[node] = self._stack[-1]
+        self._stack.append(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.locals[self._stack[-1]].add(node.name.value)
+        self._push(node)
+        params = node.params
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+            self.locals[node].add(param.name.value)
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                self.locals[node].add(star.name.value)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._stack.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.locals[self._stack[-1]].add(node.name.value)
+        self._push(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._stack.pop()
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self._push(node)
+        for param in node.params.params:
+            self.locals[node].add(param.name.value)
+
+    def leave_Lambda(self, original_node: cst.Lambda) -> None:
+        self._stack.pop()
+
+    # bindings
+    def _bind(self, target: cst.BaseExpression) -> None:
+        self.locals[self._stack[-1]].update(target_names(target))
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._bind(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        # `with ... as x` and `except E as x`; import aliases are handled below.
+        if isinstance(node.name, (cst.Name, cst.Tuple, cst.List)):
+            self._bind(node.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target)
+
+    def visit_Import(self, node: cst.Import) -> None:
+        scope = self._stack[-1]
+        for alias in node.names:
+            path = dotted_name(alias.name) or ""
+            if alias.asname is not None:
+                bound = dotted_name(alias.asname.name) or ""  # type: ignore[arg-type]
+                if path == "apex.amp":
+                    kind, target = "amp", "apex.amp"
+                elif path == "apex" or path.startswith("apex."):
+                    kind, target = "other_apex", path
+                elif path in ("torch.cuda.amp", "torch.cpu.amp"):
+                    kind, target = "torch_amp_module", path.split(".")[1]
+                elif path == "torch":
+                    kind, target = "torch", "torch"
+                else:
+                    self.locals[scope].add(bound)
+                    continue
+            else:
+                bound = path.split(".")[0]
+                if bound == "apex":
+                    kind, target = "apex", path
+                elif bound == "torch":
+                    kind, target = "torch", "torch"
+                else:
+                    self.locals[scope].add(bound)
+                    continue
+            self.imports[scope][bound].append(Binding(kind, target, alias, node))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        scope = self._stack[-1]
+        if node.relative or node.module is None:
+            return
+        module_path = dotted_name(node.module) or ""
+        if isinstance(node.names, cst.ImportStar):
+            if module_path == "apex" or module_path.startswith("apex."):
+                self.imports[scope]["*"].append(
+                    Binding("other_apex", f"{module_path}.*", cst.ImportAlias(cst.Name("_")), node)
+                )
+            return
+        for alias in node.names:
+            name = dotted_name(alias.name) or ""
+            bound = (
+                dotted_name(alias.asname.name) or name if alias.asname is not None else name  # type: ignore[arg-type]
+            )
+            classified = _classify_import(module_path, name)
+            if classified is None:
+                self.locals[scope].add(bound)
+                continue
+            self.imports[scope][bound].append(Binding(*classified, alias, node))

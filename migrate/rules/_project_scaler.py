@@ -1,0 +1,106 @@
+"""A GradScaler shared with other modules of the project.
+
+``main.py`` calls ``amp.initialize`` and ``train(...)``, imported from ``trainer.py``, runs
+the loop with ``amp.scale_loss``. The expert's migration creates the scaler in ``main.py``
+and passes it on: ``train(model, optimizer, loader, scaler=scaler)`` and
+``def train(model, optimizer, loader, scaler)``. Project mode decides which functions take
+part (``ModuleFacts.passes_scaler`` / ``receives_scaler``); this module plans both halves:
+a receiving function gets the parameter and stands, for the rules, as the place the scaler
+is created; a passing call gets the keyword wherever the module's own scaler reaches it.
+Anything that cannot be done is reported, so the amp setup is frozen instead of split.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.options import ModuleFacts, ScalerInfo
+from migrate.rules._amp import AmpModel, Scaler
+from migrate.rules._context import ModuleContext, dotted_name
+
+
+def receive(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
+    """Give each receiving top-level function a scaler parameter and a Scaler the rules reach.
+
+    Returns how many could not receive it (each reported).
+    """
+    shared = facts.shared_scaler
+    if not facts.receives_scaler or shared is None:
+        return 0
+    failed = 0
+    name = ctx.options.scaler_name
+    for statement in ctx.module.body:
+        if not (isinstance(statement, cst.FunctionDef) and statement.name.value in facts.receives_scaler):
+            continue
+        params = statement.params
+        taken = {param.name.value for param in (*params.posonly_params, *params.params, *params.kwonly_params)}
+        if name in taken or isinstance(params.star_arg, cst.Param) or params.kwonly_params:
+            ctx.report(
+                "AMP022",
+                statement.name,
+                f"{statement.name.value}() should receive the GradScaler as `{name}`, but its parameters "
+                "do not allow a new one to be added here",
+            )
+            failed += 1
+            continue
+        model.scalers.append(
+            Scaler(
+                initialize=None,
+                statement=statement,
+                function=statement,
+                klass=None,
+                name=name,
+                enabled=None,
+                autocast_enabled=None if shared.follows else "off",
+                static_scale=shared.static_scale,
+                may_be_disabled=True,
+                model_names=set(shared.models),
+            )
+        )
+        has_defaults = any(param.default is not None for param in params.params)
+        ctx.plan.new_params[statement].append((name, cst.Name("None") if has_defaults else None))
+    return failed
+
+
+def pass_on(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
+    """Add ``scaler=<the module's scaler>`` to every call of a function that receives it.
+
+    Returns how many calls could not be given it (each reported).
+    """
+    failed = 0
+    keyword = ctx.options.scaler_name
+    for call in ctx.nodes_of(cst.Call):
+        if dotted_name(call.func) not in facts.passes_scaler:
+            continue
+        found = model.scaler_access(call)
+        if found is None or not model.scalers:
+            ctx.report(
+                "AMP022",
+                call,
+                f"{dotted_name(call.func)}() needs the GradScaler that replaces amp.initialize, "
+                "but it cannot be reached from this call",
+            )
+            failed += 1
+            continue
+        ctx.plan.new_keywords[call].append((keyword, found.expression))
+    return failed
+
+
+def unused(model: AmpModel, facts: ModuleFacts) -> bool:
+    """Whether a GradScaler was created for training that no backward of this module uses."""
+    created = [scaler for scaler in model.scalers if scaler.initialize is not None]
+    return bool(created) and not model.sites and not facts.passes_scaler
+
+
+def shared_scalers(model: AmpModel) -> tuple[ScalerInfo, ...]:
+    """The scalers this module creates (from amp.initialize), as other modules see them."""
+    return tuple(
+        ScalerInfo(
+            function=scaler.function.name.value if scaler.function is not None else None,
+            static_scale=scaler.static_scale,
+            follows=scaler.autocast_enabled is None or scaler.autocast_enabled == "off",
+            models=tuple(sorted(scaler.model_names)),
+        )
+        for scaler in model.scalers
+        if scaler.initialize is not None and scaler.klass is None
+    )

@@ -1,0 +1,219 @@
+"""The Apex amp setup of a module, judged as a whole: migrated completely, or not at all.
+
+``amp.initialize`` is only half of a setup: ``amp.scale_loss``, ``amp.master_params`` and
+``amp.state_dict`` depend on it. Once ``initialize`` is gone, an Apex call left behind
+crashes or trains differently (clipping scaled gradients, an unscaled backward). So after
+the rules have planned their edits, ``run_rules`` asks this module whether any use of the
+amp module is left over while another was rewritten; if so the module is planned again
+with its amp setup *frozen*: the amp rules plan nothing, the Apex import stays, and each
+``amp.initialize`` carries a finding (AMP025) that says why. Project mode freezes a whole
+group of modules the same way (``ModuleFacts.frozen``).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+import libcst as cst
+
+from migrate.rules._bindings import Binding
+from migrate.rules._context import ModuleContext, dotted_name
+
+# the rules that migrate the amp setup (the others, e.g. FusedAdam, run even when frozen)
+AMP_SETUP_RULES = frozenset(
+    {"amp_initialize", "amp_scale_loss", "amp_master_params", "amp_state_dict", "amp_disable_casts"}
+)
+
+# amp functions called on a name that no Apex import binds: the amp module came from a
+# place this module cannot see (a parameter, a star import, `%run`). state_dict and
+# initialize are common method names, so they count only on names that say amp.
+_DISTINCT_APIS = frozenset({"scale_loss", "master_params"})
+_AMP_APIS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"})
+
+
+def amp_references(ctx: ModuleContext) -> Iterator[cst.Name]:
+    """Every Name that stands for the apex.amp module (or a function from it) in code."""
+    for node in ctx.nodes_of(cst.Name):
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
+            isinstance(parent, cst.Attribute) and parent.attr is node
+        ):
+            continue
+        binding = ctx.resolve(node.value, node)
+        if binding is None or not _is_amp(binding, node, ctx):
+            continue
+        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):
+            continue
+        if _is_fallback(ctx, node):
+            continue
+        yield node
+
+
+def _is_amp(binding: Binding, node: cst.Name, ctx: ModuleContext) -> bool:
+    if binding.kind in ("amp", "amp_function"):
+        return True
+    if binding.kind == "apex":  # `import apex` used as apex.amp.X
+        parent = ctx.parent(node)
+        return isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value == "amp"
+    return False
+
+
+def _is_fallback(ctx: ModuleContext, name: cst.Name) -> bool:
+    """``amp = None`` / ``del amp`` in an except clause: not a use of the module."""
+    parent = ctx.parent(name)
+    if isinstance(parent, cst.Element):
+        parent = ctx.parent(ctx.parent(parent) or parent)
+    if isinstance(parent, (cst.AssignTarget, cst.Del)):
+        return any(isinstance(a, cst.ExceptHandler) for a in ctx.ancestors(name))
+    return False
+
+
+def unsupported_shapes(ctx: ModuleContext) -> str | None:
+    """Report amp code whose rewrite would be wrong in its place; the reason to freeze, if any.
+
+    ``amp.initialize`` in a ``match`` case: each case would need its own scaler on every
+    path. ``amp.master_params`` in a lambda: ``scaler.unscale_`` must run before each call,
+    and a lambda has no statement to put it in.
+    """
+    reason = None
+    for use in ctx.amp.calls:
+        ancestors = list(ctx.ancestors(use.call))
+        if use.api == "initialize" and any(isinstance(a, cst.MatchCase) for a in ancestors):
+            ctx.report("AMP010", use.call, "amp.initialize inside a match/case: migrate it by hand")
+        elif use.api == "master_params" and any(isinstance(a, cst.Lambda) for a in ancestors):
+            ctx.report(
+                "AMP022",
+                use.call,
+                "amp.master_params inside a lambda: scaler.unscale_(optimizer) must run before each call; "
+                "make the lambda a def and run ampmigrate again",
+            )
+        else:
+            continue
+        reason = reason or f"amp.{use.api} at line {ctx.position(use.call)[0]} cannot be migrated in its place"
+    return reason
+
+
+def leftovers(ctx: ModuleContext) -> list[cst.Name]:
+    """Uses of the amp module that the plan does not rewrite away.
+
+    "Is Apex installed?" checks (``assert amp is not None``) are not counted: they keep
+    working beside torch.amp and change nothing in training.
+    """
+    return [name for name in amp_references(ctx) if name not in ctx.consumed and not _checks_presence(ctx, name)]
+
+
+def _checks_presence(ctx: ModuleContext, name: cst.Name) -> bool:
+    """``amp is None`` / ``amp is not None`` / ``not amp`` / ``if amp:`` / ``assert amp``."""
+    node: cst.CSTNode = name
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.Comparison) and len(parent.comparisons) == 1:
+        target = parent.comparisons[0]
+        if isinstance(target.operator, (cst.Is, cst.IsNot)) and isinstance(target.comparator, cst.Name):
+            if target.comparator.value == "None":
+                return True
+    while isinstance(parent, (cst.UnaryOperation, cst.BooleanOperation)):
+        node, parent = parent, ctx.parent(parent)
+    return isinstance(parent, (cst.If, cst.While, cst.Assert, cst.IfExp)) and getattr(parent, "test", None) is node
+
+
+def migrated_any(ctx: ModuleContext) -> bool:
+    """Whether the plan rewrites some use of the amp module."""
+    return any(name in ctx.consumed for name in amp_references(ctx))
+
+
+def why_left(ctx: ModuleContext, names: list[cst.Name]) -> str:
+    """A phrase naming the first use that could not be migrated, for AMP025."""
+    first = min(names, key=lambda name: ctx.position(name))
+    line = ctx.position(first)[0]
+    parent = ctx.parent(first)
+    if isinstance(parent, cst.Attribute) and parent.value is first:
+        call = ctx.parent(parent)
+        if isinstance(call, cst.Call) and call.func is parent:
+            return f"amp.{parent.attr.value} at line {line} could not be migrated (see its finding)"
+        return f"amp.{parent.attr.value} at line {line} has no native equivalent (see its finding)"
+    return f"the amp module is stored or passed as a value at line {line} (see its finding)"
+
+
+def report_frozen(ctx: ModuleContext, reason: str) -> None:
+    """AMP025 at each ``amp.initialize`` (or, without one, at the first amp use)."""
+    anchors: list[cst.CSTNode] = []
+    for name in amp_references(ctx):
+        parent = ctx.parent(name)
+        call = ctx.parent(parent) if isinstance(parent, cst.Attribute) else parent
+        api = ctx.amp_api(call.func) if isinstance(call, cst.Call) else None
+        if api is not None and api[0] == "initialize" and call is not None:
+            anchors.append(call)
+    if not anchors:
+        anchors.extend(sorted(amp_references(ctx), key=ctx.position)[:1])
+    for anchor in anchors:
+        ctx.report("AMP025", anchor, f"the Apex amp setup was left exactly as it was: {reason}")
+
+
+def report_unseen_amp(ctx: ModuleContext) -> int:
+    """AMP026 for amp functions called on names no Apex import binds here; returns how many."""
+    count = 0
+    imported: set[str] | None = None
+    for call in ctx.nodes_of(cst.Call):
+        func = call.func
+        if not isinstance(func, cst.Attribute):
+            continue
+        if isinstance(func.value, cst.Attribute) and "amp" in func.value.attr.value.lower():
+            # `self.amp.scale_loss(...)`: the module stored on an object
+            name = dotted_name(func.value) or func.value.attr.value
+        elif isinstance(func.value, cst.Name):
+            name = func.value.value
+        else:
+            continue
+        api = func.attr.value
+        if api not in _AMP_APIS or (api not in _DISTINCT_APIS and "amp" not in name.lower()):
+            continue
+        if ctx.amp_api(func) is not None or name in ("self", "cls"):
+            continue
+        if imported is None:
+            imported = _imported_names(ctx.source)
+        if name in imported:
+            continue  # another library's amp (mxnet.contrib.amp, ...)
+        count += 1
+        ctx.report(
+            "AMP026",
+            call,
+            f"`{name}.{api}(...)`: `{name}` looks like the Apex amp module, but no Apex import binds it "
+            "here (stored on an object, passed as a parameter, brought by a star import or a notebook's %run): "
+            "left as it was",
+        )
+    return count
+
+
+def _imported_names(source: str) -> set[str]:
+    """Names any import statement of the module binds (rarely needed, so parsed lazily)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names.add(alias.asname or alias.name.split(".")[0])
+    return names
+
+
+def bind_project_amp(ctx: ModuleContext, names: tuple[tuple[str, int], ...]) -> None:
+    """Bind names that project imports bring in as apex.amp (``from common import *``)."""
+    if not names:
+        return
+    by_line: dict[int, cst.ImportFrom] = {}
+    for line_node in ctx.module.body:
+        if isinstance(line_node, cst.SimpleStatementLine):
+            for small in line_node.body:
+                if isinstance(small, cst.ImportFrom):
+                    by_line.setdefault(ctx.position(small)[0], small)
+    for name, line in names:
+        found = by_line.get(line)
+        if found is None:
+            continue
+        alias = None
+        if not isinstance(found.names, cst.ImportStar):
+            alias = next((a for a in found.names if (a.evaluated_alias or a.evaluated_name) == name), None)
+        ctx.bind(name, Binding("amp", "apex.amp", alias or cst.ImportAlias(cst.Name(name)), found))

@@ -1,0 +1,144 @@
+"""Project mode: multi-file fixtures and the project index.
+
+Each folder ``fixtures/project/<case>/`` holds an input tree ``in/`` and, where the tool
+changes something, the expected tree ``out/`` (a file missing from ``out/`` must stay
+as it was), plus ``findings.txt``: one ``path:line:col: CODE`` line per finding, paths
+relative to the tree. The whole tree is migrated in one run, as ``ampmigrate in/ --write``
+would; then a second run must change nothing. ``pytest --update-fixtures`` rewrites
+``out/`` and ``findings.txt`` from the tool's output.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from migrate.config import Config
+from migrate.project import amp_groups, build_index, module_facts
+from migrate.runner import Status, run
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "project"
+CASES = sorted(path for path in FIXTURES.iterdir() if (path / "in").is_dir())
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {
+        path.relative_to(root).as_posix(): path.read_text(encoding="utf-8")
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def _migrate_tree(root: Path) -> list:
+    return run([root], Config(write=True, jobs=1))
+
+
+def _findings(results: list, root: Path) -> str:
+    lines = []
+    for result in results:
+        relative = Path(result.path).resolve().relative_to(root.resolve()).as_posix()
+        for diagnostic in result.diagnostics:
+            lines.append(f"{relative}:{diagnostic.line}:{diagnostic.column}: {diagnostic.code}")
+        if result.status is Status.FAILED:
+            lines.append(f"{relative}: failed: {result.error}")
+    return "".join(f"{line}\n" for line in lines)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_project_fixture(case: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    root = tmp_path / "tree"
+    shutil.copytree(case / "in", root)
+    results = _migrate_tree(root)
+    found = _findings(results, root)
+    original, migrated = _tree(case / "in"), _tree(root)
+    changed = {path: text for path, text in migrated.items() if original.get(path) != text}
+
+    if request.config.getoption("--update-fixtures"):
+        shutil.rmtree(case / "out", ignore_errors=True)
+        for path, text in changed.items():
+            target = case / "out" / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        (case / "findings.txt").write_text(found, encoding="utf-8")
+
+    expected = _tree(case / "out") if (case / "out").is_dir() else {}
+    assert changed == expected
+    assert found == (case / "findings.txt").read_text(encoding="utf-8")
+    for path, text in migrated.items():
+        if path.endswith(".py"):
+            compile(text, path, "exec")
+
+    again = _migrate_tree(root)
+    assert _tree(root) == migrated, "a second run must change nothing"
+    assert all(result.status is not Status.CHANGED for result in again)
+
+
+def test_every_case_has_findings_file() -> None:
+    for case in CASES:
+        assert (case / "findings.txt").is_file(), case
+
+
+def _index(tmp_path: Path, files: dict[str, str]):
+    sources = {}
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        sources[str(path)] = text
+    return build_index(sources)
+
+
+def test_modules_linked_by_imports_form_one_group(tmp_path: Path) -> None:
+    index = _index(
+        tmp_path,
+        {
+            "main.py": "from apex import amp\nfrom trainer import train\n",
+            "trainer.py": "from apex import amp\ndef train(): amp.scale_loss\n",
+            "other.py": "from apex import amp\n",
+        },
+    )
+    groups = sorted(len(group.paths) for group in amp_groups(index))
+    assert groups == [1, 2]
+
+
+def test_star_import_of_a_module_that_imports_amp_binds_amp(tmp_path: Path) -> None:
+    index = _index(
+        tmp_path,
+        {
+            "common.py": "try:\n    from apex import amp\nexcept ImportError:\n    pass\n",
+            "train.py": "from common import *\n",
+        },
+    )
+    facts = module_facts(index)
+    assert facts[str(tmp_path / "train.py")].amp_from == (("amp", 1),)
+    assert facts[str(tmp_path / "common.py")].exported == frozenset({"*"})
+
+
+def test_relative_import_inside_a_package_resolves_to_the_nearest_module(tmp_path: Path) -> None:
+    index = _index(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .loop import fit\n",
+            "pkg/loop.py": "from apex import amp\ndef fit(): pass\n",
+            "other/loop.py": "from apex import amp\n",
+        },
+    )
+    summary = index.modules[str(tmp_path / "pkg" / "__init__.py")]
+    assert [target for _, target in index.imported(summary)] == [str(tmp_path / "pkg" / "loop.py")]
+
+
+def test_amp_function_called_on_a_parameter_or_an_unbound_name_is_noticed(tmp_path: Path) -> None:
+    index = _index(
+        tmp_path,
+        {
+            "tracker.py": "def track(amp):\n    return amp.state_dict()\n",
+            "nb.py": "model, opt = amp.initialize(model, opt)\n",
+            "unrelated.py": "def save(model):\n    return model.state_dict()\n",
+        },
+    )
+    modules = index.modules
+    assert [use.api for use in modules[str(tmp_path / "tracker.py")].parameter_uses] == ["state_dict"]
+    assert [use.api for use in modules[str(tmp_path / "nb.py")].unbound_uses] == ["initialize"]
+    assert not modules[str(tmp_path / "unrelated.py")].uses_amp
