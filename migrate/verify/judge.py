@@ -34,6 +34,11 @@ NAMES = {
     "update_norm": "update norm",
     "loss": "loss",
     "param_norm": "parameter norm",
+    "scale": "loss scale",
+    "precision": "precision",
+    "skip": "skipped steps",
+    "order": "order of the optimizer steps",
+    "steps": "number of steps",
 }
 SHORT = {"grad_norm": "grad", "update_norm": "update", "loss": "loss", "param_norm": "param"}
 

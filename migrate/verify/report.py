@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from migrate.verify.judge import NAMES, QUANTITIES, SHORT, UNSCALED, Cell, StepComparison, _fmt_scale
+from migrate.verify.judge import NAMES, QUANTITIES, SHORT, UNSCALED, Cell, Finding, StepComparison, _fmt_scale
 from migrate.verify.records import RunRecord, Step
 
 if TYPE_CHECKING:
@@ -69,17 +69,17 @@ def _cell(cell: Cell | None) -> str:
     return f"{diff} ({cell.tol:.0e}){mark}"
 
 
-def _table(comparisons: list[StepComparison], original: RunRecord, migrated: RunRecord) -> list[str]:
+def _table(comparisons: list[StepComparison], original: RunRecord, migrated: RunRecord, requested: int) -> list[str]:
     header = [
         "step",
         "opt",
-        "loss original",
-        "loss migrated",
-        "scale original",
-        "scale migrated",
+        "orig loss",
+        "migr loss",
+        "orig scale",
+        "migr scale",
         "rule",
-        "original",
-        "migrated",
+        "orig",
+        "migr",
         *(f"{SHORT[q]} diff (tol)" for q in QUANTITIES),
         "",
     ]
@@ -109,8 +109,8 @@ def _table(comparisons: list[StepComparison], original: RunRecord, migrated: Run
                 flag,
             ]
         )
-    # Steps only one run recorded.
-    for position in range(len(comparisons), max(len(original.steps), len(migrated.steps))):
+    # Steps (up to --steps) only one run recorded.
+    for position in range(len(comparisons), min(requested, max(len(original.steps), len(migrated.steps)))):
         left = original.steps[position] if position < len(original.steps) else None
         right = migrated.steps[position] if position < len(migrated.steps) else None
         step = left or right
@@ -142,29 +142,42 @@ def _table(comparisons: list[StepComparison], original: RunRecord, migrated: Run
     return out
 
 
-def _run_line(role: str, path: str, how: str, run: RunRecord | None, requested: int) -> str:
+def _run_line(role: str, path: str, how: str, run: RunRecord | None, requested: int, compared: int) -> str:
     if run is None:
-        return f"{role}: {path} ({how}): not run"
+        return f"{role}: {path}, {how}: not run"
+    recorded = len(run.steps)
     stopped = run.stopped
-    if run.summary.get("stopped") in ("end", "exit") and len(run.steps) < requested:
+    if run.summary.get("stopped") in ("end", "exit") and recorded < requested:
         stopped += f" before --steps {requested}"
     elif run.summary.get("stopped") == "limit":
-        stopped = f"stopped at --steps {requested}"
-    return f"{role}: {path} ({how}): {len(run.steps)} optimizer steps, {stopped}"
+        stopped = f"stopped at {'--steps ' if recorded == requested else ''}{recorded}"
+    text = f"{role}: {path}, {how}: {recorded} optimizer steps ({stopped})"
+    if recorded > compared:
+        text += f"; {compared} compared, all {recorded} calibrate the tolerances"
+    return text
 
 
 def format_report(result: VerifyResult) -> str:
     """The report printed by ``ampmigrate verify``."""
     lines = [headline(result)]
     if result.verdict == "diverge":
-        lines += [f"  also: {finding.text()}" for finding in result.findings[1 : 1 + MORE_FINDINGS]]
-        if len(result.findings) > 1 + MORE_FINDINGS:
-            lines.append(f"  ... and {len(result.findings) - 1 - MORE_FINDINGS} more")
+        groups = grouped_findings(result.findings)
+        first = groups[0]
+        if len(first[1]) > 1:
+            lines.append(f"  the same at step(s) {_steps_text(first[1][1:])}")
+        for finding, steps in groups[1 : 1 + MORE_FINDINGS]:
+            where = f" (and at step(s) {_steps_text(steps[1:])})" if len(steps) > 1 else ""
+            lines.append(f"  also: {finding.text()}{where}")
+        if len(groups) > 1 + MORE_FINDINGS:
+            lines.append(f"  ... and {len(groups) - 1 - MORE_FINDINGS} more kinds of difference")
     lines.append("")
-    original_path = result.original_path + (f" (entry {result.entry})" if result.entry else "")
-    migrated_path = result.migrated_path + (f" (entry {result.entry})" if result.entry else "")
-    lines.append(_run_line("original", original_path, "under the Apex shim", result.original, result.requested_steps))
-    lines.append(_run_line("migrated", migrated_path, "native torch.amp", result.migrated, result.requested_steps))
+    entry = f", entry {result.entry}" if result.entry else ""
+    compared = len(result.comparisons)
+    for role, path, how, run in (
+        ("original", result.original_path, "under the Apex shim", result.original),
+        ("migrated", result.migrated_path, "native torch.amp", result.migrated),
+    ):
+        lines.append(_run_line(role, path + entry, how, run, result.requested_steps, compared))
     meta = (result.original.meta if result.original else {}) or (result.migrated.meta if result.migrated else {})
     if meta.get("cuda_on_cpu"):
         lines.append(f"device: CPU. {CPU_NOTE}")
@@ -177,25 +190,24 @@ def format_report(result: VerifyResult) -> str:
                 lines += [f"--- {run.label} script failed (exit {run.returncode}); its stderr:", tail]
         return "\n".join(lines)
     assert result.original is not None and result.migrated is not None
+    skipped = sorted(step for step in result.original.skipped if step < result.requested_steps)
     if result.planted:
         lines.append(
             f"overflows: planted at step(s) {_steps_text(result.planted)} of the original (an inf in one "
             f"gradient; a static or disabled scale skips the step instead); the original skipped "
-            f"{_steps_text(sorted(result.original.skipped))}, and the migration was given an overflow at "
+            f"{_steps_text(skipped)}, and the migration was given an overflow at "
             "each of those steps (SKIP* in the table)"
         )
     elif result.overflow:
         lines.append("overflows: none planted (the run is too short)")
     else:
-        lines.append(
-            f"overflows: none planted (--no-overflow); the original skipped {_steps_text(sorted(result.original.skipped))}"
-        )
+        lines.append(f"overflows: none planted (--no-overflow); the original skipped {_steps_text(skipped)}")
     if result.growth_interval:
         lines.append(
             f"growth: both scalers grow after {result.growth_interval} clean iterations instead of 2000, "
             "so that growth happens in a short run"
         )
-    lines += ["", *_table(result.comparisons, result.original, result.migrated)]
+    lines += ["", *_table(result.comparisons, result.original, result.migrated, result.requested_steps)]
     lines.append(
         "loss: the losses scaled since the previous step, summed (micro-batches included); scale: the "
         "loss scale each loss was scaled by; rule: what GradScaler's rule gives, from the original's "
@@ -224,9 +236,26 @@ def format_report(result: VerifyResult) -> str:
             "GradScaler's rule, and every step's numbers are within the calibrated noise"
         )
     else:
-        lines.append(f"verdict: DIVERGE (exit 1): {len(result.findings)} finding(s):")
-        lines += [f"  - {finding.text()}" for finding in result.findings]
+        first = result.findings[0]
+        where = f"step {first.step}" if first.step is not None else "the whole run"
+        what = NAMES.get(first.quantity or "", first.quantity or first.kind)
+        lines.append(
+            f"verdict: DIVERGE (exit 1): first difference at {where}, in the {what}; "
+            f"{len(result.findings)} finding(s) in all"
+        )
     return "\n".join(lines)
+
+
+def grouped_findings(findings: list[Finding]) -> list[tuple[Finding, list[int]]]:
+    """Findings of the same kind, quantity and cause, in order of first appearance, with their steps."""
+    groups: dict[tuple[str, str | None, str], tuple[Finding, list[int]]] = {}
+    for finding in findings:
+        key = (finding.kind, finding.quantity, finding.hint if finding.kind != "numeric" else finding.hint[:40])
+        if key not in groups:
+            groups[key] = (finding, [])
+        if finding.step is not None:
+            groups[key][1].append(finding.step)
+    return list(groups.values())
 
 
 def _json_number(value: float | None) -> float | str | None:
