@@ -162,9 +162,9 @@ def format_report(result: VerifyResult) -> str:
     lines = [headline(result)]
     if result.verdict == "diverge":
         groups = grouped_findings(result.findings)
-        first = groups[0]
-        if len(first[1]) > 1:
-            lines.append(f"  the same at step(s) {_steps_text(first[1][1:])}")
+        first_steps = groups[0][1]
+        if len(first_steps) > 1:
+            lines.append(f"  the same at step(s) {_steps_text(first_steps[1:])}")
         for finding, steps in groups[1 : 1 + MORE_FINDINGS]:
             where = f" (and at step(s) {_steps_text(steps[1:])})" if len(steps) > 1 else ""
             lines.append(f"  also: {finding.text()}{where}")
@@ -238,7 +238,7 @@ def format_report(result: VerifyResult) -> str:
     else:
         first = result.findings[0]
         where = f"step {first.step}" if first.step is not None else "the whole run"
-        what = NAMES.get(first.quantity or "", first.quantity or first.kind)
+        what = NAMES.get(first.quantity or first.kind, first.quantity or first.kind)
         lines.append(
             f"verdict: DIVERGE (exit 1): first difference at {where}, in the {what}; "
             f"{len(result.findings)} finding(s) in all"
