@@ -301,7 +301,7 @@ class _BarTicks:
 @click.option(
     "--overflow-at",
     metavar="STEPS",
-    help="Comma-separated steps to plant the overflows at (default: a quarter and half way).",
+    help="Comma-separated steps to plant the overflows at (default: 1, 4, 11, then every 15th).",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for torch, random and numpy in both runs.")
 @click.option("--json", "json_output", is_flag=True, help="Print the result as JSON (for CI).")

@@ -474,13 +474,15 @@ def judge(
             natural = right.skip == "overflow" and not right.injected
             if natural and scale_ok and rule.kind == "dynamic":
                 # Legitimate: the same scale as GradScaler's rule gives, and the grads of this
-                # migration overflowed where the original's did not. The runs part here.
-                realign.append(position)
-                if not realign_allowed:
+                # migration overflowed where the original's did not. The runs part here; a
+                # re-run re-aligns them, unless the runs already diverged.
+                if findings or not realign_allowed:
                     notes.append(
                         f"the migration overflowed at step {position} (loss scale {_fmt_scale(right.scales[0])}, "
                         "GradScaler's rule) where the original did not: steps after it are not compared"
                     )
+                else:
+                    realign.append(position)
                 comparison.flags.append("realign")
                 judged_until = position
                 break

@@ -39,10 +39,22 @@ EXIT_MATCH, EXIT_DIVERGE, EXIT_ERROR = 0, 1, 2
 _SKIP_DIRS = {".git", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", "node_modules", ".tox"}
 
 
+#: Where overflows are planted: early (1 and 4: steps of both parities, so that with two
+#: optimizers each gets one), then at 11 and every 15 steps. Never step 0, often a natural
+#: overflow already. The schedule does not depend on --steps, so a short verify and a longer one
+#: of the same original share its runs.
+FIRST_OVERFLOWS = (1, 4, 11)
+OVERFLOW_PERIOD = 15
+
+
 def default_overflow_steps(steps: int) -> list[int]:
-    """Where overflows are planted: a quarter and half way (two steps of different parity, so
-    that with two optimizers each gets one), never step 0 (often a natural overflow)."""
-    return sorted({max(1, steps // 4), max(2, steps // 2)} & set(range(1, steps)))
+    """The steps below ``steps`` at which overflows are planted by default."""
+    planted = [step for step in FIRST_OVERFLOWS if step < steps]
+    step = FIRST_OVERFLOWS[-1] + OVERFLOW_PERIOD
+    while step < steps:
+        planted.append(step)
+        step += OVERFLOW_PERIOD
+    return planted
 
 
 @dataclass
@@ -299,13 +311,13 @@ class Session:
             raise ValueError("steps must be at least 1")
         began = time.perf_counter()
         left, right, entry = resolve(original, migrated, entry)
-        planted = sorted(set(overflow_at)) if overflow_at is not None else default_overflow_steps(steps)
-        if not overflow:
-            planted = []
         settings = _Settings(steps, device, tuple(script_args), seed, timeout, GROWTH_INTERVAL if overflow else None)
         # The original and its calibration run longer than compared when the verify is short:
         # the tolerances come from their noise, and a few steps of it are not enough.
         reference = dataclasses.replace(settings, steps=max(steps, MIN_CALIBRATION_STEPS))
+        planted = sorted(set(overflow_at)) if overflow_at is not None else default_overflow_steps(reference.steps)
+        if not overflow:
+            planted = []
         result = VerifyResult(
             "error",
             None,
@@ -318,7 +330,7 @@ class Session:
             seed=seed,
             device=device,
             overflow=overflow,
-            planted=planted,
+            planted=[step for step in planted if step < steps],
             growth_interval=settings.growth_interval,
         )
         launcher_started = time.perf_counter()
@@ -441,7 +453,7 @@ def compare(
     (a path inside each; found on its own when the original has one top-level script with a
     ``__main__`` block). ``device`` is ``auto`` (CUDA when present, else CUDA mapped to the CPU
     in float16), ``cpu`` (mapped even on a GPU machine) or ``cuda`` (a GPU is required).
-    ``overflow`` plants an overflow at ``overflow_at`` (default: a quarter and half way) and
+    ``overflow`` plants an overflow at ``overflow_at`` (default: steps 1, 4, 11, then every 15th) and
     shortens the scalers' growth window, so that skipping, back-off and growth are compared.
     A single script runs in an empty scratch folder (give absolute paths in ``script_args``);
     a project runs in a scratch copy of its folder. Pass a ``Session`` to share one torch import
