@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -66,8 +67,9 @@ def main() -> int:
             result = session.compare(original, migrated, steps=options.steps, seed=index + 1)
             for phase in PHASES:
                 warm[phase].append(result.timings[phase])
-    cli = []
+    cli, cpu = [], []
     for _ in range(options.repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-m", "migrate", "verify", str(original), str(migrated), "--steps", str(options.steps)],
@@ -77,6 +79,8 @@ def main() -> int:
             check=False,
         )
         cli.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         assert done.returncode == 0, done.stdout + done.stderr
 
     width = max(len(label) for label in LABELS.values())
@@ -84,6 +88,9 @@ def main() -> int:
     for phase in PHASES:
         print(f"{LABELS[phase]:<{width}}  {min(cold[phase]):>9.2f}  {min(warm[phase]):>9.2f}")
     print(f"{'ampmigrate verify (whole command)':<{width}}  {min(cli):>9.2f}  (median {statistics.median(cli):.2f})")
+    print(f"{'  CPU time of all its processes':<{width}}  {min(cpu):>9.2f}  (median {statistics.median(cpu):.2f})")
+    load = os.getloadavg()[0]
+    print(f"load average during the run: {load:.1f} (wall times grow with it; CPU time much less)")
     return 0
 
 
