@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.abc
+import importlib.util
 import json
 import math
 import os
@@ -477,6 +479,35 @@ def _force_fp32(recorder: Recorder, apex: bool) -> None:
     amp.init = casting.init = init_disabled  # type: ignore[assignment]
 
 
+#: Apex packages removed upstream in May 2025 (NVIDIA/apex PR #1896): a migration must not need them.
+REMOVED_FROM_APEX = ("apex.amp", "apex.fp16_utils", "apex.parallel", "apex.RNN")
+
+
+class _CurrentApex(importlib.abc.MetaPathFinder):
+    """Ahead of the shim's finder: the packages a current Apex no longer ships do not import."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if any(fullname == name or fullname.startswith(name + ".") for name in REMOVED_FROM_APEX):
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r}: removed from Apex in May 2025, so a migration cannot use it",
+                name=fullname,
+            )
+        return None
+
+
+def _provide_current_apex() -> bool:
+    """For a migration that still uses what Apex ships today (FusedLAMB, FusedLayerNorm, ...)
+    on a machine without Apex: the shim's modules stand in, all but the removed packages.
+    Whether they were installed."""
+    if importlib.util.find_spec("apex") is not None:
+        return False
+    from migrate.shim import install
+
+    install()
+    sys.meta_path.insert(0, _CurrentApex())
+    return True
+
+
 def _seed(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
@@ -529,6 +560,7 @@ def main(argv: list[str]) -> int:
         print("ampmigrate verify: --device cuda, but CUDA is not available", file=sys.stderr)
         return 2
     cuda_on_cpu = prepare(apex=options.apex, cuda_on_cpu=mapping)
+    current_apex = False if options.apex else _provide_current_apex()
     for folder in reversed(options.path):
         sys.path.insert(0, folder)
     plan = Plan(
@@ -550,6 +582,7 @@ def main(argv: list[str]) -> int:
                 "cuda_on_cpu": cuda_on_cpu,
                 "torch": torch.__version__,
                 "cuda": torch.cuda.is_available() and not cuda_on_cpu,
+                "shim_for_current_apex": current_apex,
             }
         )
         _hook_optimizers(recorder)
