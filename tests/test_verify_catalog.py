@@ -129,6 +129,28 @@ def test_a_planted_overflow_makes_gradscaler_skip_and_back_off(session: verify.S
     assert run.scalers[0]["window"] == 4 and run.scalers[0]["configured_window"] == 2000
 
 
+def test_an_optimizer_that_unscales_in_its_step_is_recorded_once_and_unscaled(
+    session: verify.Session, tmp_path: Path
+) -> None:
+    """Fused AdamW gets scaled grads from GradScaler and skips on its own found_inf."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "fused").mkdir()
+    adamw = ACCUMULATING.replace("torch.optim.SGD(model.parameters(), lr=0.1)", "torch.optim.AdamW(model.parameters())")
+    plain = run_one(session, tmp_path / "plain", adamw, "--replay", "1:overflow")
+    fused = run_one(
+        session,
+        tmp_path / "fused",
+        adamw.replace("model.parameters())", "model.parameters(), fused=True)"),
+        "--replay",
+        "1:overflow",
+    )
+    assert not fused.failed, fused.stderr
+    assert [(s.taken, s.skip) for s in fused.steps] == [(True, None), (False, "overflow"), (True, None)]
+    for left, right in zip(plain.steps, fused.steps):
+        assert left.grad_norm == pytest.approx(right.grad_norm, rel=1e-6) if left.taken else right.grad_norm is None
+        assert left.param_norm == pytest.approx(right.param_norm, rel=1e-5)
+
+
 def test_a_forced_skip_skips_without_a_scaler(session: verify.Session, tmp_path: Path) -> None:
     plain = ACCUMULATING.replace("init_scale=1024.0", "enabled=False")
     run = run_one(session, tmp_path, plain, "--replay", "1:forced")

@@ -307,12 +307,21 @@ def _hook_optimizers(recorder: Recorder) -> None:
                 return None
             params = _params(optimizer)
             grad_norm = _norm(param.grad for param in params if param.grad is not None)
+            # An optimizer that unscales inside its step (fused AdamW under GradScaler) is
+            # handed scaled grads, with the scale and the inf check as attributes.
+            grad_scale = getattr(optimizer, "grad_scale", None)
+            if isinstance(grad_scale, torch.Tensor):
+                grad_norm /= float(grad_scale)
+            found_inf = getattr(optimizer, "found_inf", None)
             before = [param.detach().clone() for param in params]
             recorder.depth += 1
             try:
                 result = wrapped(optimizer, *args, **kwargs)
             finally:
                 recorder.depth -= 1
+            if isinstance(found_inf, torch.Tensor) and float(found_inf):
+                recorder.note_step(optimizer, taken=False, skip="overflow")
+                return result
             update = _norm(param.detach() - old for param, old in zip(params, before))
             recorder.note_step(optimizer, taken=True, grad_norm=grad_norm, update_norm=update)
             return result
@@ -362,8 +371,10 @@ def _hook_native(recorder: Recorder) -> None:
         return original_unscale(self, optimizer)
 
     def step(self: GradScaler, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        recorded = recorder.steps
         result = original_step(self, optimizer, *args, **kwargs)
-        if self.is_enabled():
+        if self.is_enabled() and recorder.steps == recorded:
+            # Skipped: GradScaler did not call the optimizer's step.
             state = self._per_optimizer_states[id(optimizer)]
             found_inf = sum(float(v) for v in state["found_inf_per_device"].values())
             if state["stage"] is OptState.STEPPED and found_inf:
@@ -374,6 +385,15 @@ def _hook_native(recorder: Recorder) -> None:
     GradScaler.scale = scale  # type: ignore[method-assign,assignment]
     GradScaler.unscale_ = unscale_  # type: ignore[method-assign]
     GradScaler.step = step  # type: ignore[method-assign]
+    original_check = getattr(GradScaler, "_check_inf_per_device", None)
+    if original_check is not None:
+        # The inf check of optimizers that unscale inside their step (fused AdamW): where
+        # GradScaler looks at their grads instead of unscale_.
+        def check_inf_per_device(self: GradScaler, optimizer: Any) -> Any:
+            recorder.at_check(param.grad for param in _params(optimizer))
+            return original_check(self, optimizer)
+
+        GradScaler._check_inf_per_device = check_inf_per_device  # type: ignore[method-assign]
 
     original_backward = torch.Tensor.backward
 
