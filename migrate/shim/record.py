@@ -30,7 +30,12 @@ Overflows, so that loss scaling is exercised and compared, not just present:
 ``--growth-interval W`` replaces the default growth window (2000) of Apex's scalers and of
 ``GradScaler`` by W, so that growth happens within a short run too. ``--fp32`` runs the script
 in float32 for calibration: autocast disabled, ``.half()`` a no-op, and under the shim every
-``amp.initialize`` forced to O0; loss scaling, and so skipped steps, stay as they were.
+``amp.initialize`` forced to O0 (with ``--force-skip`` for the steps the mixed run skipped); a
+native script keeps its GradScaler and gets the same ``--replay`` as its mixed run.
+
+A native run on a machine without Apex gets the shim's stand-ins for what current Apex still
+ships (``apex.optimizers``, ``apex.normalization``, ...), while ``apex.amp``, ``apex.fp16_utils``
+and ``apex.parallel``, removed upstream, do not import.
 """
 
 from __future__ import annotations

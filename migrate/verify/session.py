@@ -1,8 +1,9 @@
 """Running the original, its migration and the calibration, and putting the result together.
 
 The order matters: the original runs first, with overflows planted at a few steps; then the
-migration, given an overflow at every step the original skipped, runs beside the fp32
-calibration run of the original (which skips the same steps). If the migration overflowed on
+migration, given an overflow at every step the original skipped, runs beside the two fp32
+calibration runs, of the original and of the migration (which skip the same steps). If the
+migration overflowed on
 its own where the original did not, while its scale follows GradScaler's rule (possible with
 several losses or accumulation, where Apex's scales move at another cadence), the runs parted
 legitimately: the original is run again with an overflow at that step too, and so on, a few
