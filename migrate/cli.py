@@ -277,15 +277,15 @@ class _BarTicks:
 
 
 @main.command("verify", context_settings=CONTEXT)
-@click.argument("original", type=click.Path(exists=True, dir_okay=False))
-@click.argument("migrated", type=click.Path(exists=True, dir_okay=False))
+@click.argument("original", type=click.Path(exists=True))
+@click.argument("migrated", type=click.Path(exists=True))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option(
     "--steps",
     type=click.IntRange(min=1),
     default=20,
     show_default=True,
-    help="Training steps to run each script.",
+    help="Optimizer steps to compare.",
 )
 @click.option(
     "--device",
@@ -294,13 +294,61 @@ class _BarTicks:
     show_default=True,
     help="Where to run both scripts (auto: cuda when available).",
 )
-def verify_command(original: str, migrated: str, script_args: Sequence[str], steps: int, device: str) -> None:
+@click.option(
+    "--entry",
+    metavar="SCRIPT",
+    help="With two project folders: the script to run in each (a path inside the folder).",
+)
+@click.option(
+    "--overflow/--no-overflow",
+    default=True,
+    show_default=True,
+    help="Plant overflows in both runs and shorten the scalers' growth window, to compare skips, back-off and growth.",
+)
+@click.option(
+    "--overflow-at",
+    metavar="STEPS",
+    help="Comma-separated steps to plant the overflows at (default: 1, 4, 11, then every 15th).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for torch, random and numpy in both runs.")
+@click.option("--json", "json_output", is_flag=True, help="Print the result as JSON (for CI).")
+def verify_command(
+    original: str,
+    migrated: str,
+    script_args: Sequence[str],
+    steps: int,
+    device: str,
+    entry: str | None,
+    overflow: bool,
+    overflow_at: str | None,
+    seed: int,
+    json_output: bool,
+) -> None:
     """Run ORIGINAL (under the Apex shim) and MIGRATED for a few steps and compare them.
 
-    Arguments after `--` are passed to both scripts. Needs torch.
+    ORIGINAL and MIGRATED are two scripts, or two project folders run through the same
+    --entry script. Arguments after `--` are passed to both scripts. Exit 0: the migration
+    trains like the original; 1: it diverges; 2: a script failed. Needs torch.
     """
     try:
-        from migrate.verify import run_cli  # torch is imported only here
+        at = [int(step) for step in overflow_at.split(",") if step.strip()] if overflow_at else None
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of step numbers", param_hint="--overflow-at") from None
+    try:
+        from migrate.verify import run_cli  # torch is imported only by the runs it starts
     except ImportError as error:
         raise click.UsageError(f"`ampmigrate verify` needs torch: {error}") from None
-    sys.exit(run_cli(original, migrated, steps, device, tuple(script_args)))
+    sys.exit(
+        run_cli(
+            original,
+            migrated,
+            steps,
+            device,
+            tuple(script_args),
+            entry=entry,
+            json_output=json_output,
+            overflow=overflow,
+            overflow_at=at,
+            seed=seed,
+        )
+    )

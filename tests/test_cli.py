@@ -240,6 +240,7 @@ def test_verify_subcommand_delegates_to_run_cli(tmp_path: Path, monkeypatch: pyt
         steps: int,
         device: str,
         script_args: tuple[str, ...],
+        **options: object,
     ) -> int:
         calls.append((original, migrated, steps, device, script_args))
         return 1

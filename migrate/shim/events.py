@@ -20,7 +20,12 @@ def subscribe(listener: Listener) -> None:
 
 
 def emit(event: str, **data: Any) -> None:
-    """Tell every listener about ``event`` (``"scale_loss"``, ``"step_skipped"``)."""
+    """Tell every listener about ``event``.
+
+    The events: ``"scale_loss"`` (loss, scale, loss_id, dynamic: a loss is about to be scaled),
+    ``"check_overflow"`` (scaler, tensors: a ``LossScaler`` is about to check these grads for
+    inf/NaN; a listener may change them in place) and ``"step_skipped"`` (optimizer, loss_id).
+    """
     if _listeners:
         for listener in _listeners:
             listener(event, **data)

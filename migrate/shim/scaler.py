@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
+from migrate.shim import events
+
 
 class LossScaler:
     """Dynamic or static loss scale with Apex's update rule."""
@@ -60,6 +62,8 @@ class LossScaler:
 
     def _check_and_scale(self, tensors: list[torch.Tensor], factor: float) -> None:
         """Multiply ``tensors`` in place by ``factor``, flagging any non-finite element."""
+        # ``ampmigrate verify`` may plant an overflow here, just before the check sees the grads.
+        events.emit("check_overflow", scaler=self, tensors=tensors)
         by_device: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for tensor in tensors:
             by_device.setdefault((tensor.device, tensor.dtype), []).append(tensor)
