@@ -26,6 +26,9 @@ from migrate.engine import migrate_source
 from migrate.verify.launch import RunSpec, Subprocesses, Zygote, base_environment
 from migrate.verify.records import RunRecord
 
+# every test here runs training scripts in subprocesses
+pytestmark = pytest.mark.torch
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures" / "verify"
 PROJECT = FIXTURES / "project" / "original"
