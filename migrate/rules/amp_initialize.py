@@ -395,7 +395,13 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> _Call | None:
     elif isinstance(small, cst.Expr) and small.value is call:
         target = None
     else:
-        ctx.report("AMP010", call)
+        ctx.report(
+            "AMP010",
+            call,
+            "amp.initialize is not a plain assignment the tool can replace (returned, nested in an expression, "
+            "or unpacked into other names): assign its arguments back (`model, optimizer = model, optimizer`) "
+            'and create `scaler = torch.amp.GradScaler("cuda")` where the training loop can reach it',
+        )
         return None
     bound = _arguments(call)
     if bound is None:
@@ -645,7 +651,12 @@ def _join_local_scaler(
         creation = syntax.assign_statement(cst.Name(first.name), syntax.call("torch.amp.GradScaler", args))
         ctx.plan.replace_statement[found.statement] = [*found.replacement(), creation]
     else:
-        ctx.report("AMP010", call, "a second amp.initialize in the same function: it shares the first one's GradScaler")
+        ctx.report(
+            "AMP010",
+            call,
+            "a second amp.initialize in the same function: it shares the first one's GradScaler "
+            '(`scaler`); create another `torch.amp.GradScaler("cuda")` if its optimizer needs its own scale',
+        )
         _drop_call(ctx, found)
 
 
