@@ -168,7 +168,7 @@ class _Calls:
 
     def __init__(self, ctx: ModuleContext) -> None:
         self.ctx = ctx
-        # call -> (kernel name, flag, lists, extra arguments, the amp_C Name, the applier's root Name)
+        # call -> (kernel name, flag, lists, extra arguments, the amp_C Name)
         self.found: dict[cst.Call, tuple[str, cst.BaseExpression, cst.BaseExpression, list[cst.Arg], cst.Name]] = {}
         self.applier_roots: dict[cst.Call, cst.Name] = {}
         if not _amp_c_imports(ctx):
@@ -179,9 +179,9 @@ class _Calls:
                 continue
             kernel_expression: cst.BaseExpression | None = None
             found = ctx.apex_path(call.func)
-            if found is not None and found[0] in _APPLIER and len(args) >= 3:
+            applier = found is not None and found[0] in _APPLIER
+            if applier and len(args) >= 3:
                 kernel_expression, rest = args[0].value, args[1:]
-                self.applier_roots[call] = found[1]
             elif _kernel_of(call.func) is not None and len(args) >= 3:
                 kernel_expression, rest = call.func, args[1:]  # args[0] is the chunk size
             if kernel_expression is None:
@@ -191,6 +191,8 @@ class _Calls:
                 continue
             amp_c = kernel_expression.value  # type: ignore[attr-defined]
             self.found[call] = (kernel, rest[0].value, rest[1].value, rest[2:], amp_c)
+            if applier and found is not None:
+                self.applier_roots[call] = found[1]
 
     def is_flag_argument(self, node: cst.CSTNode) -> bool:
         arg = self.ctx.parent(node)

@@ -368,14 +368,14 @@ def _rewrite_ddp(ctx: ModuleContext, call: cst.Call, path: str, root: cst.Name) 
         ctx.report(
             "AMP042",
             call,
-            f"{path} has no parameter for its {what}: write {TORCH_DDP}(module, broadcast_buffers=False, "
-            "find_unused_parameters=True) with the torch arguments you need",
+            f"{path} has no parameter for its {what}: write `{TORCH_DDP}(module, broadcast_buffers=False, "
+            "find_unused_parameters=True)` with the torch arguments you need",
         )
         return False
     values = {name: syntax.literal(arg.value) for name, arg in bound.items()}
     module_arg = bound.get("module")
     if module_arg is None:
-        ctx.report("AMP042", call, f"{path} without a module: write {TORCH_DDP}(module, broadcast_buffers=False)")
+        ctx.report("AMP042", call, f"{path} without a module: write `{TORCH_DDP}(module, broadcast_buffers=False)`")
         return False
     notes: list[str] = []
     after: list[cst.SimpleStatementLine] = []

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from migrate import verify
 from migrate.engine import migrate_source
 
 pytest.importorskip("torch")
@@ -132,3 +133,16 @@ def test_mixed_precision_runs_train_alike(workdir: Path, optimizer: str) -> None
     assert migrated["loss"] == pytest.approx(original["loss"], rel=MIXED_LOSS_REL_TOL)
     assert migrated["weight_norm"] == pytest.approx(original["weight_norm"], rel=MIXED_NORM_REL_TOL)
     assert migrated["loss"][-1] < 0.5 * migrated["loss"][0], "the migrated script did not train"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="migrate/shim/record.py counts a step that GradScaler skips for a fused optimizer (fused=True AdamW) "
+    "as taken: torch calls the fused step with found_inf instead of not calling it",
+)
+def test_verify_accepts_the_fused_adamw_migration_across_a_skipped_step(tmp_path: Path) -> None:
+    migrated = tmp_path / "train.py"
+    migrated.write_text(migrate_source(SCRIPT.read_text(encoding="utf-8")).source, encoding="utf-8")
+    # the loss scale overflows at step 9 in both runs
+    result = verify.compare(SCRIPT, migrated, steps=12, script_args=["--optimizer", "adam"])
+    assert result.exit_code == 0, result.report()
