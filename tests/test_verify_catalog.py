@@ -220,7 +220,7 @@ def test_a_migration_that_crashes_is_an_error_with_its_traceback(session: verify
 
 
 def tools_migration(name: str, folder: Path) -> Path:
-    """The engine's migration of ``<name>.original.py``, plus the hand step a finding asks for."""
+    """The engine's migration of ``<name>.original.py`` (a hand migration where the tool asks for one)."""
     original = FIXTURES / f"{name}.original.py"
     hand = FIXTURES / f"{name}.hand.py"
     result = migrate_source(original.read_text(encoding="utf-8"))
@@ -229,13 +229,6 @@ def tools_migration(name: str, folder: Path) -> Path:
         assert "FP16_Optimizer" in result.source and any(f.code == "AMP040" for f in result.findings)
         return hand
     source = result.source
-    if "from apex.parallel import DistributedDataParallel" in source:
-        # Apex DDP is reported (AMP040) with the replacement to make by hand; apex.parallel is
-        # gone from current Apex, so the migration cannot run without it.
-        assert any(f.code == "AMP040" for f in result.findings)
-        source = source.replace(
-            "from apex.parallel import DistributedDataParallel", "from torch.nn.parallel import DistributedDataParallel"
-        )
     assert "from apex" not in source and "import apex" not in source
     migrated = folder / f"{name}.migrated.py"
     migrated.write_text(source, encoding="utf-8")
