@@ -2,7 +2,8 @@
 
 ``ampmigrate PATH...`` is the default command (migrate); ``ampmigrate verify`` runs an
 original and a migrated training script side by side. Exit codes: 0 nothing left to
-do, 1 ``--check`` found work, 2 usage error or a file could not be read or parsed.
+do, 1 ``--check`` found work, 2 usage error or a file could not be read or parsed, 130
+interrupted by Ctrl-C (after reporting what was done).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def main() -> None:
     and after migration and compares the two (needs torch).
 
     Exit codes: 0 nothing left to do, 1 --check found work, 2 usage error or a file
-    could not be read or parsed.
+    could not be read or parsed, 130 interrupted (Ctrl-C).
     """
 
 
@@ -157,6 +158,12 @@ def main() -> None:
     default=None,
     help="Skip files .gitignore ignores [default: respect].",
 )
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Neither read nor write the result cache (in $AMPMIGRATE_CACHE_DIR, else $XDG_CACHE_HOME/ampmigrate, "
+    "else the user cache folder).",
+)
 def migrate_command(
     paths: tuple[Path, ...],
     diff: bool | None,
@@ -173,10 +180,11 @@ def migrate_command(
     exclude: tuple[str, ...],
     extend_exclude: tuple[str, ...],
     respect_gitignore: bool | None,
+    no_cache: bool,
 ) -> None:
     """Migrate PATH... (files and folders) from Apex amp to torch.amp."""
     from migrate.report import Report, dumps_json  # keeps --help fast
-    from migrate.runner import run
+    from migrate.runner import execute
 
     try:
         config = build_config(
@@ -198,14 +206,15 @@ def migrate_command(
             exclude=exclude or None,
             extend_exclude=extend_exclude,
             respect_gitignore=respect_gitignore,
+            cache=not no_cache,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from None
     if config.options.select is not None:
         _check_rule_names(config.options.select)
 
-    results = run(list(paths), config, progress=_progress_bar)
-    report = Report(results, config)
+    outcome = execute(list(paths), config, progress=_progress_bar)
+    report = Report(outcome.results, config, outcome.notices, outcome.interrupted)
     if config.output_format is OutputFormat.TEXT:
         for text, to_stderr in report.text_lines(config.color):
             click.echo(
@@ -290,8 +299,18 @@ class _BarTicks:
 def verify_command(original: str, migrated: str, script_args: Sequence[str], steps: int, device: str) -> None:
     """Run ORIGINAL (under the Apex shim) and MIGRATED for a few steps and compare them.
 
-    Arguments after `--` are passed to both scripts. Needs torch.
+    Arguments after `--` are passed to both scripts, which run with your permissions
+    (they are executed, like `python SCRIPT`). Needs torch.
     """
+    import importlib.util
+
+    # Checked here, before anything runs: without torch both scripts would only fail
+    # to import it, and that would read like two broken scripts.
+    if importlib.util.find_spec("torch") is None:
+        raise click.UsageError(
+            "`ampmigrate verify` needs torch, which is not installed in this environment "
+            f"({sys.executable}). Install it with: pip install 'ampmigrate[torch]' (or pip install torch)"
+        )
     try:
         from migrate.verify import run_cli  # torch is imported only here
     except ImportError as error:

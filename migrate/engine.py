@@ -6,6 +6,7 @@ The runner owns files; tests call this directly.
 from __future__ import annotations
 
 import gc
+import warnings
 from dataclasses import dataclass
 
 import libcst as cst
@@ -27,6 +28,10 @@ class SourceSyntaxError(Exception):
         self.column = column
 
 
+class UnsupportedSyntaxError(SourceSyntaxError):
+    """Valid Python (the running interpreter compiles it) that libcst cannot parse."""
+
+
 class InternalError(Exception):
     """The engine produced output that does not compile: a bug in ampmigrate."""
 
@@ -43,11 +48,33 @@ class MigrationResult:
         return any(not finding.fixed for finding in self.findings)
 
 
+def check_syntax(source: str) -> None:
+    """Compile ``source`` with the running Python first; raise SourceSyntaxError if it cannot.
+
+    CPython's parser bounds nesting (200 brackets, 100 indents, a recursion limit) and
+    never crashes, where libcst's native parser can overflow its stack on inputs that
+    deep. It also holds the grammar the output must compile under: syntax newer than
+    this interpreter, or a `return` outside a function, is reported as unparseable here
+    rather than as an internal error after the rewrite.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes and the like: not ours to report
+            compile(source, "<input>", "exec", dont_inherit=True)
+    except SyntaxError as error:
+        raise SourceSyntaxError(error.msg, error.lineno or 1, error.offset or 1) from None
+    except ValueError as error:  # null bytes
+        raise SourceSyntaxError(str(error), 1, 1) from None
+    except (RecursionError, MemoryError):
+        raise SourceSyntaxError("nested too deeply", 1, 1) from None
+
+
 def parse(source: str) -> cst.Module:
+    """libcst's tree of ``source``, which ``check_syntax`` has accepted."""
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as error:
-        raise SourceSyntaxError(error.message, error.raw_line, error.raw_column + 1) from None
+        raise UnsupportedSyntaxError(error.message, error.raw_line, error.raw_column + 1) from None
 
 
 def _file_skip_line(source: str) -> int | None:
@@ -64,7 +91,11 @@ def _file_skip_line(source: str) -> int | None:
 
 
 def migrate_source(source: str, options: Options = Options()) -> MigrationResult:
-    """Migrate one module's source text. Raises SourceSyntaxError or InternalError."""
+    """Migrate one module's source text. Raises SourceSyntaxError or InternalError.
+
+    The input is compiled once by Python (``check_syntax``) and parsed once by libcst;
+    the output, when it differs, is compiled once before it is returned.
+    """
     # libcst trees are large and acyclic (reference counting frees them): the cycle
     # collector's passes over them during one file are pure overhead (about 10%)
     collecting = gc.isenabled()
@@ -77,6 +108,7 @@ def migrate_source(source: str, options: Options = Options()) -> MigrationResult
 
 
 def _migrate(source: str, options: Options) -> MigrationResult:
+    check_syntax(source)
     module = parse(source)
     skip_line = _file_skip_line(source)
     if skip_line is not None:
@@ -88,7 +120,9 @@ def _migrate(source: str, options: Options) -> MigrationResult:
     new_source = render(module, new_module, source) if new_module is not module else source
     if new_source != source:
         try:
-            compile(new_source, "<migrated>", "exec")
-        except SyntaxError as error:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                compile(new_source, "<migrated>", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError, RecursionError) as error:
             raise InternalError(f"migrated code does not compile: {error}") from None
     return MigrationResult(new_source, new_source != source, tuple(findings))

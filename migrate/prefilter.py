@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import re
 
-# "apex" covers every Apex import; "amp" in a torch.cuda/torch.cpu context covers the
-# deprecated native forms, also when reached through `from torch.cuda import amp`.
-_NEEDLE = re.compile(rb"apex|(?:cuda|cpu)\b[\s\\]*(?:\.|import)[\s\\(]*amp")
+# "amp" in a torch.cuda/torch.cpu context covers the deprecated native forms, also when
+# reached through `from torch.cuda import amp`. One pattern per device, so that each
+# starts with a literal the regex engine scans for quickly (an alternation of the two
+# is five times slower on a real tree).
+_CUDA_AMP = re.compile(rb"cuda\b[\s\\]*(?:\.|import)[\s\\(]*amp")
+_CPU_AMP = re.compile(rb"cpu\b[\s\\]*(?:\.|import)[\s\\(]*amp")
 
 
 def may_need_migration(data: bytes | str) -> bool:
     """Return False only when ``data`` certainly has nothing to migrate."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
-    return _NEEDLE.search(data) is not None
+    # Substring tests are a memchr-fast scan: "apex" covers every Apex import.
+    if b"apex" in data:
+        return True
+    if b"amp" not in data:
+        return False
+    return _CUDA_AMP.search(data) is not None or _CPU_AMP.search(data) is not None

@@ -1,9 +1,15 @@
-"""Running the engine over files: read, pre-filter, migrate, diff/check/write.
+"""Running the engine over files: read, pre-filter, look up, migrate, diff/check/write.
 
-Each file's outcome is a small picklable ``FileResult``; exceptions are caught only
-at the file boundary, so one bad file never stops the run. Results come back in
-sorted path order whatever the number of jobs. ``migrate.engine`` (and with it
-libcst) is imported only once some file passes the byte pre-filter.
+The main process walks the tree, reads each file and drops those the byte pre-filter
+clears; a file that passes is answered from the result cache when its bytes were seen
+before, and otherwise sent (by path) to a worker process that parses it (see
+``migrate.workers``). Workers start as soon as the first such file is found, while the
+walk goes on. Neither libcst nor the engine is imported in the main process.
+
+Each file's outcome is a small picklable ``FileResult``; exceptions are caught only at
+the file boundary, so one bad file never stops the run. Results come back in sorted
+path order whatever the number of jobs. A cached result and a fresh one go through the
+same code (``_finish``), so they print the same.
 """
 
 from __future__ import annotations
@@ -12,29 +18,26 @@ import io
 import os
 import re
 import stat
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from migrate.atomic import StaleFileError, write_atomic
+from migrate.atomic import StaleFileError, leftover_state, write_atomic
+from migrate.cache import Cache, Entry
 from migrate.config import Config
-from migrate.discovery import Candidate, discover
-from migrate.findings import Finding
+from migrate.discovery import Candidate, DiscoveryError, Leftover, Notice, iter_discover
 from migrate.options import Options
 from migrate.prefilter import may_need_migration
 
 if TYPE_CHECKING:
-    import multiprocessing.context
+    from migrate.findings import Finding
+    from migrate.workers import Pool
 
-# Modules only some runs need (worker pools, diffs, notebooks) are imported where
-# they are used: a pre-commit run on one clean file has a budget of 0.1 s.
-
-# Below this much candidate source, starting worker processes costs more than it saves.
-_PARALLEL_MIN_BYTES = 256 * 1024
+# Modules only some runs need (worker pools, diffs, notebooks, the engine) are imported
+# where they are used: a pre-commit run on one clean file has a budget of 0.1 s.
 
 
 class Status(str, Enum):
@@ -85,14 +88,25 @@ class FileResult:
         return any(not diagnostic.fixed for diagnostic in self.diagnostics)
 
 
+@dataclass
+class Outcome:
+    """Everything a run produced: results sorted by path, notes for the user, and
+    whether Ctrl-C cut it short (then some files were never looked at)."""
+
+    results: list[FileResult]
+    notices: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
 @dataclass(frozen=True)
-class _Task:
-    candidate: Candidate
-    data: bytes
-    file_stat: os.stat_result
+class Settings:
+    """What a worker needs to know, fixed for the whole run (picklable)."""
+
     options: Options
     write: bool
     want_diff: bool
+    cache_dir: str | None
+    fingerprint: str | None
 
 
 def run(
@@ -100,33 +114,131 @@ def run(
     config: Config,
     progress: Callable[[int], Iterator[None]] | None = None,
 ) -> list[FileResult]:
-    """Migrate every file under ``paths`` as ``config`` says; results sorted by path.
+    """Migrate every file under ``paths`` as ``config`` says; results sorted by path."""
+    return execute(paths, config, progress).results
 
-    ``progress(n)``, when given, is called with the number of files that need
-    parsing and its iterator advanced once per file (the CLI draws a bar with it).
+
+def execute(
+    paths: list[Path],
+    config: Config,
+    progress: Callable[[int], Iterator[None]] | None = None,
+) -> Outcome:
+    """Migrate every file under ``paths``; stop cleanly on Ctrl-C.
+
+    ``progress(n)``, when given, is called once the walk is over with the number of
+    files that need parsing, and its iterator advanced once per such file (the CLI
+    draws a bar with it).
     """
-    candidates, errors = discover(paths, config)
-    results = [FileResult(error.display, Status.FAILED, error=error.reason) for error in errors]
-    tasks: list[_Task] = []
-    for candidate in candidates:
-        loaded = _read(candidate)
-        if isinstance(loaded, FileResult):
-            results.append(loaded)
-        elif not may_need_migration(loaded[0]):
-            results.append(FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook))
-        else:
-            tasks.append(
-                _Task(
-                    candidate,
-                    loaded[0],
-                    loaded[1],
-                    config.options,
-                    config.write,
-                    config.diff,
-                )
-            )
-    results.extend(_migrate_all(tasks, config.jobs, progress))
-    return sorted(results, key=lambda result: result.path)
+    from migrate.workers import Pool
+
+    cache = Cache(config.cache_dir, config.options) if config.cache_dir is not None else None
+    settings = Settings(
+        config.options,
+        config.write,
+        config.diff,
+        str(config.cache_dir) if config.cache_dir is not None else None,
+        cache.fingerprint if cache is not None else None,
+    )
+    outcome = Outcome([])
+    ticks: list[Iterator[None] | None] = [None]
+
+    def done(result: FileResult) -> None:
+        outcome.results.append(result)
+        if ticks[0] is not None:
+            next(ticks[0], None)
+
+    pool = Pool(config.jobs, _setup_worker, settings, _lost, done)
+    with _Interrupt() as interrupt:
+        try:
+            for item in iter_discover(paths, config):
+                if interrupt.requested:
+                    break
+                if isinstance(item, Candidate):
+                    result = _front(item, settings, cache, pool)
+                    if result is not None:
+                        outcome.results.append(result)
+                    if pool.busy:
+                        pool.poll()
+                elif isinstance(item, DiscoveryError):
+                    outcome.results.append(FileResult(item.display, Status.FAILED, error=item.reason))
+                elif isinstance(item, Notice):
+                    outcome.notices.append(f"{item.display}: {item.message}")
+                elif isinstance(item, Leftover):
+                    notice = _leftover(item, config.write)
+                    if notice:
+                        outcome.notices.append(notice)
+            if progress is not None and pool.submitted and not interrupt.requested:
+                bar = ticks[0] = progress(pool.submitted)
+                for _ in range(pool.submitted - pool.pending):
+                    next(bar, None)
+            while pool.busy and not interrupt.requested:
+                pool.poll(timeout=1.0)
+            if interrupt.requested:
+                outcome.interrupted = True
+                pool.interrupt()  # a second Ctrl-C in here stops the files in progress at once
+        except KeyboardInterrupt:  # the second Ctrl-C, outside pool.interrupt
+            outcome.interrupted = True
+            pool.interrupt(grace=0.0)
+        finally:
+            pool.close()
+    outcome.results.sort(key=lambda result: result.path)
+    outcome.notices.sort()
+    return outcome
+
+
+class _Interrupt:
+    """Ctrl-C as a request: the first one sets ``requested`` (the run stops taking new
+    files and reports what was done), a second one raises KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous: object = None
+
+    def __enter__(self) -> _Interrupt:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)  # type: ignore[arg-type]
+
+
+def _front(candidate: Candidate, settings: Settings, cache: Cache | None, pool: Pool) -> FileResult | None:
+    """Answer a file in the main process when no parse is needed; else queue it."""
+    loaded = _read(candidate)
+    if isinstance(loaded, FileResult):
+        return loaded
+    data, file_stat = loaded
+    if not may_need_migration(data):
+        return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
+    if cache is not None:
+        entry = cache.get(cache.key(data, candidate.is_notebook))
+        # An entry stored without diffs cannot serve a run that shows them.
+        if entry is not None and (entry.status != "changed" or entry.diffs is not None or not settings.want_diff):
+            return _finish(entry, candidate, file_stat, settings)
+    pool.submit(candidate, len(data))
+    return None
+
+
+def _leftover(item: Leftover, write: bool) -> str:
+    state = leftover_state(Path(item.path), remove=write)
+    if state == "removed":
+        return f"{item.display}: removed, a temporary file left by an interrupted run"
+    if state == "left":
+        hint = "" if write else " (the next --write removes it)"
+        return f"{item.display}: a temporary file left by an interrupted run{hint}"
+    return ""  # another run is writing it right now
 
 
 def _read(candidate: Candidate) -> tuple[bytes, os.stat_result] | FileResult:
@@ -145,209 +257,212 @@ def _failed(candidate: Candidate, reason: str) -> FileResult:
     return FileResult(candidate.display, Status.FAILED, error=reason, notebook=candidate.is_notebook)
 
 
-def _migrate_all(tasks: list[_Task], jobs: int, progress: Callable[[int], Iterator[None]] | None) -> list[FileResult]:
-    if not tasks:
-        return []
-    import migrate.engine  # noqa: F401 - imported once here, so forked workers share it
-
-    ticks = progress(len(tasks)) if progress else None
-    total_bytes = sum(len(task.data) for task in tasks)
-    if jobs <= 1 or len(tasks) < 2 or total_bytes < _PARALLEL_MIN_BYTES:
-        return [_tick(migrate_task(task), ticks) for task in tasks]
-    from concurrent.futures import ProcessPoolExecutor
-
-    workers = min(jobs, len(tasks))
-    # Biggest files first, so no worker is left with a large one at the end; the
-    # caller sorts results by path, so the order of work never shows.
-    by_size = sorted(tasks, key=lambda task: len(task.data), reverse=True)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_process_context()) as pool:
-        chunk = max(1, len(tasks) // (workers * 16))
-        return [_tick(result, ticks) for result in pool.map(migrate_task, by_size, chunksize=chunk)]
+def _lost(candidate: Candidate, reason: str) -> FileResult:
+    return _failed(candidate, reason)
 
 
-def _tick(result: FileResult, ticks: Iterator[None] | None) -> FileResult:
-    if ticks is not None:
-        next(ticks, None)
-    return result
+# -- in a worker ---------------------------------------------------------------
 
 
-def _process_context() -> multiprocessing.context.BaseContext:
-    import multiprocessing
+def _setup_worker(settings: Settings) -> Callable[[Candidate], FileResult]:
+    import migrate.engine  # noqa: F401 - paid for once, while the main process still walks
 
-    # fork shares the already imported engine with the workers; where it is not
-    # available (Windows, macOS default) the platform's default is used.
-    if sys.platform.startswith("linux"):
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context()
-
-
-def migrate_task(task: _Task) -> FileResult:
-    """Migrate one file's bytes; never raises for anything a file can contain."""
-    candidate = task.candidate
-    try:
-        if candidate.is_notebook:
-            return _migrate_notebook(task)
-        return _migrate_python(task)
-    except StaleFileError as error:
-        return _failed(candidate, str(error))
-    except OSError as error:
-        return _failed(candidate, f"cannot write: {error.strerror or error}")
-    except Exception as error:
-        # Nothing was written: writes come last and raise only OSError.
-        reason = f"internal error, file not written: {type(error).__name__}: {error}"
-        return _failed(candidate, reason + " (please report this)")
+    cache = None
+    if settings.cache_dir is not None:
+        cache = Cache(Path(settings.cache_dir), settings.options, settings.fingerprint)
+    return lambda candidate: process(candidate, settings, cache)
 
 
-def _migrate_python(task: _Task) -> FileResult:
-    import tokenize
+def process(candidate: Candidate, settings: Settings, cache: Cache | None = None) -> FileResult:
+    """Migrate one file (reading it again: workers get paths, not bytes); never raises."""
+    loaded = _read(candidate)
+    if isinstance(loaded, FileResult):
+        return loaded
+    data, file_stat = loaded
+    entry = migrate_bytes(data, candidate.is_notebook, settings.options, settings.want_diff)
+    if cache is not None and _cacheable(entry):
+        cache.put(cache.key(data, candidate.is_notebook), entry)
+    return _finish(entry, candidate, file_stat, settings)
 
-    from migrate.engine import InternalError, SourceSyntaxError, migrate_source
 
-    candidate = task.candidate
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(task.data).readline)
-        # bytes.decode never translates newlines, so CRLF files stay CRLF.
-        text = task.data.decode(encoding)
-    except (SyntaxError, UnicodeDecodeError, LookupError) as error:
-        return _failed(candidate, f"cannot decode: {error}")
-    try:
-        result = migrate_source(text, task.options)
-    except SourceSyntaxError as error:
-        line, column, message = _syntax_error_position(text, error.line, error.column, error.message)
-        return _failed(candidate, f"cannot parse: line {line}, column {column}: {message}")
-    except InternalError as error:
-        return _failed(candidate, f"internal error, file not written: {error}")
-    except RecursionError:
-        return _failed(candidate, "cannot parse: nested too deeply")
-    diagnostics = tuple(_place(candidate.display, finding) for finding in result.findings)
-    if result.skipped:
-        return FileResult(candidate.display, Status.SKIPPED, diagnostics)
-    if not result.changed:
-        return FileResult(candidate.display, Status.UNCHANGED, diagnostics)
-    check = _check_compiles(result.source, candidate.display)
-    if check:
-        return _failed(candidate, check)
-    try:
-        new_data = result.source.encode(encoding)  # utf-8-sig puts the BOM back
-    except UnicodeEncodeError as error:
-        return _failed(
-            candidate,
-            f"internal error, file not written: cannot encode as {encoding}: {error}",
-        )
-    diff = unified_diff(text, result.source, candidate.display) if task.want_diff else ""
-    if task.write:
-        write_atomic(candidate.path, new_data, task.file_stat)
+def _cacheable(entry: Entry) -> bool:
+    # What the bytes say (they do not decode, do not parse) holds next time too; a crash
+    # or a resource limit may not.
+    return entry.status != "failed" or entry.error.startswith(("cannot decode", "cannot parse", "cannot migrate"))
+
+
+def _finish(entry: Entry, candidate: Candidate, file_stat: os.stat_result, settings: Settings) -> FileResult:
+    """The FileResult of ``entry`` for this file; with --write, the file is written."""
+    from migrate.workers import WRITE_LOCK
+
+    notebook = candidate.is_notebook
+    if entry.status == "failed":
+        return _failed(candidate, entry.error)
+    diagnostics = tuple(
+        Diagnostic(candidate.display, line, column, code, message, fixed, cell)
+        for cell, line, column, code, message, fixed in entry.findings
+    )
+    if entry.status != "changed":
+        status = Status.SKIPPED if entry.status == "skipped" else Status.UNCHANGED
+        return FileResult(candidate.display, status, diagnostics, notebook=notebook)
+    diff = ""
+    if settings.want_diff and entry.diffs is not None:
+        diff = "".join(_diff_header(candidate.display + suffix) + body for suffix, body in entry.diffs if body)
+    if settings.write:
+        assert entry.new_data is not None
+        try:
+            with WRITE_LOCK:
+                write_atomic(Path(candidate.path), entry.new_data, file_stat)
+        except StaleFileError as error:
+            return _failed(candidate, str(error))
+        except OSError as error:
+            return _failed(candidate, f"cannot write: {error.strerror or error}")
     return FileResult(
         candidate.display,
         Status.CHANGED,
         diagnostics,
         diff,
-        written=task.write,
+        written=settings.write,
+        notebook=notebook,
+        first_change=entry.first_change,
+        migrated_apis=entry.migrated_apis,
+    )
+
+
+def migrate_bytes(data: bytes, notebook: bool, options: Options, want_diff: bool) -> Entry:
+    """What the engine makes of a file's bytes, as a path-free cache entry; never raises."""
+    try:
+        if notebook:
+            return _migrate_notebook(data, options, want_diff)
+        return _migrate_python(data, options, want_diff)
+    except MemoryError:
+        from migrate.workers import MEMORY_LIMIT
+
+        return Entry("failed", error=f"ran out of memory (limit {MEMORY_LIMIT >> 20} MiB a worker); not written")
+    except Exception as error:
+        # Nothing was written: writes come after, and only from an entry.
+        reason = f"internal error, file not written: {type(error).__name__}: {error}"
+        return Entry("failed", error=reason + " (please report this)")
+
+
+def _parse_failure(error: Exception, where: str = "", line: int | None = None) -> Entry | None:
+    """The entry for a file the parsers refused, or None when ``error`` is something else."""
+    from migrate.engine import InternalError, SourceSyntaxError, UnsupportedSyntaxError
+
+    if isinstance(error, UnsupportedSyntaxError):
+        return Entry(
+            "failed",
+            error=f"cannot migrate: libcst (the parser ampmigrate rewrites with) does not support this valid "
+            f"Python: {where}line {line or error.line}, column {error.column}: {error.message}",
+        )
+    if isinstance(error, SourceSyntaxError):
+        position = f"{where}line {line or error.line}, column {error.column}"
+        return Entry("failed", error=f"cannot parse: {position}: {error.message}")
+    if isinstance(error, InternalError):
+        return Entry("failed", error=f"internal error, file not written: {error}")
+    if isinstance(error, RecursionError):
+        return Entry("failed", error="cannot migrate: nested too deeply for libcst")
+    return None
+
+
+def _findings(
+    findings: Iterable[Finding], locate: Callable[[int], tuple[int, int]] | None = None
+) -> tuple[tuple[int | None, int, int, str, str, bool], ...]:
+    placed: list[tuple[int | None, int, int, str, str, bool]] = []
+    for finding in findings:
+        cell: int | None = None
+        line = finding.line
+        if locate is not None:
+            cell, line = locate(finding.line)
+        placed.append((cell, line, finding.column, finding.code, finding.message, finding.fixed))
+    return tuple(placed)
+
+
+def _migrate_python(data: bytes, options: Options, want_diff: bool) -> Entry:
+    import tokenize
+
+    from migrate.engine import migrate_source
+
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        # bytes.decode never translates newlines, so CRLF files stay CRLF.
+        text = data.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError, LookupError) as error:
+        return Entry("failed", error=f"cannot decode: {error}")
+    try:
+        result = migrate_source(text, options)
+    except Exception as error:
+        failure = _parse_failure(error)
+        if failure is None:
+            raise
+        return failure
+    findings = _findings(result.findings)
+    if result.skipped:
+        return Entry("skipped", findings)
+    if not result.changed:
+        return Entry("unchanged", findings)
+    try:
+        new_data = result.source.encode(encoding)  # utf-8-sig puts the BOM back
+    except UnicodeEncodeError as error:
+        return Entry("failed", error=f"internal error, file not written: cannot encode as {encoding}: {error}")
+    return Entry(
+        "changed",
+        findings,
+        new_data=new_data,
+        encoding=encoding,
+        diffs=(("", _diff_body(text, result.source)),) if want_diff else None,
         first_change=_first_change(text, result.source),
         migrated_apis=migrated_apis(text, result.source),
     )
 
 
-def _syntax_error_position(text: str, line: int, column: int, message: str) -> tuple[int, int, str]:
-    """Python's own parser places syntax errors better than libcst's: prefer it."""
-    try:
-        compile(text, "<input>", "exec", dont_inherit=True)
-    except SyntaxError as error:
-        if error.lineno:
-            return error.lineno, error.offset or 1, error.msg
-    except ValueError:  # null bytes
-        pass
-    return line, column, message
-
-
-def _check_compiles(source: str, display: str) -> str:
-    """Parse the output once more before anything is written: '' when it compiles."""
-    try:
-        compile(source, display, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as error:
-        return f"internal error, file not written: migrated code does not compile: {error}"
-    return ""
-
-
-def _place(path: str, finding: Finding, cell: int | None = None, line: int | None = None) -> Diagnostic:
-    return Diagnostic(
-        path,
-        line if line is not None else finding.line,
-        finding.column,
-        finding.code,
-        finding.message,
-        finding.fixed,
-        cell,
-    )
-
-
-def _migrate_notebook(task: _Task) -> FileResult:
+def _migrate_notebook(data: bytes, options: Options, want_diff: bool) -> Entry:
     from migrate import notebook as nb
-    from migrate.engine import InternalError, SourceSyntaxError, migrate_source
-
-    candidate = task.candidate
-
-    def failed(reason: str) -> FileResult:
-        return replace(_failed(candidate, reason), notebook=True)
+    from migrate.engine import migrate_source
 
     try:
-        notebook = nb.load(task.data)
+        notebook = nb.load(data)
         if not nb.is_python(notebook):
-            return FileResult(candidate.display, Status.UNCHANGED, notebook=True)
+            return Entry("unchanged")
         program = nb.to_program(notebook)
     except nb.NotebookError as error:
-        return failed(str(error))
+        return Entry("failed", error=str(error))
     if program is None:
-        return FileResult(candidate.display, Status.UNCHANGED, notebook=True)
+        return Entry("unchanged")
     try:
-        result = migrate_source(program.text, task.options)
-    except SourceSyntaxError as error:
-        position = _syntax_error_position(program.text, error.line, error.column, error.message)
-        cell, line = program.locate(position[0])
-        return failed(f"cannot parse: cell {cell}, line {line}, column {position[1]}: {position[2]}")
-    except InternalError as error:
-        return failed(f"internal error, file not written: {error}")
-    except RecursionError:
-        return failed("cannot parse: nested too deeply")
-    diagnostics = []
-    for finding in result.findings:
-        cell, line = program.locate(finding.line)
-        diagnostics.append(_place(candidate.display, finding, cell, line))
-    found = tuple(diagnostics)
+        result = migrate_source(program.text, options)
+    except Exception as error:
+        from migrate.engine import SourceSyntaxError
+
+        if isinstance(error, SourceSyntaxError):
+            cell, line = program.locate(error.line)
+            failure = _parse_failure(error, f"cell {cell}, ", line)
+        else:
+            failure = _parse_failure(error)
+        if failure is None:
+            raise
+        return failure
+    findings = _findings(result.findings, program.locate)
     if result.skipped:
-        return FileResult(candidate.display, Status.SKIPPED, found, notebook=True)
+        return Entry("skipped", findings)
     if not result.changed:
-        return FileResult(candidate.display, Status.UNCHANGED, found, notebook=True)
-    check = _check_compiles(result.source, candidate.display)
+        return Entry("unchanged", findings)
     try:
-        if check:
-            raise nb.NotebookError(check)
         sources = nb.from_program(notebook, program, result.source)
         originals = {index: nb.cell_source(notebook.cells[index]) for index in sources}
         new_data = nb.dump(notebook, sources)
     except nb.NotebookError as error:
-        return failed(str(error) if error.args[0].startswith("internal") else f"not written: {error}")
+        return Entry("failed", error=str(error) if error.args[0].startswith("internal") else f"not written: {error}")
     if not sources:
-        return FileResult(candidate.display, Status.UNCHANGED, found, notebook=True)
-    diff = ""
-    if task.want_diff:
-        diff = "".join(
-            unified_diff(
-                originals[index],
-                sources[index],
-                f"{candidate.display}:cell {index + 1}",
-            )
-            for index in sorted(sources)
-        )
-    if task.write:
-        write_atomic(candidate.path, new_data, task.file_stat)
-    return FileResult(
-        candidate.display,
-        Status.CHANGED,
-        found,
-        diff,
-        written=task.write,
-        notebook=True,
+        return Entry("unchanged", findings)
+    diffs = None
+    if want_diff:
+        diffs = tuple((f":cell {index + 1}", _diff_body(originals[index], sources[index])) for index in sorted(sources))
+    return Entry(
+        "changed",
+        findings,
+        new_data=new_data,
+        diffs=diffs,
         migrated_apis=migrated_apis(program.text, result.source),
     )
 
@@ -376,11 +491,23 @@ def _first_change(old: str, new: str) -> int:
 
 def unified_diff(old: str, new: str, name: str) -> str:
     """A unified diff that ``git apply`` / ``patch -p1`` accept, line endings kept."""
-    import difflib
+    body = _diff_body(old, new)
+    return _diff_header(name) + body if body else ""
 
+
+def _diff_header(name: str) -> str:
     # a/ and b/ prefixes let `git apply` take the diff; an absolute path has no such use.
     before, after = (name, name) if os.path.isabs(name) else (f"a/{name}", f"b/{name}")
-    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), before, after)
+    return f"--- {before}\n+++ {after}\n"
+
+
+def _diff_body(old: str, new: str) -> str:
+    """The hunks of a unified diff, without the two header lines that name the file."""
+    import difflib
+
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), "", "")
+    next(lines, None)
+    next(lines, None)
     return "".join(_terminate(lines))
 
 

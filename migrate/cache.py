@@ -1,0 +1,187 @@
+"""A cache of per-file results, keyed on the file's bytes, the tool and the options.
+
+A second run over unchanged files (another ``--check``, a pre-commit hook) then reads
+each result back instead of parsing: no libcst import, no worker processes. An entry is
+what the engine concluded about some bytes (status, findings, the migrated bytes, the
+reason it failed), never about a path, so a file moved or copied still hits.
+
+The key hashes the file's bytes together with everything that can change the answer:
+ampmigrate's version and the size and time of each of its source files (an edited
+checkout is a new tool), the Python version (its grammar decides what parses), libcst's
+version, the options and whether the file is a notebook. Entries are written to a
+temporary file and renamed into place, so concurrent runs never read half an entry; a
+damaged or unreadable entry is a miss. The folder is ``$AMPMIGRATE_CACHE_DIR``, else
+``$XDG_CACHE_HOME/ampmigrate``, else the platform's user cache folder; deleting it is
+always safe.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from migrate import __version__
+from migrate.options import Options
+
+ENV_VAR = "AMPMIGRATE_CACHE_DIR"
+# Bumped when the layout of an entry changes.
+_FORMAT = 1
+# Folders of other tool versions not touched for this long are removed.
+_PRUNE_AFTER_S = 30 * 24 * 3600
+
+
+def default_cache_dir() -> Path:
+    """Where entries live: the environment's choice, else the platform's user cache folder."""
+    explicit = os.environ.get(ENV_VAR)
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "ampmigrate"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "ampmigrate"
+    if sys.platform == "win32":
+        local = os.environ.get("LOCALAPPDATA")
+        if local:
+            return Path(local) / "ampmigrate" / "Cache"
+    return Path.home() / ".cache" / "ampmigrate"
+
+
+def tool_fingerprint() -> str:
+    """A digest of what decides the results, apart from the options and the file itself."""
+    import importlib.util
+
+    digest = hashlib.sha256(f"{_FORMAT}\0{__version__}\0{sys.version_info[:3]}".encode())
+    package = Path(__file__).resolve().parent
+    # The codemod's own sources (the shim never runs here): an edited checkout must not
+    # reuse the results of the code it replaced.
+    for folder in (package, package / "rules"):
+        with contextlib.suppress(OSError), os.scandir(folder) as scan:
+            for entry in sorted(scan, key=lambda entry: entry.name):
+                if entry.name.endswith(".py"):
+                    info = entry.stat()
+                    digest.update(f"{folder.name}/{entry.name}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    spec = importlib.util.find_spec("libcst")  # finds it without importing it
+    if spec is not None and spec.origin:
+        with contextlib.suppress(OSError):
+            info = os.stat(Path(spec.origin).parent / "_version.py")
+            digest.update(f"libcst\0{info.st_size}\0{info.st_mtime_ns}".encode())
+    return digest.hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What the engine concluded about one file's bytes; no path in it.
+
+    ``findings`` holds (cell, line, column, code, message, fixed) tuples. ``new_data``
+    is the migrated file (status "changed"); ``diffs`` the bodies of its diffs (no
+    header lines, which name the path), as (suffix of the name, body) pairs, when they
+    were computed.
+    """
+
+    status: str
+    findings: tuple[tuple[int | None, int, int, str, str, bool], ...] = ()
+    error: str = ""
+    new_data: bytes | None = None
+    encoding: str = ""
+    diffs: tuple[tuple[str, str], ...] | None = None
+    first_change: int | None = None
+    migrated_apis: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "findings": [list(finding) for finding in self.findings],
+            "error": self.error,
+            "new_data": base64.b64encode(self.new_data).decode("ascii") if self.new_data is not None else None,
+            "encoding": self.encoding,
+            "diffs": [list(diff) for diff in self.diffs] if self.diffs is not None else None,
+            "first_change": self.first_change,
+            "migrated_apis": list(self.migrated_apis),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Entry:
+        new_data = data["new_data"]
+        diffs = data["diffs"]
+        return cls(
+            status=str(data["status"]),
+            findings=tuple(
+                (cell, int(line), int(column), str(code), str(message), bool(fixed))
+                for cell, line, column, code, message, fixed in data["findings"]
+            ),
+            error=str(data["error"]),
+            new_data=base64.b64decode(new_data) if new_data is not None else None,
+            encoding=str(data["encoding"]),
+            diffs=tuple((str(suffix), str(body)) for suffix, body in diffs) if diffs is not None else None,
+            first_change=data["first_change"],
+            migrated_apis=tuple(str(name) for name in data["migrated_apis"]),
+        )
+
+
+class Cache:
+    """Entries under one folder for one tool fingerprint and one set of options."""
+
+    def __init__(self, folder: Path, options: Options, fingerprint: str | None = None) -> None:
+        self.root = folder
+        self.fingerprint = fingerprint or tool_fingerprint()
+        self.folder = folder / self.fingerprint
+        select = ",".join(sorted(options.select)) if options.select is not None else "*"
+        self.salt = f"{self.fingerprint}\0{options.device}\0{options.dtype}\0{options.scaler_name}\0{select}\0".encode()
+
+    def key(self, data: bytes, notebook: bool) -> str:
+        digest = hashlib.sha256(self.salt)
+        digest.update(b"ipynb\0" if notebook else b"py\0")
+        digest.update(data)
+        return digest.hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.folder / key[:2] / key[2:]
+
+    def get(self, key: str) -> Entry | None:
+        try:
+            with open(self._path(key), "rb") as stream:
+                return Entry.from_json(json.loads(stream.read()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # absent, or damaged: computed again and rewritten
+
+    def put(self, key: str, entry: Entry) -> None:
+        """Store ``entry`` atomically; a cache that cannot be written is no error."""
+        import tempfile
+
+        path = self._path(key)
+        try:
+            if not self.folder.exists():
+                self._prune_others()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+            try:
+                with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+                    json.dump(entry.to_json(), stream, ensure_ascii=False, separators=(",", ":"))
+                os.replace(temp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise
+        except OSError:
+            pass
+
+    def _prune_others(self) -> None:
+        """Remove the folders of other tool versions nobody has written to in a month."""
+        import shutil
+
+        now = time.time()
+        with contextlib.suppress(OSError), os.scandir(self.root) as scan:
+            for entry in scan:
+                if entry.is_dir(follow_symlinks=False) and entry.name != self.fingerprint:
+                    with contextlib.suppress(OSError):
+                        if now - entry.stat(follow_symlinks=False).st_mtime > _PRUNE_AFTER_S:
+                            shutil.rmtree(entry.path, ignore_errors=True)
