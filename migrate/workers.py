@@ -4,8 +4,8 @@ libcst's parser is native code: an input it cannot handle can crash the process 
 eat all memory. Every parse therefore happens in a worker process, one file at a time,
 and each worker has bounds:
 
-- memory: its address space is capped (``MEMORY_LIMIT``), so a runaway parse fails with
-  MemoryError or dies instead of swapping the machine to a halt;
+- memory: its address space may grow by ``MEMORY_LIMIT`` (Linux), so a runaway parse
+  fails with MemoryError or dies instead of swapping the machine to a halt;
 - time: each file gets ``cpu_seconds(size)`` of CPU time (the kernel stops the worker
   after that, even when the main process is gone) and a wall-clock allowance the main
   process enforces;
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from multiprocessing.context import DefaultContext, ForkContext
     from multiprocessing.process import BaseProcess
 
-MEMORY_LIMIT = 4 << 30  # bytes of address space per worker
+MEMORY_LIMIT = 4 << 30  # bytes of address space a worker may add to what it starts with
 CPU_SECONDS = 60.0  # per file, plus CPU_SECONDS_PER_MB for each MB of it
 CPU_SECONDS_PER_MB = 60.0
 # Wall-clock allowance for a file, over its CPU allowance: other processes compete for
@@ -266,7 +266,7 @@ def _worker_main(
     parent: int,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _limit(("RLIMIT_AS",), MEMORY_LIMIT)
+    _limit_memory(MEMORY_LIMIT)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="parent-watch").start()
     handle = setup(settings)
     while True:
@@ -294,21 +294,24 @@ def _watch_parent(parent: int) -> None:
                 os._exit(1)
 
 
-def _limit(names: tuple[str, ...], value: int) -> None:
+def _limit_memory(extra: int) -> None:
+    """Cap this process's address space at its current size plus ``extra`` bytes.
+
+    Relative, not absolute: a worker forked from a large process (a test run that has
+    imported torch) starts with gigabytes of mappings it will never touch.
+    """
     try:
         import resource
-    except ImportError:  # pragma: no cover - Windows
-        return
-    for name in names:
-        limit = getattr(resource, name, None)
-        if limit is None:
-            continue
-        try:
-            _, hard = resource.getrlimit(limit)
-            if hard == resource.RLIM_INFINITY or hard > value:
-                resource.setrlimit(limit, (value, hard))
-        except (OSError, ValueError):
-            pass
+
+        with open("/proc/self/statm") as statm:  # Linux: sizes in pages
+            size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        soft = size + extra
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    except (ImportError, OSError, ValueError):
+        pass  # elsewhere the limit is not enforced reliably anyway
 
 
 def _limit_cpu(seconds: float) -> None:

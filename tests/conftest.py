@@ -23,3 +23,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _private_result_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own result cache: none reads another test's entries, or the user's."""
+    monkeypatch.setenv("AMPMIGRATE_CACHE_DIR", str(tmp_path_factory.mktemp("result-cache")))

@@ -8,7 +8,6 @@ original nodes lets several rules touch one block without stepping on each other
 
 from __future__ import annotations
 
-import ast
 import re
 from bisect import bisect_right
 from collections import defaultdict
@@ -20,6 +19,7 @@ from typing import TypeVar
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
+from migrate import pytree
 from migrate.findings import Finding, make_finding
 from migrate.options import Options
 
@@ -485,7 +485,7 @@ class ModuleContext:
         if self._first_lines is None:
             self._first_lines = {}
             try:
-                body = ast.parse(self.source).body
+                body = pytree.parse(self.source).body  # the engine's tree, not a second parse
             except (SyntaxError, ValueError, RecursionError):
                 return self._first_lines
             # libcst starts a decorated definition at `def`/`class`, as ast's lineno does
