@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import threading
 from pathlib import Path
 
 try:  # POSIX only; elsewhere leftovers are reported, never removed
@@ -19,6 +20,9 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 TEMP_SUFFIX = ".ampmigrate-tmp"
+# Held for the whole of each write. A worker whose main process died takes it before
+# exiting (see migrate.workers), so that no write in progress is cut short.
+WRITE_LOCK = threading.Lock()
 
 
 class StaleFileError(OSError):
@@ -39,6 +43,11 @@ def write_atomic(path: Path, data: bytes, expected_stat: os.stat_result | None =
     followed so the link stays a link. With ``expected_stat`` (taken when the file
     was read), a file modified since is left alone and StaleFileError is raised.
     """
+    with WRITE_LOCK:
+        _write(path, data, expected_stat)
+
+
+def _write(path: Path, data: bytes, expected_stat: os.stat_result | None) -> None:
     target = Path(os.path.realpath(path))
     current = os.stat(target)
     if expected_stat is not None and (

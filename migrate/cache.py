@@ -57,23 +57,28 @@ def default_cache_dir() -> Path:
 
 def tool_fingerprint() -> str:
     """A digest of what decides the results, apart from the options and the file itself."""
-    import importlib.util
-
     digest = hashlib.sha256(f"{_FORMAT}\0{__version__}\0{sys.version_info[:3]}".encode())
-    package = Path(__file__).resolve().parent
     # The codemod's own sources (the shim never runs here): an edited checkout must not
     # reuse the results of the code it replaced.
-    for folder in (package, package / "rules"):
+    folders = [os.path.dirname(os.path.abspath(__file__))]
+    while folders:
+        folder = folders.pop()
         with contextlib.suppress(OSError), os.scandir(folder) as scan:
             for entry in sorted(scan, key=lambda entry: entry.name):
                 if entry.name.endswith(".py"):
                     info = entry.stat()
-                    digest.update(f"{folder.name}/{entry.name}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
-    spec = importlib.util.find_spec("libcst")  # finds it without importing it
-    if spec is not None and spec.origin:
-        with contextlib.suppress(OSError):
-            info = os.stat(Path(spec.origin).parent / "_version.py")
-            digest.update(f"libcst\0{info.st_size}\0{info.st_mtime_ns}".encode())
+                    digest.update(f"{entry.path}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+                elif entry.is_dir() and entry.name not in ("shim", "__pycache__"):
+                    folders.append(entry.path)
+    # libcst's version file, found on sys.path as the import system would, without
+    # importing libcst (or importlib.util, which costs a warm run more than this loop).
+    for path_entry in sys.path:
+        try:
+            info = os.stat(os.path.join(path_entry or ".", "libcst", "_version.py"))
+        except OSError:
+            continue
+        digest.update(f"libcst\0{info.st_size}\0{info.st_mtime_ns}".encode())
+        break
     return digest.hexdigest()[:24]
 
 

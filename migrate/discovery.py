@@ -41,6 +41,8 @@ class Candidate:
 
     path: str
     display: str
+    # Known to be a regular file (the folder listing said so): no need to stat it again.
+    regular: bool = False
 
     @property
     def is_notebook(self) -> bool:
@@ -79,27 +81,91 @@ _Ignore = tuple[str, _Matcher]
 
 
 def compile_gitignore(lines: list[str]) -> _Matcher:
-    """A matcher with GitIgnoreSpec's answers, faster for the common case.
+    """A matcher for the patterns of one .gitignore, for a walk that prunes as it goes.
 
-    Without negated patterns a path is ignored when any pattern matches it, which one
-    regular expression answers in a single search; with them, order matters and
-    pathspec decides.
+    The matcher answers for an entry whose parent folders were already found not ignored
+    (the walk never enters an ignored folder). Under that condition most patterns need no
+    regular expression: a pattern without a slash (``__pycache__/``, ``*.pyc``, ``data``)
+    can only match the entry's own name, so it is a set lookup or a suffix test. The
+    rest become one regular expression (compiled once, not once per pattern); a file with
+    a negated pattern, where order matters, goes to pathspec's GitIgnoreSpec whole.
+    Compiling a thousand patterns one by one costs more than walking a large tree.
     """
+    names: set[str] = set()
+    folder_names: set[str] = set()
+    suffixes: list[str] = []
+    folder_suffixes: list[str] = []
+    rest: list[str] = []
+    for line in lines:
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("!"):
+            return _pathspec_matcher(lines)
+        folder_only = line.endswith("/")
+        body = line[:-1] if folder_only else line
+        if not body or "/" in body or "\\" in body or body != body.strip():
+            rest.append(line)  # anchored, escaped or spaced: pathspec translates it
+        elif not any(char in body for char in "*?["):
+            (folder_names if folder_only else names).add(body)
+        elif body[0] == "*" and not any(char in body[1:] for char in "*?["):
+            (folder_suffixes if folder_only else suffixes).append(body[1:])
+        else:
+            rest.append(line)
+    translated, match = _joined_regex(rest)
+    if not translated:
+        return _pathspec_matcher(lines)
+    name_suffixes, folder_name_suffixes = tuple(suffixes), tuple(suffixes + folder_suffixes)
+    folder_names |= names
+
+    def matcher(relative: str, is_dir: bool) -> bool:
+        name = relative[relative.rfind("/") + 1 :]
+        if is_dir:
+            if name in folder_names or name.endswith(folder_name_suffixes):
+                return True
+        elif name in names or name.endswith(name_suffixes):
+            return True
+        return match is not None and match(relative + "/" if is_dir else relative) is not None
+
+    return matcher
+
+
+def _joined_regex(lines: list[str]) -> tuple[bool, Callable[[str], re.Match[str] | None] | None]:
+    """One compiled alternation of pathspec's regexes for ``lines`` (None for no line),
+    and whether the translation worked."""
+    if not lines:
+        return True, None
+    from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
+
+    regexes = []
+    for line in lines:
+        regex, include = GitIgnoreSpecPattern.pattern_to_regex(line)
+        if include is None:
+            continue
+        if not include or not isinstance(regex, str):
+            return False, None
+        regexes.append(_NAMED_GROUP.sub("(?:", regex))
+    if not regexes:
+        return True, None
+    try:
+        return True, re.compile("|".join(regexes)).match
+    except re.error:
+        return False, None
+
+
+def _whole_path_matcher(lines: list[str]) -> _Matcher:
+    """A matcher with GitIgnoreSpec's answers for any path, its folders unchecked."""
+    translated, match = _joined_regex([line for line in lines if line and not line.startswith("#")])
+    if not translated:
+        return _pathspec_matcher(lines)
+    if match is None:
+        return lambda relative, is_dir: False
+    return lambda relative, is_dir: match(relative + "/" if is_dir else relative) is not None
+
+
+def _pathspec_matcher(lines: list[str]) -> _Matcher:
     from pathspec import GitIgnoreSpec
 
     spec = GitIgnoreSpec.from_lines(lines)
-    patterns = [pattern for pattern in spec.patterns if pattern.include is not None]
-    regexes = [getattr(pattern, "regex", None) for pattern in patterns]
-    if patterns and all(p.include for p in patterns) and all(isinstance(r, re.Pattern) for r in regexes):
-        try:
-            joined = re.compile("|".join(_NAMED_GROUP.sub("(?:", r.pattern) for r in regexes if r is not None))
-        except re.error:
-            joined = None
-        if joined is not None:
-            search = joined.match
-            return lambda relative, is_dir: search(relative + "/" if is_dir else relative) is not None
-    if not patterns:
-        return lambda relative, is_dir: False
     return lambda relative, is_dir: spec.match_file(relative + "/" if is_dir else relative)
 
 
@@ -115,7 +181,9 @@ class _Excludes:
             names = "|".join(fnmatch.translate(pattern[:-1]) for pattern in patterns)
             self.folder_name = re.compile(names or "(?!)")
         else:
-            self.matcher = compile_gitignore(patterns)
+            # Also asked about files named on the command line, whose folders nobody
+            # checked: whole-path matching, not compile_gitignore's entry-name shortcut.
+            self.matcher = _whole_path_matcher(patterns)
 
     def relative(self, path: str, fallback_base: str) -> str:
         """``path`` relative to the project root, or to ``fallback_base`` outside it."""
@@ -145,6 +213,19 @@ def _load_gitignore(folder: str) -> _Matcher | None:
 def _gitignored(path: str, is_dir: bool, ignores: tuple[_Ignore, ...]) -> bool:
     for folder, matcher in ignores:
         if matcher(path[len(folder) + 1 :].replace(os.sep, "/"), is_dir):
+            return True
+    return False
+
+
+def _ignored_folder(folder: str, ignores: tuple[_Ignore, ...]) -> bool:
+    """Whether ``folder`` or a folder between it and a .gitignore above ignores it.
+
+    The walk checks entries by their own names only (see compile_gitignore), so the
+    folders above its starting point are checked here, from the top down.
+    """
+    for base, matcher in ignores:
+        parts = folder[len(base) + 1 :].split(os.sep)
+        if any(matcher("/".join(parts[: depth + 1]), True) for depth in range(len(parts))):
             return True
     return False
 
@@ -196,6 +277,8 @@ def iter_discover(paths: list[Path], config: Config) -> Iterator[Found]:
             yield DiscoveryError(str(given), "no such file or directory")
         elif os.path.isdir(absolute):
             ignores = _ancestor_ignores(absolute) if config.respect_gitignore else ()
+            if _ignored_folder(absolute, ignores):
+                continue  # a .gitignore above ignores the folder itself, so all in it
             walk.base = absolute
             yield from walk.folder(absolute, os.path.realpath(absolute), os.path.normpath(given), ignores, top=True)
         elif not walk.excludes.excluded(walk.excludes.relative(absolute, os.path.dirname(absolute)), False):
@@ -292,7 +375,7 @@ class _Walk:
                 real = real_folder + os.sep + name
                 if real not in self.seen:
                     self.seen.add(real)
-                    yield Candidate(path, prefix + name)
+                    yield Candidate(path, prefix + name, regular=entry.is_file(follow_symlinks=False))
 
     def link(self, path: str, display: str) -> Iterator[Found]:
         try:

@@ -129,8 +129,6 @@ def execute(
     files that need parsing, and its iterator advanced once per such file (the CLI
     draws a bar with it).
     """
-    from migrate.workers import Pool
-
     cache = Cache(config.cache_dir, config.options) if config.cache_dir is not None else None
     settings = Settings(
         config.options,
@@ -147,7 +145,7 @@ def execute(
         if ticks[0] is not None:
             next(ticks[0], None)
 
-    pool = Pool(config.jobs, _setup_worker, settings, _lost, done)
+    pool = _LazyPool(config.jobs, settings, done)
     with _Interrupt() as interrupt:
         try:
             for item in iter_discover(paths, config):
@@ -186,6 +184,47 @@ def execute(
     return outcome
 
 
+class _LazyPool:
+    """The worker pool, started (and ``migrate.workers`` imported) at the first file that
+    needs parsing: a run answered from the cache starts no process."""
+
+    def __init__(self, jobs: int, settings: Settings, done: Callable[[FileResult], None]) -> None:
+        self.args = (jobs, settings, done)
+        self.pool: Pool | None = None
+
+    def submit(self, candidate: Candidate, size: int) -> None:
+        if self.pool is None:
+            from migrate.workers import Pool
+
+            jobs, settings, done = self.args
+            self.pool = Pool(jobs, _setup_worker, settings, _lost, done)
+        self.pool.submit(candidate, size)
+
+    @property
+    def busy(self) -> bool:
+        return self.pool is not None and self.pool.busy
+
+    @property
+    def submitted(self) -> int:
+        return self.pool.submitted if self.pool is not None else 0
+
+    @property
+    def pending(self) -> int:
+        return self.pool.pending if self.pool is not None else 0
+
+    def poll(self, timeout: float = 0.0) -> None:
+        if self.pool is not None:
+            self.pool.poll(timeout)
+
+    def interrupt(self, grace: float | None = None) -> None:
+        if self.pool is not None:
+            self.pool.interrupt() if grace is None else self.pool.interrupt(grace)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
 class _Interrupt:
     """Ctrl-C as a request: the first one sets ``requested`` (the run stops taking new
     files and reports what was done), a second one raises KeyboardInterrupt."""
@@ -214,9 +253,9 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self.previous)  # type: ignore[arg-type]
 
 
-def _front(candidate: Candidate, settings: Settings, cache: Cache | None, pool: Pool) -> FileResult | None:
+def _front(candidate: Candidate, settings: Settings, cache: Cache | None, pool: _LazyPool) -> FileResult | None:
     """Answer a file in the main process when no parse is needed; else queue it."""
-    loaded = _read(candidate)
+    loaded = _read(candidate, want_stat=settings.write)
     if isinstance(loaded, FileResult):
         return loaded
     data, file_stat = loaded
@@ -241,16 +280,28 @@ def _leftover(item: Leftover, write: bool) -> str:
     return ""  # another run is writing it right now
 
 
-def _read(candidate: Candidate) -> tuple[bytes, os.stat_result] | FileResult:
+def _read(candidate: Candidate, want_stat: bool = True) -> tuple[bytes, os.stat_result | None] | FileResult:
+    """The file's bytes, and its stat when ``want_stat`` (for the write's staleness check)."""
     try:
         # A FIFO or device named *.py would block or never end: only regular files,
         # checked before opening (opening a FIFO already blocks).
-        if not stat.S_ISREG(os.stat(candidate.path).st_mode):
+        if not candidate.regular and not stat.S_ISREG(os.stat(candidate.path).st_mode):
             return _failed(candidate, "not a regular file")
-        with open(candidate.path, "rb") as stream:
-            return stream.read(), os.fstat(stream.fileno())
+        descriptor = os.open(candidate.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            # Plain reads on the descriptor: no buffered file object for a read that
+            # happens once, for every file of the tree.
+            chunks = [os.read(descriptor, _READ_SIZE)]
+            while len(chunks[-1]) == _READ_SIZE:
+                chunks.append(os.read(descriptor, _READ_SIZE))
+            return b"".join(chunks), os.fstat(descriptor) if want_stat else None
+        finally:
+            os.close(descriptor)
     except OSError as error:
         return _failed(candidate, f"cannot read: {error.strerror or error}")
+
+
+_READ_SIZE = 1 << 18
 
 
 def _failed(candidate: Candidate, reason: str) -> FileResult:
@@ -291,10 +342,8 @@ def _cacheable(entry: Entry) -> bool:
     return entry.status != "failed" or entry.error.startswith(("cannot decode", "cannot parse", "cannot migrate"))
 
 
-def _finish(entry: Entry, candidate: Candidate, file_stat: os.stat_result, settings: Settings) -> FileResult:
+def _finish(entry: Entry, candidate: Candidate, file_stat: os.stat_result | None, settings: Settings) -> FileResult:
     """The FileResult of ``entry`` for this file; with --write, the file is written."""
-    from migrate.workers import WRITE_LOCK
-
     notebook = candidate.is_notebook
     if entry.status == "failed":
         return _failed(candidate, entry.error)
@@ -311,8 +360,7 @@ def _finish(entry: Entry, candidate: Candidate, file_stat: os.stat_result, setti
     if settings.write:
         assert entry.new_data is not None
         try:
-            with WRITE_LOCK:
-                write_atomic(Path(candidate.path), entry.new_data, file_stat)
+            write_atomic(Path(candidate.path), entry.new_data, file_stat)
         except StaleFileError as error:
             return _failed(candidate, str(error))
         except OSError as error:

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from migrate.atomic import WRITE_LOCK
+
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.context import DefaultContext, ForkContext
@@ -47,9 +49,6 @@ WALL_FACTOR = 4.0
 # After Ctrl-C the files in progress get this long to finish (their writes are atomic
 # either way); a second Ctrl-C stops them at once.
 GRACE_SECONDS = 10.0
-
-# Held while a worker writes a file, so the parent-death watch never exits mid-write.
-WRITE_LOCK = threading.Lock()
 
 
 def cpu_seconds(size: int) -> float:
