@@ -82,12 +82,14 @@ def wall_time(
             "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")])),
             "AMPMIGRATE_CACHE_DIR": str(run_cache),
         }
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: modules compiled once
         # Each run on a fresh copy: pyupgrade and black may rewrite or cache.
         copy = path.with_name("copy_" + path.name)
         shutil.copy(path, copy)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        subprocess.run([*command, str(copy)], env=env, capture_output=True, check=False)
+        # cwd: the temporary folder, not this checkout, whose migrate/ `python -m` would import
+        subprocess.run([*command, str(copy)], env=env, cwd=path.parent, capture_output=True, check=False)
         walls.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)

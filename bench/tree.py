@@ -173,16 +173,19 @@ def naive_libcst(tree: Path, jobs: int) -> float:
     return time.perf_counter() - start
 
 
-def timed(command: list[str], expect: set[int], env: dict[str, str], before: str | None = None) -> tuple[float, float]:
+def timed(
+    command: list[str], expect: set[int], env: dict[str, str], before: str | None = None, cwd: Path | None = None
+) -> tuple[float, float]:
     """Wall time and CPU time (user + system, worker processes included) of one run.
 
-    ``before``, a shell command, runs first and is not timed (emptying a cache).
+    ``before``, a shell command, runs first and is not timed (emptying a cache). ``cwd``
+    must not hold a ``migrate`` package: ``python -m`` imports from there first.
     """
     if before:
         subprocess.run(before, shell=True, check=True)
     start_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    completed = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    completed = subprocess.run(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     elapsed = time.perf_counter() - start
     end_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     if completed.returncode not in expect:
@@ -198,6 +201,8 @@ def environment(pythonpath: Path, cache: Path) -> dict[str, str]:
         "AMPMIGRATE_CACHE_DIR": str(cache),
     }
     env.pop("CI", None)
+    # As installed: modules compiled once to __pycache__, not on every run.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
@@ -228,7 +233,7 @@ def bench_tree(name: str, tree: Path, args: argparse.Namespace, workdir: Path, b
     best: dict[str, tuple[float, float]] = {}
     for _ in range(args.repeat):
         for label, (command, expect, env, before) in runs.items():
-            wall, cpu = timed(command, expect, env, before)
+            wall, cpu = timed(command, expect, env, before, cwd=workdir)
             if label not in best or wall < best[label][0]:
                 best[label] = (wall, cpu)
     naive = naive_libcst(tree, cores)

@@ -95,18 +95,29 @@ class Entry:
     status: str
     findings: tuple[tuple[int | None, int, int, str, str, bool], ...] = ()
     error: str = ""
-    new_data: bytes | None = None
+    # The migrated bytes, base64-encoded: most readers (--check) never need them decoded.
+    new_data_b64: str | None = None
     encoding: str = ""
     diffs: tuple[tuple[str, str], ...] | None = None
     first_change: int | None = None
     migrated_apis: tuple[str, ...] = ()
+
+    @classmethod
+    def changed(
+        cls, findings: tuple[tuple[int | None, int, int, str, str, bool], ...], new_data: bytes, **fields: Any
+    ) -> Entry:
+        return cls("changed", findings, new_data_b64=base64.b64encode(new_data).decode("ascii"), **fields)
+
+    @property
+    def new_data(self) -> bytes | None:
+        return base64.b64decode(self.new_data_b64) if self.new_data_b64 is not None else None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "findings": [list(finding) for finding in self.findings],
             "error": self.error,
-            "new_data": base64.b64encode(self.new_data).decode("ascii") if self.new_data is not None else None,
+            "new_data": self.new_data_b64,
             "encoding": self.encoding,
             "diffs": [list(diff) for diff in self.diffs] if self.diffs is not None else None,
             "first_change": self.first_change,
@@ -124,7 +135,7 @@ class Entry:
                 for cell, line, column, code, message, fixed in data["findings"]
             ),
             error=str(data["error"]),
-            new_data=base64.b64decode(new_data) if new_data is not None else None,
+            new_data_b64=str(new_data) if new_data is not None else None,
             encoding=str(data["encoding"]),
             diffs=tuple((str(suffix), str(body)) for suffix, body in diffs) if diffs is not None else None,
             first_change=data["first_change"],
@@ -160,9 +171,11 @@ class Cache:
 
     def put(self, key: str, entry: Entry) -> None:
         """Store ``entry`` atomically; a cache that cannot be written is no error."""
+        self._store(self._path(key), entry.to_json())
+
+    def _store(self, path: Path, document: Any) -> None:
         import tempfile
 
-        path = self._path(key)
         try:
             if not self.folder.exists():
                 self._prune_others()
@@ -170,14 +183,19 @@ class Cache:
             descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
             try:
                 with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-                    json.dump(entry.to_json(), stream, ensure_ascii=False, separators=(",", ":"))
+                    json.dump(document, stream, ensure_ascii=False, separators=(",", ":"))
                 os.replace(temp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(temp)
                 raise
-        except OSError:
+        except (OSError, ValueError):
             pass
+
+    def index(self, project: Path) -> StatIndex:
+        """The stat index of the files under ``project`` (see StatIndex)."""
+        name = hashlib.sha256(self.salt + os.fsencode(os.path.realpath(project))).hexdigest()[:32]
+        return StatIndex(self, self.folder / "index" / name)
 
     def _prune_others(self) -> None:
         """Remove the folders of other tool versions nobody has written to in a month."""
@@ -190,3 +208,63 @@ class Cache:
                     with contextlib.suppress(OSError):
                         if now - entry.stat(follow_symlinks=False).st_mtime > _PRUNE_AFTER_S:
                             shutil.rmtree(entry.path, ignore_errors=True)
+
+
+# The verdict of a file the byte pre-filter cleared: no entry, nothing to do.
+CLEAN = ""
+# A file changed within this many seconds of being looked at is not indexed: a change in
+# the same tick of a coarse file-system clock would leave its times as they were.
+_RACY_S = 2.0
+
+
+class StatIndex:
+    """What each file's bytes were found to be, keyed on its path and stat, as git's index.
+
+    For a file whose size, modification and change times, inode and device are all as
+    recorded, the recorded verdict stands without reading the file: CLEAN (the pre-filter
+    cleared it) or the key of its result-cache entry. A write to a file always moves its
+    change time (which no tool can set back), so a changed file never matches; a file
+    changed within ``_RACY_S`` of being looked at is not recorded at all. Only a hint: a
+    verdict whose entry is gone is a miss, and the file is read as usual.
+    """
+
+    def __init__(self, cache: Cache, path: Path) -> None:
+        self.cache = cache
+        self.path = path
+        self.rows: dict[str, list[Any]] = {}
+        self.dirty = False
+        try:
+            with open(path, "rb") as stream:
+                rows = json.loads(stream.read())
+            if isinstance(rows, dict):
+                self.rows = rows
+        except (OSError, ValueError):
+            pass
+
+    @staticmethod
+    def _signature(info: os.stat_result) -> list[int]:
+        return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev]
+
+    def lookup(self, path: str, info: os.stat_result) -> str | None:
+        """The verdict recorded for ``path`` if its stat is unchanged, else None."""
+        row = self.rows.get(path)
+        if row is None or len(row) != 6 or row[:5] != self._signature(info):
+            return None
+        verdict = row[5]
+        return verdict if isinstance(verdict, str) else None
+
+    def record(self, path: str, info: os.stat_result, verdict: str, looked_at: float) -> None:
+        """Remember ``verdict`` for ``path`` as it was at ``looked_at`` (a time.time())."""
+        if looked_at - max(info.st_mtime, info.st_ctime) < _RACY_S:
+            if self.rows.pop(path, None) is not None:
+                self.dirty = True
+            return
+        row = [*self._signature(info), verdict]
+        if self.rows.get(path) != row:
+            self.rows[path] = row
+            self.dirty = True
+
+    def save(self) -> None:
+        if self.dirty:
+            self.cache._store(self.path, self.rows)
+            self.dirty = False

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from migrate.atomic import is_temp_name
+from migrate.atomic import TEMP_SUFFIX, is_temp_name
 from migrate.config import Config
 
 SUFFIXES = (".py", ".ipynb")
@@ -337,45 +337,52 @@ class _Walk:
     def folder(
         self, folder: str, real_folder: str, display: str, ignores: tuple[_Ignore, ...], top: bool = False
     ) -> Iterator[Found]:
-        try:
-            with os.scandir(folder) as scan:
-                entries = list(scan)
-        except OSError as error:
-            reason = f"cannot list folder: {error.strerror or error}"
-            yield DiscoveryError(display, reason)
-            return
-        names = {entry.name for entry in entries}
-        if "pyvenv.cfg" in names and not top:
-            return  # a virtual environment, whatever its name
-        if self.respect_gitignore and ".gitignore" in names:
-            matcher = _load_gitignore(folder)
-            if matcher is not None:
-                ignores = (*ignores, (folder, matcher))
-        prefix = "" if display == "." else display + "/"
-        for entry in entries:
-            name = entry.name
-            is_dir = entry.is_dir(follow_symlinks=False)
-            if not is_dir and not name.endswith(SUFFIXES):
-                if is_temp_name(name):
-                    yield Leftover(entry.path, prefix + name)
+        """Everything under ``folder``; a loop over a stack, not recursion, so that each item
+        found is handed over once rather than through one generator per folder level."""
+        stack = [(folder, real_folder, display, ignores, top)]
+        folder_name = self.excludes.folder_name
+        excludes = self.excludes
+        seen = self.seen
+        while stack:
+            folder, real_folder, display, ignores, top = stack.pop()
+            try:
+                with os.scandir(folder) as scan:
+                    entries = list(scan)
+            except OSError as error:
+                yield DiscoveryError(display, f"cannot list folder: {error.strerror or error}")
                 continue
-            path = entry.path
-            if self.excludes.folder_name is not None:
-                if is_dir and self.excludes.folder_name.match(name):
+            names = {entry.name for entry in entries}
+            if "pyvenv.cfg" in names and not top:
+                continue  # a virtual environment, whatever its name
+            if self.respect_gitignore and ".gitignore" in names:
+                matcher = _load_gitignore(folder)
+                if matcher is not None:
+                    ignores = (*ignores, (folder, matcher))
+            prefix = "" if display == "." else display + "/"
+            for entry in entries:
+                name = entry.name
+                is_dir = entry.is_dir(follow_symlinks=False)
+                if not is_dir and not name.endswith(SUFFIXES):
+                    if name.endswith(TEMP_SUFFIX) and is_temp_name(name):
+                        yield Leftover(entry.path, prefix + name)
                     continue
-            elif self.excludes.excluded(self.excludes.relative(path, self.base), is_dir):
-                continue
-            if ignores and _gitignored(path, is_dir, ignores):
-                continue
-            if is_dir:
-                yield from self.folder(path, real_folder + os.sep + name, prefix + name, ignores)
-            elif entry.is_symlink():
-                yield from self.link(path, prefix + name)
-            else:
-                real = real_folder + os.sep + name
-                if real not in self.seen:
-                    self.seen.add(real)
-                    yield Candidate(path, prefix + name, regular=entry.is_file(follow_symlinks=False))
+                path = entry.path
+                if folder_name is not None:
+                    if is_dir and folder_name.match(name):
+                        continue
+                elif excludes.excluded(excludes.relative(path, self.base), is_dir):
+                    continue
+                if ignores and _gitignored(path, is_dir, ignores):
+                    continue
+                if is_dir:
+                    stack.append((path, real_folder + os.sep + name, prefix + name, ignores, False))
+                elif entry.is_symlink():
+                    yield from self.link(path, prefix + name)
+                else:
+                    real = real_folder + os.sep + name
+                    if real not in seen:
+                        seen.add(real)
+                        yield Candidate(path, prefix + name, regular=entry.is_file(follow_symlinks=False))
 
     def link(self, path: str, display: str) -> Iterator[Found]:
         try:

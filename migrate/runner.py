@@ -18,6 +18,7 @@ import io
 import os
 import re
 import stat
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from migrate.atomic import StaleFileError, leftover_state, write_atomic
-from migrate.cache import Cache, Entry
+from migrate.cache import CLEAN, Cache, Entry, StatIndex
 from migrate.config import Config
 from migrate.discovery import Candidate, DiscoveryError, Leftover, Notice, iter_discover
 from migrate.options import Options
@@ -130,6 +131,7 @@ def execute(
     draws a bar with it).
     """
     cache = Cache(config.cache_dir, config.options) if config.cache_dir is not None else None
+    index = cache.index(config.project_root) if cache is not None else None
     settings = Settings(
         config.options,
         config.write,
@@ -152,7 +154,7 @@ def execute(
                 if interrupt.requested:
                     break
                 if isinstance(item, Candidate):
-                    result = _front(item, settings, cache, pool)
+                    result = _front(item, settings, cache, index, pool)
                     if result is not None:
                         outcome.results.append(result)
                     if pool.busy:
@@ -179,6 +181,8 @@ def execute(
             pool.interrupt(grace=0.0)
         finally:
             pool.close()
+            if index is not None:
+                index.save()
     outcome.results.sort(key=lambda result: result.path)
     outcome.notices.sort()
     return outcome
@@ -253,21 +257,56 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self.previous)  # type: ignore[arg-type]
 
 
-def _front(candidate: Candidate, settings: Settings, cache: Cache | None, pool: _LazyPool) -> FileResult | None:
-    """Answer a file in the main process when no parse is needed; else queue it."""
+def _front(
+    candidate: Candidate, settings: Settings, cache: Cache | None, index: StatIndex | None, pool: _LazyPool
+) -> FileResult | None:
+    """Answer a file in the main process when no parse is needed; else queue it.
+
+    With a cache, an unchanged stat answers without reading (the stat index); else the
+    bytes are read, pre-filtered, and looked up by content.
+    """
+    info = None
+    looked_at = 0.0
+    if index is not None:
+        looked_at = time.time()
+        try:
+            info = os.stat(candidate.path)
+        except OSError:
+            info = None  # _read reports it
+        if info is not None and stat.S_ISREG(info.st_mode):
+            verdict = index.lookup(candidate.path, info)
+            if verdict == CLEAN:
+                return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
+            if verdict and cache is not None:
+                entry = _usable(cache.get(verdict), settings)
+                if entry is not None:
+                    return _finish(entry, candidate, info, settings)
+        else:
+            info = None
     loaded = _read(candidate, want_stat=settings.write)
     if isinstance(loaded, FileResult):
         return loaded
     data, file_stat = loaded
     if not may_need_migration(data):
+        if index is not None and info is not None:
+            index.record(candidate.path, info, CLEAN, looked_at)
         return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
     if cache is not None:
-        entry = cache.get(cache.key(data, candidate.is_notebook))
-        # An entry stored without diffs cannot serve a run that shows them.
-        if entry is not None and (entry.status != "changed" or entry.diffs is not None or not settings.want_diff):
+        key = cache.key(data, candidate.is_notebook)
+        if index is not None and info is not None:
+            index.record(candidate.path, info, key, looked_at)
+        entry = _usable(cache.get(key), settings)
+        if entry is not None:
             return _finish(entry, candidate, file_stat, settings)
     pool.submit(candidate, len(data))
     return None
+
+
+def _usable(entry: Entry | None, settings: Settings) -> Entry | None:
+    # An entry stored without diffs cannot serve a run that shows them.
+    if entry is not None and entry.status == "changed" and entry.diffs is None and settings.want_diff:
+        return None
+    return entry
 
 
 def _leftover(item: Leftover, write: bool) -> str:
@@ -453,10 +492,9 @@ def _migrate_python(data: bytes, options: Options, want_diff: bool) -> Entry:
         new_data = result.source.encode(encoding)  # utf-8-sig puts the BOM back
     except UnicodeEncodeError as error:
         return Entry("failed", error=f"internal error, file not written: cannot encode as {encoding}: {error}")
-    return Entry(
-        "changed",
+    return Entry.changed(
         findings,
-        new_data=new_data,
+        new_data,
         encoding=encoding,
         diffs=(("", _diff_body(text, result.source)),) if want_diff else None,
         first_change=_first_change(text, result.source),
@@ -506,10 +544,9 @@ def _migrate_notebook(data: bytes, options: Options, want_diff: bool) -> Entry:
     diffs = None
     if want_diff:
         diffs = tuple((f":cell {index + 1}", _diff_body(originals[index], sources[index])) for index in sorted(sources))
-    return Entry(
-        "changed",
+    return Entry.changed(
         findings,
-        new_data=new_data,
+        new_data,
         diffs=diffs,
         migrated_apis=migrated_apis(program.text, result.source),
     )

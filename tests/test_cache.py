@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from migrate import workers
+from migrate import cache as cache_module
+from migrate import runner, workers
 from migrate.cache import ENV_VAR, Cache, Entry, default_cache_dir
 from migrate.cli import main
 from migrate.options import Options
@@ -125,7 +126,7 @@ def test_other_options_are_other_entries(tmp_path: Path, monkeypatch: pytest.Mon
 def test_a_damaged_entry_is_a_miss_and_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"train.py": AUTOCAST})
     cold = cli(tmp_path, monkeypatch, ".")
-    [entry] = [path for path in Path(os.environ[ENV_VAR]).rglob("*") if path.is_file()]
+    [entry] = [path for path in Path(os.environ[ENV_VAR]).rglob("*") if path.is_file() and path.parent.name != "index"]
     entry.write_text('{"status": "chan')
     again = cli(tmp_path, monkeypatch, ".")
     assert again.stdout == cold.stdout
@@ -184,10 +185,9 @@ def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatc
 
 def test_entries_round_trip_and_keys_depend_on_content_kind_and_options(tmp_path: Path) -> None:
     cache = Cache(tmp_path, Options(), fingerprint="f1")
-    entry = Entry(
-        "changed",
+    entry = Entry.changed(
         ((None, 3, 1, "AMP001", "O2 ☃", True), (2, 1, 5, "AMP032", "x", False)),
-        new_data=b"\xef\xbb\xbfbytes\r\n\x00",
+        b"\xef\xbb\xbfbytes\r\n\x00",
         encoding="utf-8-sig",
         diffs=(("", "@@ -1 +1 @@\n-a\n+b\n"),),
         first_change=3,
@@ -196,7 +196,50 @@ def test_entries_round_trip_and_keys_depend_on_content_kind_and_options(tmp_path
     key = cache.key(b"data", notebook=False)
     cache.put(key, entry)
     assert cache.get(key) == entry
+    assert entry.new_data == b"\xef\xbb\xbfbytes\r\n\x00"
     assert key != cache.key(b"data", notebook=True) != cache.key(b"dat4", notebook=True)
     assert key != Cache(tmp_path, Options(dtype="bfloat16"), fingerprint="f1").key(b"data", notebook=False)
     assert key != Cache(tmp_path, Options(), fingerprint="f2").key(b"data", notebook=False)
     assert Cache(tmp_path, Options(), fingerprint="f2").get(key) is None
+
+
+def no_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a file was read")
+
+    monkeypatch.setattr(runner, "_read", refuse)
+
+
+def test_unchanged_files_are_not_even_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)  # files written just now may be indexed
+    make(tmp_path, TREE)
+    cold = cli(tmp_path, monkeypatch, "--check", "--diff", ".")
+    no_reading(monkeypatch)
+    no_parsing(monkeypatch)
+    warm = cli(tmp_path, monkeypatch, "--check", "--diff", ".")
+    assert (warm.exit_code, warm.stdout, warm.stderr) == (cold.exit_code, cold.stdout, cold.stderr)
+
+
+def test_a_file_changed_in_place_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    make(tmp_path, {"train.py": AUTOCAST.replace(".amp.", ".AMP.")})  # cleared by the pre-filter
+    assert cli(tmp_path, monkeypatch, "--check", ".").exit_code == 0
+    before = (tmp_path / "train.py").stat()
+    # Same size, same modification time: only the change time tells.
+    (tmp_path / "train.py").write_text(AUTOCAST)
+    os.utime(tmp_path / "train.py", ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (tmp_path / "train.py").stat().st_size == before.st_size
+    again = cli(tmp_path, monkeypatch, "--check", ".")
+    assert again.exit_code == 1, again.output
+
+
+def test_a_file_changed_just_before_the_run_is_not_indexed(tmp_path: Path) -> None:
+    index = Cache(tmp_path, Options(), fingerprint="f").index(tmp_path)
+    (tmp_path / "m.py").write_text("x = 1\n")
+    info = (tmp_path / "m.py").stat()
+    index.record(str(tmp_path / "m.py"), info, "", looked_at=info.st_ctime + 0.5)
+    assert index.lookup(str(tmp_path / "m.py"), info) is None
+    index.record(str(tmp_path / "m.py"), info, "", looked_at=info.st_ctime + 5)
+    assert index.lookup(str(tmp_path / "m.py"), info) == ""
+    index.save()
+    assert Cache(tmp_path, Options(), fingerprint="f").index(tmp_path).lookup(str(tmp_path / "m.py"), info) == ""
