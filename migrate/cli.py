@@ -12,12 +12,15 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from migrate import __version__
-from migrate.config import ConfigError, OutputFormat, build_config
+from migrate.config import Config, ConfigError, OutputFormat, build_config
+
+if TYPE_CHECKING:
+    from migrate.report import Report
 
 DEFAULT_COMMAND = "migrate"
 # A progress bar is worth drawing only when this many files need parsing (about
@@ -183,7 +186,7 @@ def migrate_command(
     no_cache: bool,
 ) -> None:
     """Migrate PATH... (files and folders) from Apex amp to torch.amp."""
-    from migrate.report import Report, dumps_json  # keeps --help fast
+    from migrate.report import INTERRUPTED, Report  # keeps --help fast
     from migrate.runner import execute
 
     try:
@@ -213,8 +216,20 @@ def migrate_command(
     if config.options.select is not None:
         _check_rule_names(config.options.select)
 
-    outcome = execute(list(paths), config, progress=_progress_bar)
-    report = Report(outcome.results, config, outcome.notices, outcome.interrupted)
+    try:
+        outcome = execute(list(paths), config, progress=_progress_bar)
+        report = Report(outcome.results, config, outcome.notices, outcome.interrupted)
+        _print(report, config)
+    except KeyboardInterrupt:  # before or after the run proper, which handles its own
+        click.echo("ampmigrate: interrupted", err=True)
+        sys.exit(INTERRUPTED)
+    sys.exit(report.return_code)
+
+
+def _print(report: Report, config: Config) -> None:
+    """Everything the run has to say, in the format asked for; the summary last, on stderr."""
+    from migrate.report import dumps_json
+
     if config.output_format is OutputFormat.TEXT:
         for text, to_stderr in report.text_lines(config.color):
             click.echo(
@@ -240,7 +255,6 @@ def migrate_command(
             )
             sys.exit(2)
     click.echo(report.summary(), err=True)
-    sys.exit(report.return_code)
 
 
 def _check_rule_names(selected: frozenset[str]) -> None:

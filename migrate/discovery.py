@@ -313,7 +313,7 @@ class _Walk:
 
     def inside(self, real: str) -> bool:
         return real in self.root_files or any(
-            real.startswith(folder + os.sep) or real == folder for folder in self.root_folders
+            real == folder or real.startswith(os.path.join(folder, "")) for folder in self.root_folders
         )
 
     def given_file(self, absolute: str, display: str) -> Iterator[Found]:

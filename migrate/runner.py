@@ -221,8 +221,12 @@ class _LazyPool:
             self.pool.poll(timeout)
 
     def interrupt(self, grace: float | None = None) -> None:
-        if self.pool is not None:
-            self.pool.interrupt() if grace is None else self.pool.interrupt(grace)
+        if self.pool is None:
+            return
+        if grace is None:
+            self.pool.interrupt()
+        else:
+            self.pool.interrupt(grace)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -235,6 +239,7 @@ class _Interrupt:
 
     def __init__(self) -> None:
         self.requested = False
+        self.installed = False
         self.previous: object = None
 
     def __enter__(self) -> _Interrupt:
@@ -243,6 +248,7 @@ class _Interrupt:
 
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.installed = True
         return self
 
     def _handle(self, signum: int, frame: object) -> None:
@@ -253,8 +259,8 @@ class _Interrupt:
     def __exit__(self, *exc_info: object) -> None:
         import signal
 
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)  # type: ignore[arg-type]
+        if self.installed:
+            signal.signal(signal.SIGINT, self.previous if self.previous is not None else signal.SIG_DFL)  # type: ignore[arg-type]
 
 
 def _front(
