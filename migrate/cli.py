@@ -2,7 +2,8 @@
 
 ``ampmigrate PATH...`` is the default command (migrate); ``ampmigrate verify`` runs an
 original and a migrated training script side by side. Exit codes: 0 nothing left to
-do, 1 ``--check`` found work, 2 usage error or a file could not be read or parsed.
+do, 1 ``--check`` found work, 2 usage error or a file could not be read or parsed, 130
+interrupted by Ctrl-C (after reporting what was done).
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from migrate import __version__
-from migrate.config import ConfigError, OutputFormat, build_config
+from migrate.config import Config, ConfigError, OutputFormat, build_config
+
+if TYPE_CHECKING:
+    from migrate.report import Report
 
 DEFAULT_COMMAND = "migrate"
 # A progress bar is worth drawing only when this many files need parsing (about
@@ -82,7 +86,7 @@ def main() -> None:
     and after migration and compares the two (needs torch).
 
     Exit codes: 0 nothing left to do, 1 --check found work, 2 usage error or a file
-    could not be read or parsed.
+    could not be read or parsed, 130 interrupted (Ctrl-C).
     """
 
 
@@ -162,6 +166,12 @@ def main() -> None:
     default=None,
     help="Skip files .gitignore ignores [default: respect].",
 )
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Neither read nor write the result cache (in $AMPMIGRATE_CACHE_DIR, else $XDG_CACHE_HOME/ampmigrate, "
+    "else the user cache folder).",
+)
 def migrate_command(
     paths: tuple[Path, ...],
     diff: bool | None,
@@ -179,10 +189,11 @@ def migrate_command(
     exclude: tuple[str, ...],
     extend_exclude: tuple[str, ...],
     respect_gitignore: bool | None,
+    no_cache: bool,
 ) -> None:
     """Migrate PATH... (files and folders) from Apex amp to torch.amp."""
-    from migrate.report import Report, dumps_json  # keeps --help fast
-    from migrate.runner import run
+    from migrate.report import INTERRUPTED, Report  # keeps --help fast
+    from migrate.runner import execute
 
     try:
         config = build_config(
@@ -205,14 +216,27 @@ def migrate_command(
             extend_exclude=extend_exclude,
             respect_gitignore=respect_gitignore,
             fused=fused,
+            cache=not no_cache,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from None
     if config.options.select is not None:
         _check_rule_names(config.options.select)
 
-    results = run(list(paths), config, progress=_progress_bar)
-    report = Report(results, config)
+    try:
+        outcome = execute(list(paths), config, progress=_progress_bar)
+        report = Report(outcome.results, config, outcome.notices, outcome.interrupted)
+        _print(report, config)
+    except KeyboardInterrupt:  # before or after the run proper, which handles its own
+        click.echo("ampmigrate: interrupted", err=True)
+        sys.exit(INTERRUPTED)
+    sys.exit(report.return_code)
+
+
+def _print(report: Report, config: Config) -> None:
+    """Everything the run has to say, in the format asked for; the summary last, on stderr."""
+    from migrate.report import dumps_json
+
     if config.output_format is OutputFormat.TEXT:
         for text, to_stderr in report.text_lines(config.color):
             click.echo(
@@ -238,7 +262,6 @@ def migrate_command(
             )
             sys.exit(2)
     click.echo(report.summary(), err=True)
-    sys.exit(report.return_code)
 
 
 def _check_rule_names(selected: frozenset[str]) -> None:
@@ -327,9 +350,19 @@ def verify_command(
     """Run ORIGINAL (under the Apex shim) and MIGRATED for a few steps and compare them.
 
     ORIGINAL and MIGRATED are two scripts, or two project folders run through the same
-    --entry script. Arguments after `--` are passed to both scripts. Exit 0: the migration
-    trains like the original; 1: it diverges; 2: a script failed. Needs torch.
+    --entry script. Arguments after `--` are passed to both scripts, which run with your
+    permissions (they are executed, like `python SCRIPT`). Exit 0: the migration trains like
+    the original; 1: it diverges; 2: a script failed. Needs torch.
     """
+    import importlib.util
+
+    # Checked here, before anything runs: without torch both scripts would only fail
+    # to import it, and that would read like two broken scripts.
+    if importlib.util.find_spec("torch") is None:
+        raise click.UsageError(
+            "`ampmigrate verify` needs torch, which is not installed in this environment "
+            f"({sys.executable}). Install it with: pip install 'ampmigrate[torch]' (or pip install torch)"
+        )
     try:
         at = [int(step) for step in overflow_at.split(",") if step.strip()] if overflow_at else None
     except ValueError:

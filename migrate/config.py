@@ -86,6 +86,8 @@ class Config:
     # The folder exclude patterns are relative to: the pyproject.toml's, else the cwd.
     project_root: Path = field(default_factory=Path.cwd)
     config_file: Path | None = None
+    # Where per-file results are cached (see migrate.cache); None: no cache.
+    cache_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -121,14 +123,15 @@ def find_pyproject(paths: list[Path]) -> Path | None:
 
 
 def _common_folder(paths: list[Path]) -> Path:
-    resolved = [p.resolve() for p in paths] or [Path.cwd().resolve()]
+    # os.path.realpath, unlike Path.resolve on Python < 3.13, never raises on a symlink loop.
+    resolved = [Path(os.path.realpath(p)) for p in paths] or [Path(os.path.realpath(Path.cwd()))]
     folders = [p if p.is_dir() else p.parent for p in resolved]
     return Path(os.path.commonpath([str(f) for f in folders]))
 
 
 def _default_root(paths: list[Path]) -> Path:
     """Without a configuration, patterns are relative to the cwd when it holds every path."""
-    cwd = Path.cwd().resolve()
+    cwd = Path(os.path.realpath(Path.cwd()))
     common = _common_folder(paths)
     return cwd if common == cwd or cwd in common.parents else common
 
@@ -230,8 +233,12 @@ def build_config(
     extend_exclude: tuple[str, ...] = (),
     respect_gitignore: bool | None = None,
     fused: bool | None = None,
+    cache: bool = False,
 ) -> Config:
-    """Merge defaults, the project's [tool.ampmigrate] table and command-line values."""
+    """Merge defaults, the project's [tool.ampmigrate] table and command-line values.
+
+    ``cache`` turns the result cache on, in ``migrate.cache.default_cache_dir()``.
+    """
     pyproject = find_pyproject(paths)
     settings = load_file_settings(pyproject) if pyproject else FileSettings(path=Path.cwd())
     if write and check:
@@ -270,4 +277,11 @@ def build_config(
         ),
         project_root=pyproject.parent if pyproject else _default_root(paths),
         config_file=pyproject,
+        cache_dir=_cache_dir() if cache else None,
     )
+
+
+def _cache_dir() -> Path:
+    from migrate.cache import default_cache_dir
+
+    return default_cache_dir()

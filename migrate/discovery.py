@@ -1,11 +1,15 @@
 """Finding the files to migrate: ``*.py`` and ``*.ipynb`` under the given paths.
 
-Folders are searched recursively in sorted order, skipping excluded folders (VCS
-metadata, virtual environments, builds: see ``config.DEFAULT_EXCLUDE``), anything a
-``.gitignore`` ignores, and symlinked folders (which can loop). Files named on the
-command line are always taken, whatever their suffix, unless the project's exclude
-patterns match them: pre-commit passes every staged file by name and expects the
-project's excludes to hold.
+Folders are searched recursively, skipping excluded folders (VCS metadata, virtual
+environments, builds: see ``config.DEFAULT_EXCLUDE``), anything a ``.gitignore`` ignores,
+and symlinked folders (which can loop). Files named on the command line are always
+taken, whatever their suffix, unless the project's exclude patterns match them:
+pre-commit passes every staged file by name and expects the project's excludes to hold.
+
+Each real file is found once, however many names lead to it. A symlinked file met while
+searching a folder is followed only when its target lies inside the paths given (so a
+run never writes outside them); a link that loops is reported for its path. Discovery
+streams what it finds, so the runner can start work before the walk is over.
 """
 
 from __future__ import annotations
@@ -13,61 +17,173 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from dataclasses import dataclass
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from migrate.atomic import TEMP_SUFFIX, is_temp_name
 from migrate.config import Config
-
-if TYPE_CHECKING:
-    from pathspec import GitIgnoreSpec
 
 SUFFIXES = (".py", ".ipynb")
 # "name/" or "*.egg-info/": a folder name at any depth. When every pattern has this
 # shape (the defaults do) they are matched by folder name alone, without pathspec,
 # whose import costs a pre-commit run on one file a noticeable share of its 0.1 s.
 _FOLDER_NAME_PATTERN = re.compile(r"^[^/!\\#\[]+/$")
+# pathspec names a group in each pattern's regex; several patterns joined in one
+# alternation may not repeat a group name.
+_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A file to migrate: where it is, and how to name it to the user."""
 
-    path: Path
+    path: str
     display: str
+    # Known to be a regular file (the folder listing said so): no need to stat it again.
+    regular: bool = False
 
     @property
     def is_notebook(self) -> bool:
-        return self.path.suffix == ".ipynb"
+        return self.path.endswith(".ipynb")
 
 
 @dataclass(frozen=True)
 class DiscoveryError:
-    """A path that could not be searched (missing, unreadable folder)."""
+    """A path that could not be searched (missing, unreadable folder, symlink loop)."""
 
     display: str
     reason: str
 
 
-# A .gitignore in force while walking: the folder it sits in, and its patterns.
-_Ignore = tuple[str, "GitIgnoreSpec"]
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know that is not a failure (a link not followed)."""
+
+    display: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A temporary file of an earlier ``--write`` found beside the files."""
+
+    path: str
+    display: str
+
+
+Found = Candidate | DiscoveryError | Notice | Leftover
+# Whether a path relative to a .gitignore's folder is ignored (is_dir says which kind).
+_Matcher = Callable[[str, bool], bool]
+# A .gitignore in force while walking: the folder it sits in, and its matcher.
+_Ignore = tuple[str, _Matcher]
+
+
+def compile_gitignore(lines: list[str]) -> _Matcher:
+    """A matcher for the patterns of one .gitignore, for a walk that prunes as it goes.
+
+    The matcher answers for an entry whose parent folders were already found not ignored
+    (the walk never enters an ignored folder). Under that condition most patterns need no
+    regular expression: a pattern without a slash (``__pycache__/``, ``*.pyc``, ``data``)
+    can only match the entry's own name, so it is a set lookup or a suffix test. The
+    rest become one regular expression (compiled once, not once per pattern); a file with
+    a negated pattern, where order matters, goes to pathspec's GitIgnoreSpec whole.
+    Compiling a thousand patterns one by one costs more than walking a large tree.
+    """
+    names: set[str] = set()
+    folder_names: set[str] = set()
+    suffixes: list[str] = []
+    folder_suffixes: list[str] = []
+    rest: list[str] = []
+    for line in lines:
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("!"):
+            return _pathspec_matcher(lines)
+        folder_only = line.endswith("/")
+        body = line[:-1] if folder_only else line
+        if not body or "/" in body or "\\" in body or body != body.strip():
+            rest.append(line)  # anchored, escaped or spaced: pathspec translates it
+        elif not any(char in body for char in "*?["):
+            (folder_names if folder_only else names).add(body)
+        elif body[0] == "*" and not any(char in body[1:] for char in "*?["):
+            (folder_suffixes if folder_only else suffixes).append(body[1:])
+        else:
+            rest.append(line)
+    translated, match = _joined_regex(rest)
+    if not translated:
+        return _pathspec_matcher(lines)
+    name_suffixes, folder_name_suffixes = tuple(suffixes), tuple(suffixes + folder_suffixes)
+    folder_names |= names
+
+    def matcher(relative: str, is_dir: bool) -> bool:
+        name = relative[relative.rfind("/") + 1 :]
+        if is_dir:
+            if name in folder_names or name.endswith(folder_name_suffixes):
+                return True
+        elif name in names or name.endswith(name_suffixes):
+            return True
+        return match is not None and match(relative + "/" if is_dir else relative) is not None
+
+    return matcher
+
+
+def _joined_regex(lines: list[str]) -> tuple[bool, Callable[[str], re.Match[str] | None] | None]:
+    """One compiled alternation of pathspec's regexes for ``lines`` (None for no line),
+    and whether the translation worked."""
+    if not lines:
+        return True, None
+    from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
+
+    regexes = []
+    for line in lines:
+        regex, include = GitIgnoreSpecPattern.pattern_to_regex(line)
+        if include is None:
+            continue
+        if not include or not isinstance(regex, str):
+            return False, None
+        regexes.append(_NAMED_GROUP.sub("(?:", regex))
+    if not regexes:
+        return True, None
+    try:
+        return True, re.compile("|".join(regexes)).match
+    except re.error:
+        return False, None
+
+
+def _whole_path_matcher(lines: list[str]) -> _Matcher:
+    """A matcher with GitIgnoreSpec's answers for any path, its folders unchecked."""
+    translated, match = _joined_regex([line for line in lines if line and not line.startswith("#")])
+    if not translated:
+        return _pathspec_matcher(lines)
+    if match is None:
+        return lambda relative, is_dir: False
+    return lambda relative, is_dir: match(relative + "/" if is_dir else relative) is not None
+
+
+def _pathspec_matcher(lines: list[str]) -> _Matcher:
+    from pathspec import GitIgnoreSpec
+
+    spec = GitIgnoreSpec.from_lines(lines)
+    return lambda relative, is_dir: spec.match_file(relative + "/" if is_dir else relative)
 
 
 class _Excludes:
     """The project's exclude patterns, matched on paths relative to the project root."""
 
     def __init__(self, config: Config) -> None:
-        self.root = str(config.project_root.resolve())
+        self.root = os.path.realpath(config.project_root)
         patterns = [*config.exclude, *config.extend_exclude]
-        self.spec: GitIgnoreSpec | None = None
+        self.matcher: _Matcher | None = None
         self.folder_name: re.Pattern[str] | None = None
         if all(_FOLDER_NAME_PATTERN.match(pattern) for pattern in patterns):
             names = "|".join(fnmatch.translate(pattern[:-1]) for pattern in patterns)
             self.folder_name = re.compile(names or "(?!)")
         else:
-            from pathspec import GitIgnoreSpec
-
-            self.spec = GitIgnoreSpec.from_lines(patterns)
+            # Also asked about files named on the command line, whose folders nobody
+            # checked: whole-path matching, not compile_gitignore's entry-name shortcut.
+            self.matcher = _whole_path_matcher(patterns)
 
     def relative(self, path: str, fallback_base: str) -> str:
         """``path`` relative to the project root, or to ``fallback_base`` outside it."""
@@ -78,35 +194,38 @@ class _Excludes:
 
     def excluded(self, relative: str, is_dir: bool) -> bool:
         """Whether the patterns exclude this root-relative path (or a folder above it)."""
-        if self.spec is not None:
-            return self.spec.match_file(relative + "/" if is_dir else relative)
+        if self.matcher is not None:
+            return self.matcher(relative, is_dir)
         assert self.folder_name is not None
         folders = relative.split("/") if is_dir else relative.split("/")[:-1]
         return any(self.folder_name.match(folder) for folder in folders)
 
-    def excluded_entry(self, relative: str, name: str, is_dir: bool) -> bool:
-        """The same for an entry met while walking, whose parents were already checked."""
-        if self.spec is not None:
-            return self.spec.match_file(relative + "/" if is_dir else relative)
-        assert self.folder_name is not None
-        return is_dir and self.folder_name.match(name) is not None
 
-
-def _load_gitignore(folder: str) -> GitIgnoreSpec | None:
+def _load_gitignore(folder: str) -> _Matcher | None:
     try:
         with open(os.path.join(folder, ".gitignore"), encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
-    from pathspec import GitIgnoreSpec
-
-    return GitIgnoreSpec.from_lines(lines)
+    return compile_gitignore(lines)
 
 
 def _gitignored(path: str, is_dir: bool, ignores: tuple[_Ignore, ...]) -> bool:
-    for folder, spec in ignores:
-        relative = path[len(folder) + 1 :].replace(os.sep, "/")
-        if spec.match_file(relative + "/" if is_dir else relative):
+    for folder, matcher in ignores:
+        if matcher(path[len(folder) + 1 :].replace(os.sep, "/"), is_dir):
+            return True
+    return False
+
+
+def _ignored_folder(folder: str, ignores: tuple[_Ignore, ...]) -> bool:
+    """Whether ``folder`` or a folder between it and a .gitignore above ignores it.
+
+    The walk checks entries by their own names only (see compile_gitignore), so the
+    folders above its starting point are checked here, from the top down.
+    """
+    for base, matcher in ignores:
+        parts = folder[len(base) + 1 :].split(os.sep)
+        if any(matcher("/".join(parts[: depth + 1]), True) for depth in range(len(parts))):
             return True
     return False
 
@@ -125,65 +244,163 @@ def _ancestor_ignores(folder: str) -> tuple[_Ignore, ...]:
         current = parent
     ignores = []
     for ancestor in reversed(chain[1:]):
-        spec = _load_gitignore(ancestor)
-        if spec is not None:
-            ignores.append((ancestor, spec))
+        matcher = _load_gitignore(ancestor)
+        if matcher is not None:
+            ignores.append((ancestor, matcher))
     return tuple(ignores)
 
 
 def discover(paths: list[Path], config: Config) -> tuple[list[Candidate], list[DiscoveryError]]:
-    """All files to migrate under ``paths``, sorted by display name and deduplicated."""
-    excludes = _Excludes(config)
-    found: dict[str, Candidate] = {}
+    """All files to migrate under ``paths`` and the paths that failed, sorted by display name."""
+    candidates: list[Candidate] = []
     errors: list[DiscoveryError] = []
+    for item in iter_discover(paths, config):
+        if isinstance(item, Candidate):
+            candidates.append(item)
+        elif isinstance(item, DiscoveryError):
+            errors.append(item)
+    candidates.sort(key=lambda candidate: candidate.display)
+    return candidates, sorted(errors, key=lambda error: error.display)
+
+
+def iter_discover(paths: list[Path], config: Config) -> Iterator[Found]:
+    """Everything found under ``paths``, as it is found (in no particular order).
+
+    Each real file is yielded once. Symlinked files met while walking come last: the
+    file itself, when it is also found under its own name, is preferred to a link.
+    """
+    walk = _Walk(_Excludes(config), config.respect_gitignore)
+    walk.set_roots(paths)
     for given in paths:
         absolute = os.path.abspath(given)
         if not os.path.lexists(absolute):
-            errors.append(DiscoveryError(str(given), "no such file or directory"))
+            yield DiscoveryError(str(given), "no such file or directory")
         elif os.path.isdir(absolute):
             ignores = _ancestor_ignores(absolute) if config.respect_gitignore else ()
-            walk = _Walk(excludes, absolute, config.respect_gitignore, found, errors)
-            walk.folder(absolute, os.path.normpath(given), ignores)
-        elif not excludes.excluded(excludes.relative(absolute, os.path.dirname(absolute)), False):
-            found.setdefault(absolute, Candidate(Path(absolute), str(given)))
-    candidates = sorted(found.values(), key=lambda candidate: candidate.display)
-    return candidates, sorted(errors, key=lambda error: error.display)
+            if _ignored_folder(absolute, ignores):
+                continue  # a .gitignore above ignores the folder itself, so all in it
+            walk.base = absolute
+            yield from walk.folder(absolute, os.path.realpath(absolute), os.path.normpath(given), ignores, top=True)
+        elif not walk.excludes.excluded(walk.excludes.relative(absolute, os.path.dirname(absolute)), False):
+            # Named on the command line: followed wherever it leads (the user asked for it).
+            yield from walk.given_file(absolute, str(given))
+    yield from walk.links()
 
 
 @dataclass
 class _Walk:
     excludes: _Excludes
-    root: str
     respect_gitignore: bool
-    found: dict[str, Candidate]
-    errors: list[DiscoveryError]
+    # real paths of the folders and files given: links may lead only inside them
+    root_folders: tuple[str, ...] = ()
+    root_files: frozenset[str] = frozenset()
+    seen: set[str] = field(default_factory=set)  # real paths already yielded
+    # symlinked files met while walking: (path, display, real path), decided at the end
+    deferred: list[tuple[str, str, str]] = field(default_factory=list)
+    leftover_folders: set[str] = field(default_factory=set)
+    base: str = ""  # the folder being walked: exclude patterns fall back to it outside the project
 
-    def folder(self, folder: str, display: str, ignores: tuple[_Ignore, ...]) -> None:
+    def set_roots(self, paths: list[Path]) -> None:
+        folders, files = [], set()
+        for given in paths:
+            real = os.path.realpath(given)
+            if os.path.isdir(real):
+                folders.append(real)
+            else:
+                files.add(real)
+        self.root_folders = tuple(folders)
+        self.root_files = frozenset(files)
+
+    def inside(self, real: str) -> bool:
+        return real in self.root_files or any(
+            real == folder or real.startswith(os.path.join(folder, "")) for folder in self.root_folders
+        )
+
+    def given_file(self, absolute: str, display: str) -> Iterator[Found]:
+        real = os.path.realpath(absolute)
+        if real not in self.seen:
+            self.seen.add(real)
+            yield Candidate(absolute, display)
+        # A killed run's temporary files sit beside the files it was writing.
+        folder = os.path.dirname(absolute)
+        if folder not in self.leftover_folders:
+            self.leftover_folders.add(folder)
+            try:
+                with os.scandir(folder) as scan:
+                    names = [entry.name for entry in scan if is_temp_name(entry.name)]
+            except OSError:
+                names = []
+            shown_folder = os.path.dirname(display)
+            for name in sorted(names):
+                yield Leftover(os.path.join(folder, name), os.path.join(shown_folder, name))
+
+    def folder(
+        self, folder: str, real_folder: str, display: str, ignores: tuple[_Ignore, ...], top: bool = False
+    ) -> Iterator[Found]:
+        """Everything under ``folder``; a loop over a stack, not recursion, so that each item
+        found is handed over once rather than through one generator per folder level."""
+        stack = [(folder, real_folder, display, ignores, top)]
+        folder_name = self.excludes.folder_name
+        excludes = self.excludes
+        seen = self.seen
+        while stack:
+            folder, real_folder, display, ignores, top = stack.pop()
+            try:
+                with os.scandir(folder) as scan:
+                    entries = list(scan)
+            except OSError as error:
+                yield DiscoveryError(display, f"cannot list folder: {error.strerror or error}")
+                continue
+            names = {entry.name for entry in entries}
+            if "pyvenv.cfg" in names and not top:
+                continue  # a virtual environment, whatever its name
+            if self.respect_gitignore and ".gitignore" in names:
+                matcher = _load_gitignore(folder)
+                if matcher is not None:
+                    ignores = (*ignores, (folder, matcher))
+            prefix = "" if display == "." else display + "/"
+            for entry in entries:
+                name = entry.name
+                is_dir = entry.is_dir(follow_symlinks=False)
+                if not is_dir and not name.endswith(SUFFIXES):
+                    if name.endswith(TEMP_SUFFIX) and is_temp_name(name):
+                        yield Leftover(entry.path, prefix + name)
+                    continue
+                path = entry.path
+                if folder_name is not None:
+                    if is_dir and folder_name.match(name):
+                        continue
+                elif excludes.excluded(excludes.relative(path, self.base), is_dir):
+                    continue
+                if ignores and _gitignored(path, is_dir, ignores):
+                    continue
+                if is_dir:
+                    stack.append((path, real_folder + os.sep + name, prefix + name, ignores, False))
+                elif entry.is_symlink():
+                    yield from self.link(path, prefix + name)
+                else:
+                    real = real_folder + os.sep + name
+                    if real not in seen:
+                        seen.add(real)
+                        yield Candidate(path, prefix + name, regular=entry.is_file(follow_symlinks=False))
+
+    def link(self, path: str, display: str) -> Iterator[Found]:
         try:
-            with os.scandir(folder) as scan:
-                entries = sorted(scan, key=lambda entry: entry.name)
-        except OSError as error:
-            reason = f"cannot list folder: {error.strerror or error}"
-            self.errors.append(DiscoveryError(display, reason))
+            info = os.stat(path)
+        except FileNotFoundError:
+            return  # dangling: nothing to migrate
+        except OSError as error:  # a loop, or a folder on the way that cannot be searched
+            yield DiscoveryError(display, f"cannot follow symlink: {error.strerror or error}")
             return
-        if self.respect_gitignore and any(e.name == ".gitignore" for e in entries):
-            spec = _load_gitignore(folder)
-            if spec is not None:
-                ignores = (*ignores, (folder, spec))
-        for entry in entries:
-            path = entry.path
-            is_dir = entry.is_dir(follow_symlinks=False)
-            if not is_dir and not entry.name.endswith(SUFFIXES):
+        if stat.S_ISREG(info.st_mode):
+            self.deferred.append((path, display, os.path.realpath(path)))
+
+    def links(self) -> Iterator[Found]:
+        for path, display, real in sorted(self.deferred, key=lambda item: item[1]):
+            if real in self.seen:
+                continue  # the same file, already found under another name
+            if not self.inside(real):
+                yield Notice(display, f"not followed: a symlink to {real}, outside the paths given")
                 continue
-            relative = self.excludes.relative(path, self.root)
-            if self.excludes.excluded_entry(relative, entry.name, is_dir) or (
-                ignores and _gitignored(path, is_dir, ignores)
-            ):
-                continue
-            shown = display + "/" + entry.name if display != "." else entry.name
-            if is_dir:
-                # A virtual environment under any name has a pyvenv.cfg.
-                if not os.path.exists(os.path.join(path, "pyvenv.cfg")):
-                    self.folder(path, shown, ignores)
-            elif entry.is_file():  # follows file symlinks; drops dangling ones
-                self.found.setdefault(path, Candidate(Path(path), shown))
+            self.seen.add(real)
+            yield Candidate(path, display)

@@ -6,10 +6,12 @@ The runner owns files; tests call this directly.
 from __future__ import annotations
 
 import gc
+import warnings
 from dataclasses import dataclass
 
 import libcst as cst
 
+from migrate import pytree
 from migrate.findings import Finding, make_finding
 from migrate.options import Options, ScalerInfo
 from migrate.rules import run_rules
@@ -25,6 +27,10 @@ class SourceSyntaxError(Exception):
         self.message = message
         self.line = line
         self.column = column
+
+
+class UnsupportedSyntaxError(SourceSyntaxError):
+    """Valid Python (the running interpreter compiles it) that libcst cannot parse."""
 
 
 class InternalError(Exception):
@@ -48,11 +54,41 @@ class MigrationResult:
         return any(not finding.fixed for finding in self.findings)
 
 
+def check_syntax(source: str) -> None:
+    """Parse ``source`` with the running Python first; raise SourceSyntaxError if it cannot.
+
+    CPython's parser bounds nesting (200 brackets, 100 indents, a recursion limit) and
+    never crashes, where libcst's native parser can overflow its stack on inputs that
+    deep. It also holds the grammar the output must compile under, so syntax newer than
+    this interpreter is reported as unparseable rather than as an internal error after
+    the rewrite. The tree is kept for the rules (``migrate.pytree``).
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes and the like: not ours to report
+            pytree.parse(source)
+    except SyntaxError as error:
+        raise SourceSyntaxError(error.msg, error.lineno or 1, error.offset or 1) from None
+    except ValueError as error:  # null bytes
+        raise SourceSyntaxError(str(error), 1, 1) from None
+    except RecursionError:
+        raise SourceSyntaxError("nested too deeply", 1, 1) from None
+    except MemoryError:
+        raise SourceSyntaxError("too large to parse", 1, 1) from None
+
+
+def _compile(source: str, name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compile(source, name, "exec", dont_inherit=True)
+
+
 def parse(source: str) -> cst.Module:
+    """libcst's tree of ``source``, which ``check_syntax`` has accepted."""
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as error:
-        raise SourceSyntaxError(error.message, error.raw_line, error.raw_column + 1) from None
+        raise UnsupportedSyntaxError(error.message, error.raw_line, error.raw_column + 1) from None
 
 
 def _file_skip_line(source: str) -> int | None:
@@ -69,7 +105,12 @@ def _file_skip_line(source: str) -> int | None:
 
 
 def migrate_source(source: str, options: Options = Options()) -> MigrationResult:
-    """Migrate one module's source text. Raises SourceSyntaxError or InternalError."""
+    """Migrate one module's source text. Raises SourceSyntaxError or InternalError.
+
+    The input is parsed once by Python (``check_syntax``, whose tree the rules share)
+    and once by libcst; the output, when it differs, is compiled once before it is
+    returned.
+    """
     # libcst trees are large and acyclic (reference counting frees them): the cycle
     # collector's passes over them during one file are pure overhead (about 10%)
     collecting = gc.isenabled()
@@ -77,25 +118,36 @@ def migrate_source(source: str, options: Options = Options()) -> MigrationResult
     try:
         return _migrate(source, options)
     finally:
+        pytree.forget()
         if collecting:
             gc.enable()
 
 
 def _migrate(source: str, options: Options) -> MigrationResult:
-    module = parse(source)
+    check_syntax(source)
     skip_line = _file_skip_line(source)
-    if skip_line is not None:
+    if skip_line is not None:  # decided from the text alone: no need for libcst's tree
         note = make_finding(
             "AMP050", skip_line, 1, "`# ampmigrate: skip` at the top: the whole file was left as it was"
         )
         return MigrationResult(source, False, (note,), skipped=True)
+    module = parse(source)
     outcome = run_rules(module, source, options)
     new_module = outcome.module
     new_source = render(module, new_module, source) if new_module is not module else source
     if new_source != source:
         try:
-            compile(new_source, "<migrated>", "exec")
-        except SyntaxError as error:
+            _compile(new_source, "<migrated>")
+        except (SyntaxError, ValueError, RecursionError) as error:
+            # Input Python parses but does not compile either (`return` outside a
+            # function, nesting too deep for the compiler): the input's fault, not ours.
+            # Checked only now, so that the input is compiled only on this path.
+            try:
+                _compile(source, "<input>")
+            except SyntaxError as input_error:
+                raise SourceSyntaxError(input_error.msg, input_error.lineno or 1, input_error.offset or 1) from None
+            except (ValueError, RecursionError, MemoryError):
+                raise SourceSyntaxError("nested too deeply", 1, 1) from None
             raise InternalError(f"migrated code does not compile: {error}") from None
     return MigrationResult(
         new_source,

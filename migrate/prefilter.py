@@ -10,17 +10,29 @@ from __future__ import annotations
 
 import re
 
-# "apex" covers every Apex import; "amp" in a torch.cuda/torch.cpu context covers the
-# deprecated native forms, also when reached through `from torch.cuda import amp`; the
-# amp functions themselves cover code that gets the amp module from elsewhere (a
+# "amp" in a torch.cuda/torch.cpu context covers the deprecated native forms, also when
+# reached through `from torch.cuda import amp`. One pattern per device, so that each
+# starts with a literal the regex engine scans for quickly (an alternation of the two
+# is five times slower on a real tree).
+_CUDA_AMP = re.compile(rb"cuda\b[\s\\]*(?:\.|import)[\s\\(]*amp")
+_CPU_AMP = re.compile(rb"cpu\b[\s\\]*(?:\.|import)[\s\\(]*amp")
+# The amp functions themselves cover code that gets the amp module from elsewhere (a
 # parameter, a star import, a notebook's %run), which must be reported, not passed over.
-_NEEDLE = re.compile(
-    rb"apex|(?:cuda|cpu)\b[\s\\]*(?:\.|import)[\s\\(]*amp|scale_loss|master_params|amp\.(?:initialize|state_dict|load_state_dict)"
-)
+_AMP_FUNCTION = re.compile(rb"amp\.(?:initialize|state_dict|load_state_dict)")
 
 
 def may_need_migration(data: bytes | str) -> bool:
     """Return False only when ``data`` certainly has nothing to migrate."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
-    return _NEEDLE.search(data) is not None
+    # Substring tests are a memchr-fast scan: "apex" covers every Apex import.
+    if b"apex" in data or b"scale_loss" in data or b"master_params" in data:
+        return True
+    if b"amp" not in data:
+        return False
+    # The regex engine scans for a literal prefix more slowly than `in` does: ask `in` first.
+    return (
+        (b"amp." in data and _AMP_FUNCTION.search(data) is not None)
+        or (b"cuda" in data and _CUDA_AMP.search(data) is not None)
+        or (b"cpu" in data and _CPU_AMP.search(data) is not None)
+    )

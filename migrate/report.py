@@ -30,6 +30,8 @@ PENDING_RULE = "pending-rewrite"
 PENDING_MESSAGE = "ampmigrate would rewrite this file from Apex amp to torch.amp; run `ampmigrate --write`."
 # Codes whose rewrite can change numerics (loss values, overflow handling) compared
 # with Apex; the Markdown report lists them under their own heading.
+# The exit code of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED = 130
 NUMERICS_CODES = frozenset({"AMP001", "AMP002", "AMP003", "AMP004", "AMP011", "AMP012"})
 
 
@@ -45,9 +47,19 @@ class Counts:
 class Report:
     """Everything the user is told about one run."""
 
-    def __init__(self, results: list[FileResult], config: Config) -> None:
+    def __init__(
+        self,
+        results: list[FileResult],
+        config: Config,
+        notices: list[str] | None = None,
+        interrupted: bool = False,
+    ) -> None:
         self.results = results
         self.config = config
+        # Not about a file's migration: links not followed, leftovers of killed runs.
+        self.notices = notices or []
+        # Ctrl-C stopped the run: the results cover only the files reached.
+        self.interrupted = interrupted
 
     @property
     def counts(self) -> Counts:
@@ -62,8 +74,10 @@ class Report:
 
     @property
     def return_code(self) -> int:
-        """2: some file failed; 1: --check and work is pending; else 0."""
+        """130: interrupted; 2: some file failed; 1: --check and work is pending; else 0."""
         counts = self.counts
+        if self.interrupted:
+            return INTERRUPTED
         if counts.failed:
             return 2
         if self.config.check and (counts.changed or counts.review):
@@ -81,7 +95,10 @@ class Report:
         ]
         if counts.skipped:
             parts.append(f"{counts.skipped} skipped")
-        return "ampmigrate: " + ", ".join(parts)
+        summary = "ampmigrate: " + ", ".join(parts)
+        if self.interrupted:
+            summary += " (interrupted: the other files were not looked at)"
+        return summary
 
     @property
     def diagnostics(self) -> Iterator[Diagnostic]:
@@ -104,6 +121,8 @@ class Report:
                 yield ("migrated " if result.written else "would migrate ") + result.path, True
             elif result.status is Status.SKIPPED:
                 yield f"skipped {result.path} (# ampmigrate: skip)", True
+        for notice in self.notices:
+            yield f"note: {notice}", True
 
     # -- json ------------------------------------------------------------------
 
@@ -121,6 +140,8 @@ class Report:
                 "skipped": counts.skipped,
             },
             "exit_code": self.return_code,
+            "interrupted": self.interrupted,
+            "notices": list(self.notices),
             "files": [self._file_json(result) for result in self.results],
         }
 
@@ -298,7 +319,7 @@ class Report:
                 lines += [
                     f"  - [ ] {_md_location(d)}: **{d.code}** {d.message}" for d in result.diagnostics if not d.fixed
                 ]
-        elif failed or skipped:
+        elif failed or skipped or self.interrupted:
             # Never claim a clean bill of health while some files went unchecked.
             lines.append("No finding asks for review in the files that were processed; see below for the others.")
         else:
@@ -326,6 +347,12 @@ class Report:
                 else:
                     lines.append(f"- `{result.path}`: " + ", ".join(_md_location(d) for d in where))
             lines.append("")
+        if self.notices:
+            lines += ["## Notes", ""]
+            lines += [f"- {notice}" for notice in self.notices]
+            lines.append("")
+        if self.interrupted:
+            lines += ["**Incomplete:** the run was interrupted (Ctrl-C) before every file was processed.", ""]
         if counts.failed or counts.skipped:
             lines.append(
                 f"**Incomplete:** {_plural(counts.failed, 'file')} failed and "

@@ -1,9 +1,19 @@
-"""Running the engine over files: read, pre-filter, migrate, diff/check/write.
+"""Running the engine over files: read, pre-filter, plan the project, migrate, write.
 
-Each file's outcome is a small picklable ``FileResult``; exceptions are caught only
-at the file boundary, so one bad file never stops the run. Results come back in
-sorted path order whatever the number of jobs. ``migrate.engine`` (and with it
-libcst) is imported only once some file passes the byte pre-filter.
+The main process walks the tree, reads each file and drops those the byte pre-filter
+clears (with a result cache, a stat index answers such a file without reading it
+again). The files that pass are migrated as one project (``migrate.project``): once
+the walk is over, their text is indexed with ``ast``, each file gets its facts, and
+each is answered from the result cache (keyed on its bytes and its full options,
+facts included) or sent to a worker process that parses it (see ``migrate.workers``).
+The groups that came out half migrated are settled by migrating some files again;
+only then does the main process write the changed files. Neither libcst nor the
+engine is imported in the main process.
+
+Each file's outcome is a small picklable ``FileResult``; exceptions are caught only at
+the file boundary, so one bad file never stops the run. Results come back in sorted
+path order whatever the number of jobs. A cached result and a fresh one go through the
+same code (``_finish``), so they print the same.
 """
 
 from __future__ import annotations
@@ -12,7 +22,7 @@ import io
 import os
 import re
 import stat
-import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -20,21 +30,19 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from migrate.atomic import StaleFileError, write_atomic
+from migrate.atomic import StaleFileError, leftover_state, write_atomic
+from migrate.cache import CLEAN, Cache, Entry, StatIndex
 from migrate.config import Config
-from migrate.discovery import Candidate, discover
-from migrate.findings import Finding
+from migrate.discovery import Candidate, DiscoveryError, Leftover, Notice, iter_discover
 from migrate.options import ModuleFacts, Options, ScalerInfo
 from migrate.prefilter import may_need_migration
 
 if TYPE_CHECKING:
-    import multiprocessing.context
+    from migrate.findings import Finding
+    from migrate.workers import Pool
 
-# Modules only some runs need (worker pools, diffs, notebooks) are imported where
-# they are used: a pre-commit run on one clean file has a budget of 0.1 s.
-
-# Below this much candidate source, starting worker processes costs more than it saves.
-_PARALLEL_MIN_BYTES = 256 * 1024
+# Modules only some runs need (worker pools, diffs, notebooks, the engine) are imported
+# where they are used: a pre-commit run on one clean file has a budget of 0.1 s.
 
 
 class Status(str, Enum):
@@ -92,14 +100,44 @@ class FileResult:
         return any(not diagnostic.fixed for diagnostic in self.diagnostics)
 
 
+@dataclass
+class Outcome:
+    """Everything a run produced: results sorted by path, notes for the user, and
+    whether Ctrl-C cut it short (then some files were never looked at)."""
+
+    results: list[FileResult]
+    notices: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
 @dataclass(frozen=True)
-class _Task:
-    candidate: Candidate
-    data: bytes
-    file_stat: os.stat_result
+class Settings:
+    """What a worker needs to know, fixed for the whole run (picklable)."""
+
     options: Options
     write: bool
     want_diff: bool
+    cache_dir: str | None
+    fingerprint: str | None
+
+
+@dataclass(frozen=True)
+class _Task:
+    """A file that passed the pre-filter: its bytes as read, and its stat for the write."""
+
+    candidate: Candidate
+    data: bytes
+    file_stat: os.stat_result | None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One file for a worker: its bytes (the very ones the project plan read) and its
+    options, facts included (picklable)."""
+
+    candidate: Candidate
+    data: bytes
+    options: Options
 
 
 def run(
@@ -107,73 +145,274 @@ def run(
     config: Config,
     progress: Callable[[int], Iterator[None]] | None = None,
 ) -> list[FileResult]:
-    """Migrate every file under ``paths`` as ``config`` says; results sorted by path.
+    """Migrate every file under ``paths`` as ``config`` says; results sorted by path."""
+    return execute(paths, config, progress).results
 
-    ``progress(n)``, when given, is called with the number of files that need
-    parsing and its iterator advanced once per file (the CLI draws a bar with it).
+
+def execute(
+    paths: list[Path],
+    config: Config,
+    progress: Callable[[int], Iterator[None]] | None = None,
+) -> Outcome:
+    """Migrate every file under ``paths``; stop cleanly on Ctrl-C.
+
+    ``progress(n)``, when given, is called once the walk is over with the number of
+    files that need parsing, and its iterator advanced once per such file (the CLI
+    draws a bar with it).
+
+    A first Ctrl-C during the walk ends the walk: the files found so far are migrated
+    as a project of their own (as if only they had been given). A first Ctrl-C while
+    the files are migrated lets the files in progress finish and writes nothing (a group
+    of modules could be left half migrated). A second Ctrl-C stops at once.
     """
-    candidates, errors = discover(paths, config)
-    results = [FileResult(error.display, Status.FAILED, error=error.reason) for error in errors]
+    cache = Cache(config.cache_dir, config.options) if config.cache_dir is not None else None
+    index = cache.index(config.project_root) if cache is not None else None
+    settings = Settings(
+        config.options,
+        config.write,
+        config.diff,
+        str(config.cache_dir) if config.cache_dir is not None else None,
+        cache.fingerprint if cache is not None else None,
+    )
+    outcome = Outcome([])
     tasks: list[_Task] = []
-    for candidate in candidates:
-        loaded = _read(candidate)
-        if isinstance(loaded, FileResult):
-            results.append(loaded)
-        elif not may_need_migration(loaded[0]):
-            results.append(FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook))
-        else:
-            tasks.append(
-                _Task(
-                    candidate,
-                    loaded[0],
-                    loaded[1],
-                    config.options,
-                    config.write,
-                    config.diff,
-                )
-            )
-    results.extend(_write(_migrate_project(tasks, config.jobs, progress), tasks))
-    return sorted(results, key=lambda result: result.path)
+    pool = _LazyPool(config.jobs, settings)
+    with _Interrupt() as interrupt:
+        try:
+            for item in iter_discover(paths, config):
+                if interrupt.requested:
+                    break
+                if isinstance(item, Candidate):
+                    front = _front(item, settings, index)
+                    if isinstance(front, _Task):
+                        tasks.append(front)
+                    elif front is not None:
+                        outcome.results.append(front)
+                elif isinstance(item, DiscoveryError):
+                    outcome.results.append(FileResult(item.display, Status.FAILED, error=item.reason))
+                elif isinstance(item, Notice):
+                    outcome.notices.append(f"{item.display}: {item.message}")
+                elif isinstance(item, Leftover):
+                    notice = _leftover(item, config.write)
+                    if notice:
+                        outcome.notices.append(notice)
+            if interrupt.requested:
+                outcome.interrupted = True
+                interrupt.requested = False  # the files in hand are finished; a new Ctrl-C stops them
+            if tasks:
+                project = _Project(tasks, settings, cache, pool, interrupt)
+                results = project.migrate(progress)
+                if interrupt.requested:
+                    # Nothing of the project is written (a group could be left half migrated):
+                    # a file that would have been written is not done, so it is not reported.
+                    outcome.interrupted = True
+                    results = [
+                        replace(result, new_data=None)
+                        for result in results
+                        if not (settings.write and result.status is Status.CHANGED)
+                    ]
+                outcome.results.extend(_write(results, tasks, settings.write))
+        except KeyboardInterrupt:  # the second Ctrl-C, outside pool.interrupt
+            outcome.interrupted = True
+            pool.interrupt(grace=0.0)
+        finally:
+            pool.close()
+            if index is not None:
+                index.save()
+    outcome.results.sort(key=lambda result: result.path)
+    outcome.notices.sort()
+    return outcome
 
 
-def _migrate_project(
-    tasks: list[_Task], jobs: int, progress: Callable[[int], Iterator[None]] | None
-) -> list[FileResult]:
-    """Migrate the files as one project: each amp setup whole, across modules, or not at all.
+class _Project:
+    """The files that passed the pre-filter, migrated as one project: each amp setup
+    whole, across modules, or not at all.
 
     A first pass migrates every file with what the project index knows (``ModuleFacts``);
-    the modules of a group that came out half migrated are then migrated again, frozen.
+    the modules of a group that came out half migrated are then migrated again with new
+    facts (at most three more passes), and only then are changed files written.
     """
-    from migrate.project import Outcome, ProjectPlan
 
-    by_path = {str(task.candidate.path): task for task in tasks}
-    sources = {
-        path: text
-        for path, task in by_path.items()
-        if not task.candidate.is_notebook and (text := _decoded(task.data)) is not None
-    }
-    project = ProjectPlan(sources, {path: by_path[path].candidate.display for path in sources}, _source_on_disk)
-    results = {
-        result.path: result for result in _migrate_all([_with_facts(t, project.facts) for t in tasks], jobs, progress)
-    }
-    # a group settles in at most three passes: as found, with its scaler shared, frozen
-    for _ in range(3):
-        outcome = {
-            path: Outcome(result.amp_left, result.amp_migrated, result.scalers, result.scaler_unused)
-            for path, task in by_path.items()
-            if (result := results[task.candidate.display])
+    def __init__(
+        self, tasks: list[_Task], settings: Settings, cache: Cache | None, pool: _LazyPool, interrupt: _Interrupt
+    ) -> None:
+        from migrate.project import ProjectPlan
+
+        self.settings = settings
+        self.cache = cache
+        self.pool = pool
+        self.interrupt = interrupt
+        self.by_path = {str(task.candidate.path): task for task in tasks}
+        sources = {
+            path: text
+            for path, task in self.by_path.items()
+            if not task.candidate.is_notebook and (text := _decoded(task.data)) is not None
         }
-        again = project.settle(outcome)
-        if not again:
-            break
-        redo = [_with_facts(by_path[path], project.facts) for path in sorted(again)]
-        results.update((result.path, result) for result in _migrate_all(redo, jobs, None))
-    return list(results.values())
+        displays = {path: self.by_path[path].candidate.display for path in sources}
+        self.plan = ProjectPlan(sources, displays, _source_on_disk)
+        self.results: dict[str, FileResult] = {}
+
+    def migrate(self, progress: Callable[[int], Iterator[None]] | None) -> list[FileResult]:
+        from migrate.project import Outcome as AmpOutcome
+
+        self._pass(list(self.by_path), progress)
+        # a group settles in at most three passes: as found, with its scaler shared, frozen
+        for _ in range(3):
+            if self.interrupt.requested:
+                break
+            outcome = {
+                path: AmpOutcome(result.amp_left, result.amp_migrated, result.scalers, result.scaler_unused)
+                for path, task in self.by_path.items()
+                if (result := self.results.get(task.candidate.display)) is not None
+            }
+            again = self.plan.settle(outcome)
+            if not again:
+                break
+            self._pass(sorted(again), None)
+        return list(self.results.values())
+
+    def _options(self, path: str) -> Options:
+        found: ModuleFacts | None = self.plan.facts.get(path)
+        return self.settings.options if found is None else replace(self.settings.options, facts=found)
+
+    def _pass(self, paths: list[str], progress: Callable[[int], Iterator[None]] | None) -> None:
+        """Migrate ``paths`` with their current facts: from the cache, else in the workers."""
+        jobs: list[Job] = []
+        for path in paths:
+            task = self.by_path[path]
+            options = self._options(path)
+            if self.cache is not None:
+                entry = _usable(
+                    self.cache.get(self.cache.key(task.data, task.candidate.is_notebook, options)), self.settings
+                )
+                if entry is not None:
+                    self.results[task.candidate.display] = _finish(entry, task.candidate, self.settings)
+                    continue
+            jobs.append(Job(task.candidate, task.data, options))
+        if not jobs:
+            return
+        ticks = progress(len(jobs)) if progress is not None else None
+
+        def done(result: FileResult) -> None:
+            self.results[result.path] = result
+            if ticks is not None:
+                next(ticks, None)
+
+        self.pool.done = done
+        for job in jobs:
+            self.pool.submit(job, len(job.data))
+        while self.pool.busy and not self.interrupt.requested:
+            self.pool.poll(timeout=1.0)
+        if self.interrupt.requested:
+            self.pool.interrupt()  # a second Ctrl-C in here stops the files in progress at once
 
 
-def _with_facts(task: _Task, facts: dict[str, ModuleFacts]) -> _Task:
-    found = facts.get(str(task.candidate.path))
-    return task if found is None else replace(task, options=replace(task.options, facts=found))
+class _LazyPool:
+    """The worker pool, started (and ``migrate.workers`` imported) at the first file that
+    needs parsing: a run answered from the cache starts no process."""
+
+    def __init__(self, jobs: int, settings: Settings) -> None:
+        self.jobs = jobs
+        self.settings = settings
+        self.pool: Pool | None = None
+        self.done: Callable[[FileResult], None] = lambda result: None
+
+    def submit(self, job: Job, size: int) -> None:
+        if self.pool is None:
+            from migrate.workers import Pool
+
+            self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, lambda result: self.done(result))
+        self.pool.submit(job, size)
+
+    @property
+    def busy(self) -> bool:
+        return self.pool is not None and self.pool.busy
+
+    def poll(self, timeout: float = 0.0) -> None:
+        if self.pool is not None:
+            self.pool.poll(timeout)
+
+    def interrupt(self, grace: float | None = None) -> None:
+        if self.pool is None:
+            return
+        if grace is None:
+            self.pool.interrupt()
+        else:
+            self.pool.interrupt(grace)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
+class _Interrupt:
+    """Ctrl-C as a request: the first one sets ``requested`` (the run stops taking new
+    files and reports what was done), a second one raises KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.count = 0
+        self.installed = False
+        self.previous: object = None
+
+    def __enter__(self) -> _Interrupt:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.installed = True
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if self.count > 1:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        import signal
+
+        if self.installed:
+            signal.signal(signal.SIGINT, self.previous if self.previous is not None else signal.SIG_DFL)  # type: ignore[arg-type]
+
+
+def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) -> FileResult | _Task | None:
+    """Answer a file the pre-filter clears in the main process; else hand back its bytes.
+
+    With a cache, a file the pre-filter cleared before and whose stat is unchanged is
+    answered without reading (the stat index). A file that passes is always read: the
+    project plan needs its text, and its cache entry depends on its facts.
+    """
+    info = None
+    looked_at = 0.0
+    if index is not None:
+        looked_at = time.time()
+        try:
+            info = os.stat(candidate.path)
+        except OSError:
+            info = None  # _read reports it
+        if info is not None and stat.S_ISREG(info.st_mode):
+            if index.lookup(candidate.path, info) == CLEAN:
+                return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
+        else:
+            info = None
+    loaded = _read(candidate, want_stat=settings.write)
+    if isinstance(loaded, FileResult):
+        return loaded
+    data, file_stat = loaded
+    if not may_need_migration(data):
+        if index is not None and info is not None:
+            index.record(candidate.path, info, CLEAN, looked_at)
+        return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
+    return _Task(candidate, data, file_stat)
+
+
+def _usable(entry: Entry | None, settings: Settings) -> Entry | None:
+    # An entry stored without diffs cannot serve a run that shows them.
+    if entry is not None and entry.status == "changed" and entry.diffs is None and settings.want_diff:
+        return None
+    return entry
 
 
 def _decoded(data: bytes) -> str | None:
@@ -197,15 +436,15 @@ def _source_on_disk(path: str) -> str | None:
         return None
 
 
-def _write(results: list[FileResult], tasks: list[_Task]) -> list[FileResult]:
+def _write(results: list[FileResult], tasks: list[_Task], write: bool) -> list[FileResult]:
     """Write the changed files (``--write``), now that every group is settled."""
     by_display = {task.candidate.display: task for task in tasks}
     written = []
     for result in results:
         task = by_display[result.path]
-        if result.status is Status.CHANGED and task.write and result.new_data is not None:
+        if result.status is Status.CHANGED and write and result.new_data is not None:
             try:
-                write_atomic(task.candidate.path, result.new_data, task.file_stat)
+                write_atomic(Path(task.candidate.path), result.new_data, task.file_stat)
             except StaleFileError as error:
                 result = _failed(task.candidate, str(error))
             except OSError as error:
@@ -216,225 +455,245 @@ def _write(results: list[FileResult], tasks: list[_Task]) -> list[FileResult]:
     return written
 
 
-def _read(candidate: Candidate) -> tuple[bytes, os.stat_result] | FileResult:
+def _leftover(item: Leftover, write: bool) -> str:
+    state = leftover_state(Path(item.path), remove=write)
+    if state == "removed":
+        return f"{item.display}: removed, a temporary file left by an interrupted run"
+    if state == "left":
+        hint = "" if write else " (the next --write removes it)"
+        return f"{item.display}: a temporary file left by an interrupted run{hint}"
+    return ""  # another run is writing it right now
+
+
+def _read(candidate: Candidate, want_stat: bool = True) -> tuple[bytes, os.stat_result | None] | FileResult:
+    """The file's bytes, and its stat when ``want_stat`` (for the write's staleness check)."""
     try:
         # A FIFO or device named *.py would block or never end: only regular files,
         # checked before opening (opening a FIFO already blocks).
-        if not stat.S_ISREG(os.stat(candidate.path).st_mode):
+        if not candidate.regular and not stat.S_ISREG(os.stat(candidate.path).st_mode):
             return _failed(candidate, "not a regular file")
-        with open(candidate.path, "rb") as stream:
-            return stream.read(), os.fstat(stream.fileno())
+        descriptor = os.open(candidate.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            # Plain reads on the descriptor: no buffered file object for a read that
+            # happens once, for every file of the tree.
+            chunks = [os.read(descriptor, _READ_SIZE)]
+            while len(chunks[-1]) == _READ_SIZE:
+                chunks.append(os.read(descriptor, _READ_SIZE))
+            return b"".join(chunks), os.fstat(descriptor) if want_stat else None
+        finally:
+            os.close(descriptor)
     except OSError as error:
         return _failed(candidate, f"cannot read: {error.strerror or error}")
+
+
+_READ_SIZE = 1 << 18
 
 
 def _failed(candidate: Candidate, reason: str) -> FileResult:
     return FileResult(candidate.display, Status.FAILED, error=reason, notebook=candidate.is_notebook)
 
 
-def _migrate_all(tasks: list[_Task], jobs: int, progress: Callable[[int], Iterator[None]] | None) -> list[FileResult]:
-    if not tasks:
-        return []
-    import migrate.engine  # noqa: F401 - imported once here, so forked workers share it
-
-    ticks = progress(len(tasks)) if progress else None
-    total_bytes = sum(len(task.data) for task in tasks)
-    if jobs <= 1 or len(tasks) < 2 or total_bytes < _PARALLEL_MIN_BYTES:
-        return [_tick(migrate_task(task), ticks) for task in tasks]
-    from concurrent.futures import ProcessPoolExecutor
-
-    workers = min(jobs, len(tasks))
-    # Biggest files first, so no worker is left with a large one at the end; the
-    # caller sorts results by path, so the order of work never shows.
-    by_size = sorted(tasks, key=lambda task: len(task.data), reverse=True)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_process_context()) as pool:
-        chunk = max(1, len(tasks) // (workers * 16))
-        return [_tick(result, ticks) for result in pool.map(migrate_task, by_size, chunksize=chunk)]
+def _lost(job: Job, reason: str) -> FileResult:
+    return _failed(job.candidate, reason)
 
 
-def _tick(result: FileResult, ticks: Iterator[None] | None) -> FileResult:
-    if ticks is not None:
-        next(ticks, None)
-    return result
+# -- in a worker ---------------------------------------------------------------
 
 
-def _process_context() -> multiprocessing.context.BaseContext:
-    import multiprocessing
+def _setup_worker(settings: Settings) -> Callable[[Job], FileResult]:
+    import migrate.engine  # noqa: F401 - paid for once per worker
 
-    # fork shares the already imported engine with the workers; where it is not
-    # available (Windows, macOS default) the platform's default is used.
-    if sys.platform.startswith("linux"):
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context()
-
-
-def migrate_task(task: _Task) -> FileResult:
-    """Migrate one file's bytes; never raises for anything a file can contain."""
-    candidate = task.candidate
-    try:
-        if candidate.is_notebook:
-            return _migrate_notebook(task)
-        return _migrate_python(task)
-    except StaleFileError as error:
-        return _failed(candidate, str(error))
-    except OSError as error:
-        return _failed(candidate, f"cannot write: {error.strerror or error}")
-    except Exception as error:
-        # Nothing was written: writes come last and raise only OSError.
-        reason = f"internal error, file not written: {type(error).__name__}: {error}"
-        return _failed(candidate, reason + " (please report this)")
+    cache = None
+    if settings.cache_dir is not None:
+        cache = Cache(Path(settings.cache_dir), settings.options, settings.fingerprint)
+    return lambda job: process(job, settings, cache)
 
 
-def _migrate_python(task: _Task) -> FileResult:
-    import tokenize
+def process(job: Job, settings: Settings, cache: Cache | None = None) -> FileResult:
+    """Migrate one file's bytes with its options; never raises, never writes (the main
+    process writes once the project is settled)."""
+    notebook = job.candidate.is_notebook
+    entry = migrate_bytes(job.data, notebook, job.options, settings.want_diff)
+    if cache is not None and _cacheable(entry):
+        cache.put(cache.key(job.data, notebook, job.options), entry)
+    return _finish(entry, job.candidate, settings)
 
-    from migrate.engine import InternalError, SourceSyntaxError, migrate_source
 
-    candidate = task.candidate
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(task.data).readline)
-        # bytes.decode never translates newlines, so CRLF files stay CRLF.
-        text = task.data.decode(encoding)
-    except (SyntaxError, UnicodeDecodeError, LookupError) as error:
-        return _failed(candidate, f"cannot decode: {error}")
-    try:
-        result = migrate_source(text, task.options)
-    except SourceSyntaxError as error:
-        line, column, message = _syntax_error_position(text, error.line, error.column, error.message)
-        return _failed(candidate, f"cannot parse: line {line}, column {column}: {message}")
-    except InternalError as error:
-        return _failed(candidate, f"internal error, file not written: {error}")
-    except RecursionError:
-        return _failed(candidate, "cannot parse: nested too deeply")
-    diagnostics = tuple(_place(candidate.display, finding) for finding in result.findings)
-    if result.skipped:
-        return FileResult(candidate.display, Status.SKIPPED, diagnostics)
-    if not result.changed:
-        return FileResult(candidate.display, Status.UNCHANGED, diagnostics, amp_left=result.amp_left)
-    check = _check_compiles(result.source, candidate.display)
-    if check:
-        return _failed(candidate, check)
-    try:
-        new_data = result.source.encode(encoding)  # utf-8-sig puts the BOM back
-    except UnicodeEncodeError as error:
-        return _failed(
-            candidate,
-            f"internal error, file not written: cannot encode as {encoding}: {error}",
-        )
-    diff = unified_diff(text, result.source, candidate.display) if task.want_diff else ""
+def _cacheable(entry: Entry) -> bool:
+    # What the bytes say (they do not decode, do not parse) holds next time too; a crash
+    # or a resource limit may not.
+    return entry.status != "failed" or entry.error.startswith(("cannot decode", "cannot parse", "cannot migrate"))
+
+
+def _finish(entry: Entry, candidate: Candidate, settings: Settings) -> FileResult:
+    """The FileResult of ``entry`` for this file; with --write it carries the bytes to write."""
+    notebook = candidate.is_notebook
+    if entry.status == "failed":
+        return _failed(candidate, entry.error)
+    diagnostics = tuple(
+        Diagnostic(candidate.display, line, column, code, message, fixed, cell)
+        for cell, line, column, code, message, fixed in entry.findings
+    )
+    if entry.status == "skipped":
+        return FileResult(candidate.display, Status.SKIPPED, diagnostics, notebook=notebook)
+    if entry.status != "changed":
+        return FileResult(candidate.display, Status.UNCHANGED, diagnostics, notebook=notebook, amp_left=entry.amp_left)
+    diff = ""
+    if settings.want_diff and entry.diffs is not None:
+        diff = "".join(_diff_header(candidate.display + suffix) + body for suffix, body in entry.diffs if body)
     return FileResult(
         candidate.display,
         Status.CHANGED,
         diagnostics,
         diff,
+        notebook=notebook,
+        first_change=entry.first_change,
+        migrated_apis=entry.migrated_apis,
+        amp_left=entry.amp_left,
+        amp_migrated=entry.amp_migrated,
+        scalers=entry.scalers,
+        scaler_unused=entry.scaler_unused,
+        # decoded only when it is written
+        new_data=entry.new_data if settings.write else None,
+    )
+
+
+def migrate_bytes(data: bytes, notebook: bool, options: Options, want_diff: bool) -> Entry:
+    """What the engine makes of a file's bytes, as a path-free cache entry; never raises."""
+    try:
+        if notebook:
+            return _migrate_notebook(data, options, want_diff)
+        return _migrate_python(data, options, want_diff)
+    except MemoryError:
+        from migrate.workers import MEMORY_LIMIT
+
+        return Entry("failed", error=f"ran out of memory (limit {MEMORY_LIMIT >> 20} MiB a worker); not written")
+    except Exception as error:
+        # Nothing was written: writes come after, and only from an entry.
+        reason = f"internal error, file not written: {type(error).__name__}: {error}"
+        return Entry("failed", error=reason + " (please report this)")
+
+
+def _parse_failure(error: Exception, where: str = "", line: int | None = None) -> Entry | None:
+    """The entry for a file the parsers refused, or None when ``error`` is something else."""
+    from migrate.engine import InternalError, SourceSyntaxError, UnsupportedSyntaxError
+
+    if isinstance(error, UnsupportedSyntaxError):
+        return Entry(
+            "failed",
+            error=f"cannot migrate: libcst (the parser ampmigrate rewrites with) does not support this valid "
+            f"Python: {where}line {line or error.line}, column {error.column}: {error.message}",
+        )
+    if isinstance(error, SourceSyntaxError):
+        position = f"{where}line {line or error.line}, column {error.column}"
+        return Entry("failed", error=f"cannot parse: {position}: {error.message}")
+    if isinstance(error, InternalError):
+        return Entry("failed", error=f"internal error, file not written: {error}")
+    if isinstance(error, RecursionError):
+        return Entry("failed", error="cannot migrate: nested too deeply for libcst")
+    return None
+
+
+def _findings(
+    findings: Iterable[Finding], locate: Callable[[int], tuple[int, int]] | None = None
+) -> tuple[tuple[int | None, int, int, str, str, bool], ...]:
+    placed: list[tuple[int | None, int, int, str, str, bool]] = []
+    for finding in findings:
+        cell: int | None = None
+        line = finding.line
+        if locate is not None:
+            cell, line = locate(finding.line)
+        placed.append((cell, line, finding.column, finding.code, finding.message, finding.fixed))
+    return tuple(placed)
+
+
+def _migrate_python(data: bytes, options: Options, want_diff: bool) -> Entry:
+    import tokenize
+
+    from migrate.engine import migrate_source
+
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        # bytes.decode never translates newlines, so CRLF files stay CRLF.
+        text = data.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError, LookupError) as error:
+        return Entry("failed", error=f"cannot decode: {error}")
+    try:
+        result = migrate_source(text, options)
+    except Exception as error:
+        failure = _parse_failure(error)
+        if failure is None:
+            raise
+        return failure
+    findings = _findings(result.findings)
+    if result.skipped:
+        return Entry("skipped", findings)
+    if not result.changed:
+        return Entry("unchanged", findings, amp_left=result.amp_left)
+    try:
+        new_data = result.source.encode(encoding)  # utf-8-sig puts the BOM back
+    except UnicodeEncodeError as error:
+        return Entry("failed", error=f"internal error, file not written: cannot encode as {encoding}: {error}")
+    return Entry.changed(
+        findings,
+        new_data,
+        encoding=encoding,
+        diffs=(("", _diff_body(text, result.source)),) if want_diff else None,
         first_change=_first_change(text, result.source),
         migrated_apis=migrated_apis(text, result.source),
         amp_left=result.amp_left,
         amp_migrated=result.amp_migrated,
         scalers=result.scalers,
         scaler_unused=result.scaler_unused,
-        new_data=new_data,
     )
 
 
-def _syntax_error_position(text: str, line: int, column: int, message: str) -> tuple[int, int, str]:
-    """Python's own parser places syntax errors better than libcst's: prefer it."""
-    try:
-        compile(text, "<input>", "exec", dont_inherit=True)
-    except SyntaxError as error:
-        if error.lineno:
-            return error.lineno, error.offset or 1, error.msg
-    except ValueError:  # null bytes
-        pass
-    return line, column, message
-
-
-def _check_compiles(source: str, display: str) -> str:
-    """Parse the output once more before anything is written: '' when it compiles."""
-    try:
-        compile(source, display, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as error:
-        return f"internal error, file not written: migrated code does not compile: {error}"
-    return ""
-
-
-def _place(path: str, finding: Finding, cell: int | None = None, line: int | None = None) -> Diagnostic:
-    return Diagnostic(
-        path,
-        line if line is not None else finding.line,
-        finding.column,
-        finding.code,
-        finding.message,
-        finding.fixed,
-        cell,
-    )
-
-
-def _migrate_notebook(task: _Task) -> FileResult:
+def _migrate_notebook(data: bytes, options: Options, want_diff: bool) -> Entry:
     from migrate import notebook as nb
-    from migrate.engine import InternalError, SourceSyntaxError, migrate_source
-
-    candidate = task.candidate
-
-    def failed(reason: str) -> FileResult:
-        return replace(_failed(candidate, reason), notebook=True)
+    from migrate.engine import migrate_source
 
     try:
-        notebook = nb.load(task.data)
+        notebook = nb.load(data)
         if not nb.is_python(notebook):
-            return FileResult(candidate.display, Status.UNCHANGED, notebook=True)
+            return Entry("unchanged")
         program = nb.to_program(notebook)
     except nb.NotebookError as error:
-        return failed(str(error))
+        return Entry("failed", error=str(error))
     if program is None:
-        return FileResult(candidate.display, Status.UNCHANGED, notebook=True)
+        return Entry("unchanged")
     try:
-        result = migrate_source(program.text, task.options)
-    except SourceSyntaxError as error:
-        position = _syntax_error_position(program.text, error.line, error.column, error.message)
-        cell, line = program.locate(position[0])
-        return failed(f"cannot parse: cell {cell}, line {line}, column {position[1]}: {position[2]}")
-    except InternalError as error:
-        return failed(f"internal error, file not written: {error}")
-    except RecursionError:
-        return failed("cannot parse: nested too deeply")
-    diagnostics = []
-    for finding in result.findings:
-        cell, line = program.locate(finding.line)
-        diagnostics.append(_place(candidate.display, finding, cell, line))
-    found = tuple(diagnostics)
+        result = migrate_source(program.text, options)
+    except Exception as error:
+        from migrate.engine import SourceSyntaxError
+
+        if isinstance(error, SourceSyntaxError):
+            cell, line = program.locate(error.line)
+            failure = _parse_failure(error, f"cell {cell}, ", line)
+        else:
+            failure = _parse_failure(error)
+        if failure is None:
+            raise
+        return failure
+    findings = _findings(result.findings, program.locate)
     if result.skipped:
-        return FileResult(candidate.display, Status.SKIPPED, found, notebook=True)
+        return Entry("skipped", findings)
     if not result.changed:
-        return FileResult(candidate.display, Status.UNCHANGED, found, notebook=True)
-    check = _check_compiles(result.source, candidate.display)
+        return Entry("unchanged", findings)
     try:
-        if check:
-            raise nb.NotebookError(check)
         sources = nb.from_program(notebook, program, result.source)
         originals = {index: nb.cell_source(notebook.cells[index]) for index in sources}
         new_data = nb.dump(notebook, sources)
     except nb.NotebookError as error:
-        return failed(str(error) if error.args[0].startswith("internal") else f"not written: {error}")
+        return Entry("failed", error=str(error) if error.args[0].startswith("internal") else f"not written: {error}")
     if not sources:
-        return FileResult(candidate.display, Status.UNCHANGED, found, notebook=True)
-    diff = ""
-    if task.want_diff:
-        diff = "".join(
-            unified_diff(
-                originals[index],
-                sources[index],
-                f"{candidate.display}:cell {index + 1}",
-            )
-            for index in sorted(sources)
-        )
-    return FileResult(
-        candidate.display,
-        Status.CHANGED,
-        found,
-        diff,
-        new_data=new_data,
-        notebook=True,
+        return Entry("unchanged", findings)
+    diffs = None
+    if want_diff:
+        diffs = tuple((f":cell {index + 1}", _diff_body(originals[index], sources[index])) for index in sorted(sources))
+    return Entry.changed(
+        findings,
+        new_data,
+        diffs=diffs,
         migrated_apis=migrated_apis(program.text, result.source),
     )
 
@@ -463,11 +722,23 @@ def _first_change(old: str, new: str) -> int:
 
 def unified_diff(old: str, new: str, name: str) -> str:
     """A unified diff that ``git apply`` / ``patch -p1`` accept, line endings kept."""
-    import difflib
+    body = _diff_body(old, new)
+    return _diff_header(name) + body if body else ""
 
+
+def _diff_header(name: str) -> str:
     # a/ and b/ prefixes let `git apply` take the diff; an absolute path has no such use.
     before, after = (name, name) if os.path.isabs(name) else (f"a/{name}", f"b/{name}")
-    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), before, after)
+    return f"--- {before}\n+++ {after}\n"
+
+
+def _diff_body(old: str, new: str) -> str:
+    """The hunks of a unified diff, without the two header lines that name the file."""
+    import difflib
+
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), "", "")
+    next(lines, None)
+    next(lines, None)
     return "".join(_terminate(lines))
 
 

@@ -64,3 +64,9 @@ def _longest_first(items: list[pytest.Item]) -> None:
         slow[module] = slow.get(module, 0) + (item.get_closest_marker("slow") is not None)
     position = {module: index for index, module in enumerate(slow)}
     items.sort(key=lambda item: (-slow[item.nodeid.split("::")[0]], position[item.nodeid.split("::")[0]]))
+
+
+@pytest.fixture(autouse=True)
+def _private_result_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own result cache: none reads another test's entries, or the user's."""
+    monkeypatch.setenv("AMPMIGRATE_CACHE_DIR", str(tmp_path_factory.mktemp("result-cache")))

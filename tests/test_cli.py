@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from migrate import cli, runner
+from migrate import cli
 from migrate.cli import main
 
 # The engine rewrites this (no finding)...
@@ -151,14 +151,14 @@ def test_undecodable_bytes_are_reported(tmp_path: Path, monkeypatch: pytest.Monk
 def test_unreadable_file_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests may run as root, for whom chmod 000 stops nothing: refuse the open instead.
     make(tmp_path, {"secret.py": AUTOCAST, "train.py": AUTOCAST})
-    real_open = open
+    real_open = os.open
 
-    def refusing_open(file: object, *args: object, **kwargs: object) -> object:
-        if str(file).endswith("secret.py"):
-            raise PermissionError(13, "Permission denied", str(file))
-        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+    def refusing_open(path: str, *args: object, **kwargs: object) -> int:
+        if str(path).endswith("secret.py"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runner, "open", refusing_open, raising=False)
+    monkeypatch.setattr(os, "open", refusing_open)
     result = invoke(tmp_path, monkeypatch, "--write", ".")
     assert result.exit_code == 2
     assert "error: secret.py: cannot read: Permission denied" in result.stderr

@@ -114,16 +114,12 @@ def test_an_engine_bug_on_one_file_fails_that_file_only(tmp_path: Path, monkeypa
 
 
 def test_output_that_does_not_compile_is_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Even if the engine's own check were bypassed, the runner parses again.
-    monkeypatch.setattr(
-        migrate.engine,
-        "migrate_source",
-        lambda source, options: MigrationResult("def (:\n", True, ()),
-    )
+    # A rewrite that produced broken code: the engine compiles its output (once) and refuses it.
+    monkeypatch.setattr(migrate.engine, "render", lambda original, updated, source: "def (:\n")
     write_tree(tmp_path, {"train.py": AUTOCAST})
     [result] = migrate_tree(tmp_path, monkeypatch, write=True)
     assert result.status is Status.FAILED
-    assert "does not compile" in result.error
+    assert result.error.startswith("internal error, file not written: migrated code does not compile")
     assert (tmp_path / "train.py").read_text() == AUTOCAST
 
 
@@ -135,7 +131,6 @@ def test_file_level_skip_is_reported_as_skipped(tmp_path: Path, monkeypatch: pyt
 
 
 def test_parallel_results_equal_serial_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "_PARALLEL_MIN_BYTES", 0)  # use the pool even for a small tree
     files: dict[str, bytes | str] = {f"pkg{i % 3}/m{i:02d}.py": AUTOCAST for i in range(12)}
     files["pkg0/broken.py"] = "from apex import amp\nif True\n"
     files["pkg1/clean.py"] = "x = 1\n"
@@ -148,7 +143,6 @@ def test_parallel_results_equal_serial_results(tmp_path: Path, monkeypatch: pyte
 
 
 def test_parallel_write_is_idempotent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "_PARALLEL_MIN_BYTES", 0)
     write_tree(tmp_path, {f"m{i}.py": AUTOCAST for i in range(6)})
     migrate_tree(tmp_path, monkeypatch, write=True, jobs=2)
     snapshot = {path.name: path.read_bytes() for path in tmp_path.iterdir()}

@@ -11,13 +11,14 @@ libcst changes those hooks, only this module has to follow.
 
 from __future__ import annotations
 
-import ast
 from bisect import bisect_right
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
+
+from migrate import pytree
 
 
 class OffsetState(CodegenState):
@@ -108,7 +109,7 @@ class Positions:
         if self._first_lines is None:
             self._first_lines = {}
             try:
-                body = ast.parse(self.source).body
+                body = pytree.parse(self.source).body  # the engine's tree, not a second parse
             except (SyntaxError, ValueError, RecursionError):
                 return self._first_lines
             # libcst starts a decorated definition at `def`/`class`, as ast's lineno does

@@ -16,6 +16,8 @@ import re
 
 import libcst as cst
 
+from migrate import pytree
+
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
@@ -27,7 +29,7 @@ def _first_line(tree_statement: ast.stmt) -> int:
 def _starts(original: cst.Module, source: str, lines: list[str]) -> list[int] | None:
     """0-based index of the first line of each top-level statement's text, or None."""
     try:
-        tree = ast.parse(source).body
+        tree = pytree.parse(source).body  # the engine's tree, not a second parse
     except (SyntaxError, ValueError, RecursionError):
         return None
     starts: list[int] = []

@@ -1,0 +1,311 @@
+"""A cache of per-file results, keyed on the file's bytes, the tool and the options.
+
+A second run over unchanged files (another ``--check``, a pre-commit hook) then reads
+each result back instead of parsing: no libcst import, no worker processes. An entry is
+what the engine concluded about some bytes (status, findings, the migrated bytes, the
+reason it failed), never about a path, so a file moved or copied still hits.
+
+The key hashes the file's bytes together with everything that can change the answer:
+ampmigrate's version and the size and time of each of its source files (an edited
+checkout is a new tool), the Python version (its grammar decides what parses), libcst's
+version, every option (the per-file project facts included) and whether the file is a
+notebook. Entries are written to a
+temporary file and renamed into place, so concurrent runs never read half an entry; a
+damaged or unreadable entry is a miss. The folder is ``$AMPMIGRATE_CACHE_DIR``, else
+``$XDG_CACHE_HOME/ampmigrate``, else the platform's user cache folder; deleting it is
+always safe.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from migrate import __version__
+from migrate.options import Options, ScalerInfo
+
+ENV_VAR = "AMPMIGRATE_CACHE_DIR"
+# Bumped when the layout of an entry changes.
+_FORMAT = 2
+# Folders of other tool versions not touched for this long are removed.
+_PRUNE_AFTER_S = 30 * 24 * 3600
+
+
+def default_cache_dir() -> Path:
+    """Where entries live: the environment's choice, else the platform's user cache folder."""
+    explicit = os.environ.get(ENV_VAR)
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "ampmigrate"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "ampmigrate"
+    if sys.platform == "win32":
+        local = os.environ.get("LOCALAPPDATA")
+        if local:
+            return Path(local) / "ampmigrate" / "Cache"
+    return Path.home() / ".cache" / "ampmigrate"
+
+
+def tool_fingerprint() -> str:
+    """A digest of what decides the results, apart from the options and the file itself."""
+    digest = hashlib.sha256(f"{_FORMAT}\0{__version__}\0{sys.version_info[:3]}".encode())
+    # The codemod's own sources (the shim never runs here): an edited checkout must not
+    # reuse the results of the code it replaced.
+    folders = [os.path.dirname(os.path.abspath(__file__))]
+    while folders:
+        folder = folders.pop()
+        with contextlib.suppress(OSError), os.scandir(folder) as scan:
+            for entry in sorted(scan, key=lambda entry: entry.name):
+                if entry.name.endswith(".py"):
+                    info = entry.stat()
+                    digest.update(f"{entry.path}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+                elif entry.is_dir() and entry.name not in ("shim", "__pycache__"):
+                    folders.append(entry.path)
+    # libcst's version file, found on sys.path as the import system would, without
+    # importing libcst (or importlib.util, which costs a warm run more than this loop).
+    for path_entry in sys.path:
+        try:
+            info = os.stat(os.path.join(path_entry or ".", "libcst", "_version.py"))
+        except OSError:
+            continue
+        digest.update(f"libcst\0{info.st_size}\0{info.st_mtime_ns}".encode())
+        break
+    return digest.hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What the engine concluded about one file's bytes; no path in it.
+
+    ``findings`` holds (cell, line, column, code, message, fixed) tuples. ``new_data``
+    is the migrated file (status "changed"); ``diffs`` the bodies of its diffs (no
+    header lines, which name the path), as (suffix of the name, body) pairs, when they
+    were computed.
+    """
+
+    status: str
+    findings: tuple[tuple[int | None, int, int, str, str, bool], ...] = ()
+    error: str = ""
+    # The migrated bytes, base64-encoded: most readers (--check) never need them decoded.
+    new_data_b64: str | None = None
+    encoding: str = ""
+    diffs: tuple[tuple[str, str], ...] | None = None
+    first_change: int | None = None
+    migrated_apis: tuple[str, ...] = ()
+    # how the file's Apex amp setup came out (project mode settles groups of files by it)
+    amp_left: bool = False
+    amp_migrated: bool = False
+    scalers: tuple[ScalerInfo, ...] = ()
+    scaler_unused: bool = False
+
+    @classmethod
+    def changed(
+        cls, findings: tuple[tuple[int | None, int, int, str, str, bool], ...], new_data: bytes, **fields: Any
+    ) -> Entry:
+        return cls("changed", findings, new_data_b64=base64.b64encode(new_data).decode("ascii"), **fields)
+
+    @property
+    def new_data(self) -> bytes | None:
+        return base64.b64decode(self.new_data_b64) if self.new_data_b64 is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "findings": [list(finding) for finding in self.findings],
+            "error": self.error,
+            "new_data": self.new_data_b64,
+            "encoding": self.encoding,
+            "diffs": [list(diff) for diff in self.diffs] if self.diffs is not None else None,
+            "first_change": self.first_change,
+            "migrated_apis": list(self.migrated_apis),
+            "amp_left": self.amp_left,
+            "amp_migrated": self.amp_migrated,
+            "scalers": [
+                [scaler.function, scaler.static_scale, scaler.follows, list(scaler.models)] for scaler in self.scalers
+            ],
+            "scaler_unused": self.scaler_unused,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Entry:
+        new_data = data["new_data"]
+        diffs = data["diffs"]
+        return cls(
+            status=str(data["status"]),
+            findings=tuple(
+                (cell, int(line), int(column), str(code), str(message), bool(fixed))
+                for cell, line, column, code, message, fixed in data["findings"]
+            ),
+            error=str(data["error"]),
+            new_data_b64=str(new_data) if new_data is not None else None,
+            encoding=str(data["encoding"]),
+            diffs=tuple((str(suffix), str(body)) for suffix, body in diffs) if diffs is not None else None,
+            first_change=data["first_change"],
+            migrated_apis=tuple(str(name) for name in data["migrated_apis"]),
+            amp_left=bool(data["amp_left"]),
+            amp_migrated=bool(data["amp_migrated"]),
+            scalers=tuple(
+                ScalerInfo(function, static_scale, bool(follows), tuple(str(model) for model in models))
+                for function, static_scale, follows, models in data["scalers"]
+            ),
+            scaler_unused=bool(data["scaler_unused"]),
+        )
+
+
+def options_key(options: Options) -> str:
+    """Every field of ``options``, facts included, as text that is the same in every
+    process (a frozenset's repr follows string hashing, which differs between runs)."""
+    return repr(_canonical(options))
+
+
+def _canonical(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return (type(value).__name__, tuple((f.name, _canonical(getattr(value, f.name))) for f in fields))
+    if isinstance(value, (frozenset, set)):
+        return ("set", tuple(sorted(repr(_canonical(item)) for item in value)))
+    if isinstance(value, (tuple, list)):
+        return tuple(_canonical(item) for item in value)
+    return value
+
+
+class Cache:
+    """Entries under one folder for one tool fingerprint; keys include the options."""
+
+    def __init__(self, folder: Path, options: Options, fingerprint: str | None = None) -> None:
+        self.root = folder
+        self.fingerprint = fingerprint or tool_fingerprint()
+        self.folder = folder / self.fingerprint
+        self.options = options
+        self.salt = self._salt(options)
+
+    def _salt(self, options: Options) -> bytes:
+        return f"{self.fingerprint}\0{options_key(options)}\0".encode()
+
+    def key(self, data: bytes, notebook: bool, options: Options | None = None) -> str:
+        """The entry of ``data`` migrated with ``options`` (default: the run's), facts included."""
+        digest = hashlib.sha256(self.salt if options is None or options == self.options else self._salt(options))
+        digest.update(b"ipynb\0" if notebook else b"py\0")
+        digest.update(data)
+        return digest.hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.folder / key[:2] / key[2:]
+
+    def get(self, key: str) -> Entry | None:
+        try:
+            with open(self._path(key), "rb") as stream:
+                return Entry.from_json(json.loads(stream.read()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # absent, or damaged: computed again and rewritten
+
+    def put(self, key: str, entry: Entry) -> None:
+        """Store ``entry`` atomically; a cache that cannot be written is no error."""
+        self._store(self._path(key), entry.to_json())
+
+    def _store(self, path: Path, document: Any) -> None:
+        import tempfile
+
+        try:
+            if not self.folder.exists():
+                self._prune_others()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+            try:
+                with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+                    json.dump(document, stream, ensure_ascii=False, separators=(",", ":"))
+                os.replace(temp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise
+        except (OSError, ValueError):
+            pass
+
+    def index(self, project: Path) -> StatIndex:
+        """The stat index of the files under ``project`` (see StatIndex)."""
+        name = hashlib.sha256(self.salt + os.fsencode(os.path.realpath(project))).hexdigest()[:32]
+        return StatIndex(self, self.folder / "index" / name)
+
+    def _prune_others(self) -> None:
+        """Remove the folders of other tool versions nobody has written to in a month."""
+        import shutil
+
+        now = time.time()
+        with contextlib.suppress(OSError), os.scandir(self.root) as scan:
+            for entry in scan:
+                if entry.is_dir(follow_symlinks=False) and entry.name != self.fingerprint:
+                    with contextlib.suppress(OSError):
+                        if now - entry.stat(follow_symlinks=False).st_mtime > _PRUNE_AFTER_S:
+                            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+# The verdict of a file the byte pre-filter cleared: no entry, nothing to do.
+CLEAN = ""
+# A file changed within this many seconds of being looked at is not indexed: a change in
+# the same tick of a coarse file-system clock would leave its times as they were.
+_RACY_S = 2.0
+
+
+class StatIndex:
+    """What each file's bytes were found to be, keyed on its path and stat, as git's index.
+
+    For a file whose size, modification and change times, inode and device are all as
+    recorded, the recorded verdict stands without reading the file: CLEAN (the pre-filter
+    cleared it) or the key of its result-cache entry. A write to a file always moves its
+    change time (which no tool can set back), so a changed file never matches; a file
+    changed within ``_RACY_S`` of being looked at is not recorded at all. Only a hint: a
+    verdict whose entry is gone is a miss, and the file is read as usual.
+    """
+
+    def __init__(self, cache: Cache, path: Path) -> None:
+        self.cache = cache
+        self.path = path
+        self.rows: dict[str, list[Any]] = {}
+        self.dirty = False
+        try:
+            with open(path, "rb") as stream:
+                rows = json.loads(stream.read())
+            if isinstance(rows, dict):
+                self.rows = rows
+        except (OSError, ValueError):
+            pass
+
+    @staticmethod
+    def _signature(info: os.stat_result) -> list[int]:
+        return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev]
+
+    def lookup(self, path: str, info: os.stat_result) -> str | None:
+        """The verdict recorded for ``path`` if its stat is unchanged, else None."""
+        row = self.rows.get(path)
+        if row is None or len(row) != 6 or row[:5] != self._signature(info):
+            return None
+        verdict = row[5]
+        return verdict if isinstance(verdict, str) else None
+
+    def record(self, path: str, info: os.stat_result, verdict: str, looked_at: float) -> None:
+        """Remember ``verdict`` for ``path`` as it was at ``looked_at`` (a time.time())."""
+        if looked_at - max(info.st_mtime, info.st_ctime) < _RACY_S:
+            if self.rows.pop(path, None) is not None:
+                self.dirty = True
+            return
+        row = [*self._signature(info), verdict]
+        if self.rows.get(path) != row:
+            self.rows[path] = row
+            self.dirty = True
+
+    def save(self) -> None:
+        if self.dirty:
+            self.cache._store(self.path, self.rows)
+            self.dirty = False

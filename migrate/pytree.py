@@ -1,0 +1,29 @@
+"""Python's own syntax tree of the module being migrated, parsed once per file.
+
+The engine parses the input with ``ast`` first (its syntax check) and the rules read
+the same tree (where top-level statements start), so the text is handed to Python's
+parser once, not once per reader. Only the latest text's tree is kept, and the engine
+forgets it when the file is done.
+"""
+
+from __future__ import annotations
+
+import ast
+
+_latest: tuple[str, ast.Module] | None = None
+
+
+def parse(source: str) -> ast.Module:
+    """``ast.parse(source)``, reusing the tree when this very text was parsed last."""
+    global _latest
+    if _latest is not None and _latest[0] is source:
+        return _latest[1]
+    tree = ast.parse(source)
+    _latest = (source, tree)
+    return tree
+
+
+def forget() -> None:
+    """Drop the kept tree (a large module's tree is worth freeing between files)."""
+    global _latest
+    _latest = None

@@ -1,0 +1,306 @@
+"""The result cache: a warm run prints exactly what a cold one did, without parsing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from migrate import cache as cache_module
+from migrate import runner, workers
+from migrate.cache import ENV_VAR, Cache, Entry, default_cache_dir
+from migrate.cli import main
+from migrate.discovery import Candidate
+from migrate.options import Options
+
+ROOT = Path(__file__).resolve().parents[1]
+AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
+NOTEBOOK = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "metadata": {},
+            "outputs": [],
+            "source": ["import torch\n", "%time x = 1\n", "with torch.cuda.amp.autocast():\n", "    y = 1"],
+        }
+    ],
+    "metadata": {"kernelspec": {"language": "python", "name": "python3"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+TREE = {
+    "train.py": AUTOCAST,
+    "crlf.py": "from apex import amp\r\n\r\nmodel, opt = amp.initialize(model, opt, opt_level='O2')\r\n",
+    "review.py": 'import torch\nfrom apex import amp\n\namp.register_half_function(torch, "mm")\n',
+    "skipped.py": "# ampmigrate: skip\n" + AUTOCAST,
+    "broken.py": "from apex import amp\ndef f(:\n",
+    "latin.py": "# -*- coding: latin-1 -*-\n# Entraîné\n" + AUTOCAST,
+    "clean.py": "x = 1\n",
+    "nb.ipynb": json.dumps(NOTEBOOK, indent=1) + "\n",
+}
+
+
+def make(root: Path, files: dict[str, str]) -> None:
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode("latin-1" if "latin-1" in content else "utf-8"))
+
+
+def cli(root: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> Result:
+    monkeypatch.chdir(root)
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def no_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make any attempt to start a worker (the only place files are parsed) fail the test."""
+
+    def refuse(self: object) -> None:
+        raise AssertionError("a warm run started a worker")
+
+    monkeypatch.setattr(workers.Pool, "_start", refuse)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--diff"],
+        ["--check"],
+        ["--check", "--diff", "--output-format", "json"],
+        ["--output-format", "github"],
+        ["--check", "--output-format", "sarif"],
+        ["--check", "--report", "report.md"],
+    ],
+    ids=lambda args: "-".join(arg.strip("-") for arg in args),
+)
+def test_a_warm_run_prints_exactly_what_the_cold_run_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    make(tmp_path, TREE)
+    cold = cli(tmp_path, monkeypatch, *args, ".")
+    cold_report = (tmp_path / "report.md").read_text() if "--report" in args else ""
+    assert cold.exit_code in (1, 2), cold.output
+    assert any(Path(os.environ[ENV_VAR]).rglob("*")), "the cold run stored nothing"
+    no_parsing(monkeypatch)
+    warm = cli(tmp_path, monkeypatch, *args, ".")
+    assert (warm.exit_code, warm.stdout, warm.stderr) == (cold.exit_code, cold.stdout, cold.stderr)
+    if "--report" in args:
+        assert (tmp_path / "report.md").read_text() == cold_report
+
+
+def test_a_write_from_the_cache_writes_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make(tmp_path / "cold", TREE)
+    make(tmp_path / "warm", TREE)
+    cold = cli(tmp_path / "cold", monkeypatch, "--write", ".")
+    assert cli(tmp_path / "warm", monkeypatch, "--check", ".").exit_code == 2  # fills the cache
+    no_parsing(monkeypatch)
+    warm = cli(tmp_path / "warm", monkeypatch, "--write", ".")
+    assert (warm.exit_code, warm.stdout, warm.stderr) == (cold.exit_code, cold.stdout, cold.stderr)
+    for name in TREE:
+        assert (tmp_path / "warm" / name).read_bytes() == (tmp_path / "cold" / name).read_bytes(), name
+
+
+def test_no_cache_neither_reads_nor_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make(tmp_path, {"train.py": AUTOCAST})
+    assert cli(tmp_path, monkeypatch, "--no-cache", "--check", ".").exit_code == 1
+    assert not any(Path(os.environ[ENV_VAR]).rglob("*"))
+    cli(tmp_path, monkeypatch, "--check", ".")  # fills it
+    no_parsing(monkeypatch)
+    with pytest.raises(AssertionError, match="started a worker"):
+        cli(tmp_path, monkeypatch, "--no-cache", "--check", ".")
+
+
+def test_other_options_are_other_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make(tmp_path, {"train.py": 'from apex import amp\n\nmodel, opt = amp.initialize(model, opt, opt_level="O1")\n'})
+    assert '+scaler = torch.amp.GradScaler("cuda")' in cli(tmp_path, monkeypatch, ".").stdout
+    assert '+scaler = torch.amp.GradScaler("cpu")' in cli(tmp_path, monkeypatch, "--device", "cpu", ".").stdout
+    no_parsing(monkeypatch)
+    assert '+scaler = torch.amp.GradScaler("cuda")' in cli(tmp_path, monkeypatch, ".").stdout
+
+
+def test_a_damaged_entry_is_a_miss_and_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make(tmp_path, {"train.py": AUTOCAST})
+    cold = cli(tmp_path, monkeypatch, ".")
+    [entry] = [path for path in Path(os.environ[ENV_VAR]).rglob("*") if path.is_file() and path.parent.name != "index"]
+    entry.write_text('{"status": "chan')
+    again = cli(tmp_path, monkeypatch, ".")
+    assert again.stdout == cold.stdout
+    assert json.loads(entry.read_text())["status"] == "changed"
+
+
+def test_a_warm_run_imports_no_libcst(tmp_path: Path) -> None:
+    make(tmp_path, {"train.py": AUTOCAST, "review.py": TREE["review.py"]})
+    probe = (
+        "import sys\n"
+        "from migrate.cli import main\n"
+        "try:\n"
+        "    main(['--check', '.'])\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code == 1, exit.code\n"
+        "print(sorted({name.split('.')[0] for name in sys.modules} & {'libcst', 'multiprocessing'}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+    def loaded() -> str:
+        completed = subprocess.run(
+            [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, env=env, check=True
+        )
+        return completed.stdout.strip().splitlines()[-1]
+
+    assert loaded() == "['multiprocessing']"  # cold: a worker parsed the files
+    assert loaded() == "[]"
+
+
+def test_concurrent_runs_share_the_cache_safely(tmp_path: Path) -> None:
+    make(tmp_path, {f"m{i}.py": AUTOCAST.replace("y = 1", f"y = {i}") for i in range(12)})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "migrate", "--diff", "-j", "2", "."]
+    runs = [
+        subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    outputs = {run.communicate(timeout=300) for run in runs}
+    assert len(outputs) == 1
+    assert "12 would change" in next(iter(outputs))[1]
+    leftovers = [path for path in Path(os.environ[ENV_VAR]).rglob(".*") if path.is_file()]
+    assert leftovers == []
+
+
+def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv(ENV_VAR)
+    assert default_cache_dir() == tmp_path / "xdg" / "ampmigrate"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")  # the XDG spec says: ignore it
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    if sys.platform.startswith("linux"):
+        assert default_cache_dir() == tmp_path / "home" / ".cache" / "ampmigrate"
+
+
+def test_entries_round_trip_and_keys_depend_on_content_kind_and_options(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, Options(), fingerprint="f1")
+    entry = Entry.changed(
+        ((None, 3, 1, "AMP001", "O2 ☃", True), (2, 1, 5, "AMP032", "x", False)),
+        b"\xef\xbb\xbfbytes\r\n\x00",
+        encoding="utf-8-sig",
+        diffs=(("", "@@ -1 +1 @@\n-a\n+b\n"),),
+        first_change=3,
+        migrated_apis=("amp.initialize",),
+    )
+    key = cache.key(b"data", notebook=False)
+    cache.put(key, entry)
+    assert cache.get(key) == entry
+    assert entry.new_data == b"\xef\xbb\xbfbytes\r\n\x00"
+    assert key != cache.key(b"data", notebook=True) != cache.key(b"dat4", notebook=True)
+    assert key != Cache(tmp_path, Options(dtype="bfloat16"), fingerprint="f1").key(b"data", notebook=False)
+    assert key != Cache(tmp_path, Options(), fingerprint="f2").key(b"data", notebook=False)
+    assert Cache(tmp_path, Options(), fingerprint="f2").get(key) is None
+
+
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the display names of the files the run reads."""
+    read: list[str] = []
+    real_read = runner._read
+
+    def recording(candidate: Candidate, *args: object, **kwargs: object) -> object:
+        read.append(candidate.display)
+        return real_read(candidate, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "_read", recording)
+    return read
+
+
+def test_files_the_prefilter_cleared_are_not_even_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Files that pass the pre-filter are read on every run (project mode indexes their
+    # text before their facts, and so their cache keys, are known); no file is parsed.
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)  # files written just now may be indexed
+    make(tmp_path, {**TREE, "sub/other.py": "y = 2\n"})
+    cold = cli(tmp_path, monkeypatch, "--check", "--diff", ".")
+    read = reads(monkeypatch)
+    no_parsing(monkeypatch)
+    warm = cli(tmp_path, monkeypatch, "--check", "--diff", ".")
+    assert (warm.exit_code, warm.stdout, warm.stderr) == (cold.exit_code, cold.stdout, cold.stderr)
+    assert "clean.py" not in read and "sub/other.py" not in read
+    assert sorted(read) == sorted(name for name in TREE if name != "clean.py")
+
+
+def test_a_file_changed_in_place_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    make(tmp_path, {"train.py": AUTOCAST.replace(".amp.", ".AMP.")})  # cleared by the pre-filter
+    assert cli(tmp_path, monkeypatch, "--check", ".").exit_code == 0
+    before = (tmp_path / "train.py").stat()
+    # Same size, same modification time: only the change time tells.
+    (tmp_path / "train.py").write_text(AUTOCAST)
+    os.utime(tmp_path / "train.py", ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (tmp_path / "train.py").stat().st_size == before.st_size
+    again = cli(tmp_path, monkeypatch, "--check", ".")
+    assert again.exit_code == 1, again.output
+
+
+def test_a_file_changed_just_before_the_run_is_not_indexed(tmp_path: Path) -> None:
+    index = Cache(tmp_path, Options(), fingerprint="f").index(tmp_path)
+    (tmp_path / "m.py").write_text("x = 1\n")
+    info = (tmp_path / "m.py").stat()
+    index.record(str(tmp_path / "m.py"), info, "", looked_at=info.st_ctime + 0.5)
+    assert index.lookup(str(tmp_path / "m.py"), info) is None
+    index.record(str(tmp_path / "m.py"), info, "", looked_at=info.st_ctime + 5)
+    assert index.lookup(str(tmp_path / "m.py"), info) == ""
+    index.save()
+    assert Cache(tmp_path, Options(), fingerprint="f").index(tmp_path).lookup(str(tmp_path / "m.py"), info) == ""
+
+
+PROJECT_CASES = sorted(path for path in (ROOT / "fixtures" / "project").iterdir() if (path / "in").is_dir())
+
+
+@pytest.mark.parametrize("case", PROJECT_CASES, ids=[case.name for case in PROJECT_CASES])
+def test_a_warm_project_run_writes_what_the_cold_one_did(
+    case: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Project mode: entries are keyed on each file's facts too, and the files a group
+    # settles by migrating again are answered with the entries of their new facts.
+    import shutil
+
+    shutil.copytree(case / "in", tmp_path / "cold")
+    shutil.copytree(case / "in", tmp_path / "warm")
+    cold = cli(tmp_path / "cold", monkeypatch, "--write", ".")
+    cli(tmp_path / "warm", monkeypatch, "--check", ".")  # fills the cache
+    no_parsing(monkeypatch)
+    warm = cli(tmp_path / "warm", monkeypatch, "--write", ".")
+    assert (warm.exit_code, warm.stdout, warm.stderr) == (cold.exit_code, cold.stdout, cold.stderr)
+    for path in (tmp_path / "cold").rglob("*.py"):
+        relative = path.relative_to(tmp_path / "cold")
+        assert (tmp_path / "warm" / relative).read_bytes() == path.read_bytes(), relative
+
+
+def test_the_key_covers_every_option_facts_included(tmp_path: Path) -> None:
+    from migrate.cache import options_key
+    from migrate.options import ModuleFacts
+
+    cache = Cache(tmp_path, Options(), fingerprint="f")
+    plain = cache.key(b"data", False, Options())
+    assert plain == cache.key(b"data", False)
+    assert plain != cache.key(b"data", False, Options(facts=ModuleFacts(frozen="kept")))
+    assert plain != cache.key(b"data", False, Options(fused_optimizers=False))
+    assert plain != cache.key(b"data", False, Options(facts=ModuleFacts(exported=frozenset({"amp"}))))
+    # the same options give the same text in every process, whatever the string hashing
+    options = Options(select=frozenset({"b", "a", "c"}), facts=ModuleFacts(exported=frozenset({"x", "y", "z"})))
+    script = "from migrate.cache import options_key; from migrate.options import *; print(options_key(eval(input())))"
+    texts = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            input=repr(options),
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            check=True,
+        ).stdout.strip()
+        for seed in ("1", "2", "3")
+    }
+    assert texts == {options_key(options)}

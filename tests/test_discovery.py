@@ -1,0 +1,117 @@
+"""Discovery: the fast .gitignore matching finds what pathspec would, and streaming."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from pathspec import GitIgnoreSpec
+
+from migrate.config import build_config
+from migrate.discovery import Candidate, discover, iter_discover
+
+# Patterns of every shape compile_gitignore treats differently: names, suffixes, globs,
+# anchored and nested paths, folder-only, `**`, escapes, spaces, negation.
+GITIGNORES = {
+    ".gitignore": "# comment\n\n__pycache__/\n*.pyc\ndata\nscratch_*.py\n/top_only.py\nnested/deep/\n**/gen/*.py\n",
+    "pkg/.gitignore": "*_pb2.py\nbuild*/\n\\#odd.py\nspaced.py \nlogs/*.py\n",
+    "neg/.gitignore": "*.py\n!keep.py\n",
+    "q/.gitignore": "file?.py\n[ab].py\n",
+}
+FILES = [
+    "a.py",
+    "top_only.py",
+    "sub/top_only.py",
+    "data/x.py",
+    "sub/data",
+    "sub/data.py",
+    "scratch_1.py",
+    "sub/scratch_2.py",
+    "nested/deep/x.py",
+    "nested/shallow/x.py",
+    "x/nested/deep/y.py",
+    "gen/a.py",
+    "src/gen/b.py",
+    "src/gen/sub/c.py",
+    "pkg/m_pb2.py",
+    "pkg/build_tmp/y.py",
+    "pkg/buildish.py",
+    "pkg/#odd.py",
+    "pkg/spaced.py",
+    "pkg/logs/l.py",
+    "pkg/logs/more/l.py",
+    "neg/skip.py",
+    "neg/keep.py",
+    "neg/inner/keep.py",
+    "q/file1.py",
+    "q/file12.py",
+    "q/a.py",
+    "q/c.py",
+    "nb.ipynb",
+    "sub/__pycache__/c.py",
+]
+
+
+def reference(root: Path) -> set[str]:
+    """What git would keep: each file against every .gitignore above it, by pathspec, whole paths."""
+    kept = set()
+    for name in FILES:
+        if not name.endswith((".py", ".ipynb")):
+            continue
+        parts = name.split("/")
+        ignored = False
+        for depth in range(len(parts)):
+            gitignore = root.joinpath(*parts[:depth], ".gitignore")
+            if gitignore.exists():
+                spec = GitIgnoreSpec.from_lines(gitignore.read_text().splitlines())
+                ignored = spec.match_file("/".join(parts[depth:])) or ignored
+                # a folder ignored on the way hides everything under it
+                for end in range(depth + 1, len(parts)):
+                    ignored = ignored or spec.match_file("/".join(parts[depth:end]) + "/")
+        if not ignored:
+            kept.add(name)
+    return kept
+
+
+def test_gitignore_matching_agrees_with_pathspec(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    for name in FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    for name, text in GITIGNORES.items():
+        (tmp_path / name).write_text(text)
+    config = build_config([tmp_path], exclude=())
+    found = {os.path.relpath(candidate.path, tmp_path) for candidate in discover([tmp_path], config)[0]}
+    assert found == reference(tmp_path)
+    assert "a.py" in found and "neg/keep.py" in found and "q/c.py" in found  # the test is not vacuous
+    assert "data/x.py" not in found and "src/gen/b.py" not in found and "pkg/#odd.py" not in found
+
+
+def test_a_folder_ignored_from_above_yields_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".gitignore").write_text("vendored\n")
+    (tmp_path / "vendored/lib").mkdir(parents=True)
+    (tmp_path / "vendored/lib/m.py").write_text("x = 1\n")
+    config = build_config([tmp_path / "vendored/lib"])
+    assert discover([tmp_path / "vendored/lib"], config)[0] == []
+    assert discover([tmp_path / "vendored/lib"], build_config([tmp_path], respect_gitignore=False))[0] != []
+
+
+def test_discovery_streams_before_the_walk_is_over(tmp_path: Path) -> None:
+    for index in range(3):
+        (tmp_path / f"d{index}").mkdir()
+        (tmp_path / f"d{index}/m.py").write_text("x = 1\n")
+    stream = iter_discover([tmp_path], build_config([tmp_path]))
+    first = next(stream)
+    assert isinstance(first, Candidate)  # handed over while two folders are still unread
+    assert len([first, *stream]) == 3
+
+
+def test_a_file_given_twice_and_by_a_link_is_found_once(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src/m.py").write_text("x = 1\n")
+    (tmp_path / "alias.py").symlink_to(tmp_path / "src/m.py")
+    paths = [tmp_path / "src", tmp_path / "src/m.py", tmp_path / "alias.py", tmp_path]
+    candidates, errors = discover(paths, build_config(paths))
+    assert len(candidates) == 1 and errors == []
