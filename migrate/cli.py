@@ -82,6 +82,10 @@ def main() -> None:
     nothing is written. Add --write to rewrite the files, or --check to fail (exit 1)
     when something would change or needs manual review.
 
+    The PATHs are one project: an Apex amp setup that spans modules (initialize in one,
+    the training loop in another) is migrated whole, the GradScaler passed where it is
+    needed, or left exactly as it was with a finding (AMP025) that says why.
+
     `ampmigrate verify ORIGINAL MIGRATED` runs a few training steps of a script before
     and after migration and compares the two (needs torch).
 
