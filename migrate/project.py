@@ -148,30 +148,27 @@ def _summarize_functions(tree: ast.Module, summary: ModuleSummary) -> None:
     """Which top-level functions call amp (on this module's amp names), and whom they call."""
     names = summary.amp_names | {"amp"}
 
-    def amp_calls(node: ast.AST) -> bool:
-        return any(
-            isinstance(sub, ast.Call)
-            and isinstance(sub.func, ast.Attribute)
-            and isinstance(sub.func.value, ast.Name)
-            and sub.func.value.id in names
-            for sub in ast.walk(node)
-        )
+    def calls_in(node: ast.AST) -> tuple[bool, frozenset[str]]:
+        """(an amp function is called, the plain names called), in one walk."""
+        uses_amp = False
+        called: set[str] = set()
+        for sub in ast.walk(node):
+            if not isinstance(sub, ast.Call):
+                continue
+            func = sub.func
+            if isinstance(func, ast.Name):
+                called.add(func.id)
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in names:
+                uses_amp = True
+        return uses_amp, frozenset(called)
 
     for statement in tree.body:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            called = frozenset(
-                sub.func.id
-                for sub in ast.walk(statement)
-                if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name)
-            )
-            summary.functions[statement.name] = FunctionSummary(amp_calls(statement), called)
+            summary.functions[statement.name] = FunctionSummary(*calls_in(statement))
         elif not isinstance(statement, (ast.Import, ast.ImportFrom)):
-            summary.amp_outside_functions = summary.amp_outside_functions or amp_calls(statement)
-            summary.calls_outside_functions |= {
-                sub.func.id
-                for sub in ast.walk(statement)
-                if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name)
-            }
+            uses_amp, called = calls_in(statement)
+            summary.amp_outside_functions = summary.amp_outside_functions or uses_amp
+            summary.calls_outside_functions |= called
 
 
 def _at_module_level(tree: ast.Module, node: ast.stmt) -> bool:
