@@ -198,8 +198,12 @@ class _LazyPool:
 
     def submit(self, candidate: Candidate, size: int) -> None:
         if self.pool is None:
-            from migrate.workers import Pool
+            from migrate.workers import Pool, forks
 
+            if forks():
+                # Imported once here, so that every forked worker shares it, rather than
+                # each paying for libcst again (imported, never used: nothing is parsed here).
+                import migrate.engine  # noqa: F401
             jobs, settings, done = self.args
             self.pool = Pool(jobs, _setup_worker, settings, _lost, done)
         self.pool.submit(candidate, size)
