@@ -319,8 +319,12 @@ class _LazyPool:
 
     def submit(self, job: Job, size: int) -> None:
         if self.pool is None:
-            from migrate.workers import Pool
+            from migrate.workers import Pool, forks
 
+            if forks():
+                # Imported once here, so that every forked worker shares it, rather than
+                # each paying for libcst again (imported, never used: nothing is parsed here).
+                import migrate.engine  # noqa: F401
             self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, lambda result: self.done(result))
         self.pool.submit(job, size)
 

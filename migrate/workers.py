@@ -63,6 +63,7 @@ class _Worker:
     job: Any = None
     started: float = 0.0
     deadline: float = 0.0
+    fresh: bool = True  # not yet given a job
 
 
 @dataclass
@@ -104,14 +105,26 @@ class Pool:
             if worker is None:
                 if len(self.workers) >= self.jobs:
                     return
-                worker = self._start()
-            _, _, job, cpu = heapq.heappop(self.queue)
+                try:
+                    worker = self._start()
+                except OSError as error:  # no process to be had (EAGAIN, ENOMEM)
+                    if self.workers:
+                        return  # the running ones will take the queue
+                    _, _, job, _ = heapq.heappop(self.queue)
+                    self.done(self.lost(job, f"cannot start a worker process: {error.strerror or error}"))
+                    continue
+            item = heapq.heappop(self.queue)
+            _, _, job, cpu = item
             try:
                 worker.connection.send((job, cpu))
-            except (OSError, ValueError):  # it died while idle: replace it, same job
+            except (OSError, ValueError):  # it died while idle: the job goes to another
                 self._retire(worker)
-                heapq.heappush(self.queue, (0, next(self.counter), job, cpu))
+                if worker.fresh:
+                    self.done(self.lost(job, "the worker process died as it started (please report this)"))
+                else:
+                    heapq.heappush(self.queue, item)
                 continue
+            worker.fresh = False
             worker.job = job
             worker.started = time.monotonic()
             worker.deadline = worker.started + WALL_FACTOR * cpu + 30.0
@@ -222,12 +235,17 @@ class Pool:
         self.workers.clear()
 
 
+def forks() -> bool:
+    """Whether workers are forked from this process (and so share what it imported)."""
+    return sys.platform.startswith("linux")
+
+
 def _context() -> ForkContext | DefaultContext:
     import multiprocessing
 
     # fork starts a worker in milliseconds and shares what is already imported; where it
     # is not available (Windows, macOS default) the platform's default is used.
-    if sys.platform.startswith("linux"):
+    if forks():
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context()
 

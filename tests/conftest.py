@@ -66,6 +66,24 @@ def _longest_first(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (-slow[item.nodeid.split("::")[0]], position[item.nodeid.split("::")[0]]))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Session and module fixtures run the CLI too, before any per-test fixture: none of
+    # them may write to (or read from) the user's own result cache.
+    import os
+    import tempfile
+
+    config._ampmigrate_cache = tempfile.mkdtemp(prefix="ampmigrate-test-cache-")  # type: ignore[attr-defined]
+    os.environ["AMPMIGRATE_CACHE_DIR"] = config._ampmigrate_cache  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    folder = getattr(config, "_ampmigrate_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _private_result_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test its own result cache: none reads another test's entries, or the user's."""

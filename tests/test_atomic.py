@@ -55,3 +55,37 @@ def test_a_file_changed_since_it_was_read_is_not_overwritten(tmp_path: Path) -> 
     with pytest.raises(StaleFileError):
         write_atomic(target, b"new\n", seen)
     assert target.read_bytes() == b"edited meanwhile\n"
+
+
+def test_a_temporary_file_is_locked_while_it_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("fcntl")
+    from migrate.atomic import leftover_state
+
+    target = tmp_path / "train.py"
+    target.write_bytes(b"old\n")
+    seen = []
+    real_replace = os.replace
+
+    def look_then_replace(src: str, dst: object) -> None:
+        # Another run finding this temporary file now must leave it alone.
+        seen.append(leftover_state(Path(src), remove=True))
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", look_then_replace)
+    write_atomic(target, b"new\n")
+    assert seen == ["busy"]
+    assert target.read_bytes() == b"new\n"
+    assert os.listdir(tmp_path) == ["train.py"]
+
+
+def test_a_leftover_without_a_writer_is_removed_only_when_asked(tmp_path: Path) -> None:
+    pytest.importorskip("fcntl")
+    from migrate.atomic import is_temp_name, leftover_state
+
+    leftover = tmp_path / ".train.py.abc123.ampmigrate-tmp"
+    leftover.write_bytes(b"half")
+    assert is_temp_name(leftover.name) and not is_temp_name("train.py")
+    assert leftover_state(leftover, remove=False) == "left"
+    assert leftover.exists()
+    assert leftover_state(leftover, remove=True) == "removed"
+    assert not leftover.exists()

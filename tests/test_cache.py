@@ -153,7 +153,8 @@ def test_a_warm_run_imports_no_libcst(tmp_path: Path) -> None:
         )
         return completed.stdout.strip().splitlines()[-1]
 
-    assert loaded() == "['multiprocessing']"  # cold: a worker parsed the files
+    cold = loaded()  # a worker parsed the files (forked with libcst imported, on Linux)
+    assert "multiprocessing" in cold
     assert loaded() == "[]"
 
 

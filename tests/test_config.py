@@ -120,3 +120,12 @@ def test_gitignore_is_respected_unless_disabled(tmp_path: Path, monkeypatch: pyt
     assert "1 file scanned" in respected.stderr  # type: ignore[attr-defined]
     ignored = cli(tmp_path, monkeypatch, "--check", "--no-respect-gitignore", ".")
     assert "3 files scanned" in ignored.stderr  # type: ignore[attr-defined]
+
+
+def test_the_cache_is_off_unless_asked_and_follows_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMPMIGRATE_CACHE_DIR", str(tmp_path / "results"))
+    assert build_config([tmp_path]).cache_dir is None  # the library default: no cache
+    assert build_config([tmp_path], cache=True).cache_dir == tmp_path / "results"
+    assert "--no-cache" in cli(tmp_path, monkeypatch, "--help").stdout  # type: ignore[attr-defined]
