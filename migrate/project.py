@@ -28,6 +28,11 @@ _DISTINCT_APIS = frozenset({"scale_loss", "master_params"})
 _AMP_APIS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"})
 
 
+def looks_like_amp_call(name: str, api: str) -> bool:
+    """Whether ``name.api(...)`` looks like a call of the Apex amp module (whatever binds ``name``)."""
+    return name not in ("self", "cls") and (api in _DISTINCT_APIS or (api in _AMP_APIS and "amp" in name.lower()))
+
+
 @dataclass(frozen=True)
 class ImportEdge:
     """One import of a project module: ``from <module> import <names>`` or ``import <module>``."""
@@ -130,7 +135,7 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
     for name, api, call in calls:
         if name in summary.amp_names or name == "amp":
             summary.amp_apis.add(api)
-        if name in ("self", "cls") or not (api in _DISTINCT_APIS or (api in _AMP_APIS and "amp" in name.lower())):
+        if not looks_like_amp_call(name, api):
             continue
         use = AmpUse(name, api, call.lineno, call.col_offset + 1)
         if name in summary.amp_names:

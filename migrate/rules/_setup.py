@@ -17,6 +17,8 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from migrate import pytree
+from migrate.project import looks_like_amp_call
 from migrate.rules._bindings import Binding, is_import_fallback
 from migrate.rules._context import ModuleContext, dotted_name
 
@@ -24,12 +26,6 @@ from migrate.rules._context import ModuleContext, dotted_name
 AMP_SETUP_RULES = frozenset(
     {"amp_initialize", "amp_scale_loss", "amp_master_params", "amp_state_dict", "amp_disable_casts"}
 )
-
-# amp functions called on a name that no Apex import binds: the amp module came from a
-# place this module cannot see (a parameter, a star import, `%run`). state_dict and
-# initialize are common method names, so they count only on names that say amp.
-_DISTINCT_APIS = frozenset({"scale_loss", "master_params"})
-_AMP_APIS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"})
 
 
 def amp_references(ctx: ModuleContext) -> Iterator[cst.Name]:
@@ -163,9 +159,7 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
         else:
             continue
         api = func.attr.value
-        if api not in _AMP_APIS or (api not in _DISTINCT_APIS and "amp" not in name.lower()):
-            continue
-        if ctx.amp_api(func) is not None or name in ("self", "cls"):
+        if not looks_like_amp_call(name, api) or ctx.amp_api(func) is not None:
             continue
         if imported is None:
             imported = _imported_names(ctx.source)
@@ -183,9 +177,9 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
 
 
 def _imported_names(source: str) -> set[str]:
-    """Names any import statement of the module binds (rarely needed, so parsed lazily)."""
+    """Names any import statement of the module binds (the engine's own ast tree, reused)."""
     try:
-        tree = ast.parse(source)
+        tree = pytree.parse(source)
     except (SyntaxError, ValueError, RecursionError):
         return set()
     names: set[str] = set()
