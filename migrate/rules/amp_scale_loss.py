@@ -210,6 +210,31 @@ def _collapse_fp32_branch(
     ctx.plan.replace_statement[branch] = [merged]
 
 
+def _unscaled_sibling_branch(ctx: ModuleContext, with_node: cst.With) -> cst.If | None:
+    """The ``if`` holding ``with_node`` in its body whose ``else`` runs a backward pass of its own."""
+    child: cst.CSTNode = with_node
+    for ancestor in ctx.ancestors(with_node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While)):
+            return None
+        if isinstance(ancestor, cst.If) and child is ancestor.body and ancestor.orelse is not None:
+            if _calls_backward(ancestor.orelse):
+                return ancestor
+        child = ancestor
+    return None
+
+
+def _calls_backward(node: cst.CSTNode) -> bool:
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+        return True
+    return any(_calls_backward(child) for child in node.children)
+
+
+def _always_on(scaler: Scaler) -> bool:
+    """Whether the scaler is on in every path: an ``amp.initialize`` of this module that no
+    condition guards (no ``enabled=``, no ``if``, a fixed opt level other than O0)."""
+    return scaler.initialize is not None and scaler.enabled is None and not scaler.may_be_disabled
+
+
 def _managed_optimizers(
     ctx: ModuleContext, model: AmpModel, call: cst.Call, optimizers: cst.BaseExpression
 ) -> set[str]:
@@ -250,6 +275,16 @@ def _plan_one(
     if found is None:
         return
     scaler, access = found
+    branch = _unscaled_sibling_branch(ctx, with_node)
+    if branch is not None and _always_on(scaler):
+        ctx.report(
+            "AMP022",
+            call,
+            f"the `else` of `if {syntax.code(branch.test)}:` backpropagates an unscaled loss while the optimizer "
+            "still steps through the scaler, which is on in that path too (amp.initialize does not depend on "
+            "that condition): pass `enabled=` to amp.initialize with the same condition, or scale both paths",
+        )
+        return
     if "loss_id" in arguments:
         ctx.report("AMP004", call)
 
