@@ -125,7 +125,21 @@ def apex_constructs(source: str) -> tuple[set[str], bool]:
     constructs: set[str] = set()
     for _, found in _apex_imports(tree):
         constructs |= found
+    if not constructs and _binds_other_amp(tree):
+        calls = False  # `import mxnet.contrib.amp as amp`: another library's amp.initialize
     return constructs, calls
+
+
+def _binds_other_amp(tree: ast.AST) -> bool:
+    """Whether an import binds the name ``amp`` to a module that is not Apex."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            if any((a.asname or a.name) == "amp" and not a.name.startswith("apex") for a in node.names):
+                return True
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.module.startswith("apex"):
+            if any((a.asname or a.name) == "amp" for a in node.names):
+                return True
+    return False
 
 
 # -- does the module import with Apex absent? ------------------------------------------

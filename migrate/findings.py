@@ -209,6 +209,14 @@ CODES: dict[str, Code] = {
         "Write the replacement code the message gives for that argument, or keep that piece of Apex installed.",
         False,
     ),
+    "AMP043": Code(
+        "apex-presence-check",
+        "`import apex` is only a check that Apex is installed: nothing in this module uses the name.",
+        "Delete the import (with the `except ImportError` branch that guards it) once the project no longer "
+        "needs Apex; keep it (with `# ampmigrate: skip`) while some code still does, for example a flag set "
+        "beside it that picks an Apex layer elsewhere.",
+        False,
+    ),
     "AMP050": Code(
         "skipped-by-comment",
         "`# ampmigrate: skip` left this construct (or the whole file) as it was.",

@@ -41,6 +41,8 @@ def fake_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("with self.amp.scale_loss(loss, opt) as s:\n    s.backward()\n", set(), True),
         ("print 'python 2'\nfrom apex.fp16_utils import FP16_Optimizer\n", {"other"}, False),
         ("import torch\nscaler = torch.amp.GradScaler('cuda')\n", set(), False),
+        ("import mxnet.contrib.amp as amp\namp.init()\namp.initialize(trainer)\n", set(), False),
+        ("from mxnet.contrib import amp\nnet = amp.initialize(net)\n", set(), False),
     ],
 )
 def test_apex_constructs(source: str, constructs: set[str], calls: bool) -> None:

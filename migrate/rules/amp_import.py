@@ -23,8 +23,8 @@ After::
 Not rewritten (reported instead)
     Whatever still uses Apex after the other rules ran: the amp module stored or passed
     as a value (AMP030), private Apex state (AMP031), amp functions without a rewrite
-    (AMP032), other Apex modules (AMP040). Their imports stay so the code keeps running
-    where Apex is installed.
+    (AMP032), other Apex modules (AMP040), an ``import apex`` that only checks that Apex is
+    installed (AMP043). Their imports stay so the code keeps running where Apex is installed.
 
 References
     ../shared/apex-semantics.md sections 0 and 9 (first row).
@@ -288,8 +288,12 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
                             binding.statement if isinstance(binding.statement.names, cst.ImportStar) else binding.alias
                         )
                         ctx.report("AMP040", anchor, f"{binding.target}: {_replacement(binding.target)}")
-                elif binding.kind == "apex":
-                    _report_apex_package_uses(ctx, binding, references)
+                elif binding.kind == "apex" and id(binding.alias) not in reported:
+                    reported.add(id(binding.alias))
+                    if references.get(binding.alias) or ctx.skipped(ctx.statement_of(binding.statement)):
+                        _report_apex_package_uses(ctx, binding, references)
+                    else:
+                        ctx.report("AMP043", binding.alias)
 
 
 def _report_apex_package_uses(
