@@ -91,6 +91,18 @@ def _with_leading_lines(statement: Statement, lines: Sequence[cst.EmptyLine]) ->
     return statement.with_changes(leading_lines=[*lines, *existing])
 
 
+def _without_new_blank_top(original_first: cst.BaseStatement, first: Statement) -> Statement:
+    """A block whose first statements went starts at the next one, without the blank lines
+    that separated them (``if ddp:`` / ``try: import apex`` / blank / ``model = DDP(model)``)."""
+    lines = list(first.leading_lines)
+    if original_first.leading_lines and original_first.leading_lines[0].comment is None:
+        return first  # the block started with a blank line before the rewrite too
+    top = 0
+    while top < len(lines) and lines[top].comment is None:
+        top += 1
+    return first.with_changes(leading_lines=lines[top:]) if top else first
+
+
 def _with_new_keywords(call: cst.Call, keywords: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:
     """``f(a)`` -> ``f(a, name=value)``, laid out like the existing arguments."""
     extra = [syntax.keyword(name, value) for name, value in keywords]
@@ -267,6 +279,8 @@ class PlanApplier(cst.CSTTransformer):
             placeholder = cst.SimpleStatementLine([cst.Pass()], leading_lines=pending)
             self._placeholders.add(placeholder)
             return updated.with_changes(body=[placeholder])
+        if isinstance(updated, cst.IndentedBlock):
+            body[0] = _without_new_blank_top(originals[0], body[0])
         if pending:
             return updated.with_changes(body=body, footer=[*pending, *updated.footer])
         return updated.with_changes(body=body)
