@@ -91,9 +91,10 @@ def _with_leading_lines(statement: Statement, lines: Sequence[cst.EmptyLine]) ->
     return statement.with_changes(leading_lines=[*lines, *existing])
 
 
-def _without_new_blank_top(original_first: cst.BaseStatement, first: Statement) -> Statement:
+def _without_new_blank_top(original_first: cst.BaseStatement, first: cst.BaseStatement) -> cst.BaseStatement:
     """A block whose first statements went starts at the next one, without the blank lines
     that separated them (``if ddp:`` / ``try: import apex`` / blank / ``model = DDP(model)``)."""
+    assert isinstance(original_first, Statement) and isinstance(first, Statement)
     lines = list(first.leading_lines)
     if original_first.leading_lines and original_first.leading_lines[0].comment is None:
         return first  # the block started with a blank line before the rewrite too
