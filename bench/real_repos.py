@@ -50,6 +50,7 @@ SCRIPT_CHECKOUT = Path(__file__).resolve().parents[1]
 # Folders never worth walking (the tool skips them too).
 SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", "build", "dist", ".tox"}
 AMP_CALL = re.compile(r"\bamp\s*\.\s*(initialize|scale_loss|master_params)\s*\(")
+AMP_APIS = frozenset({"initialize", "scale_loss", "master_params"})
 APEX_IMPORT_LINE = re.compile(r"^\s*(from\s+apex(\.\w+)*\s+import\b|import\s+apex\b)", re.M)
 CONSTRUCTS = ("amp", "parallel", "fp16_utils", "optimizers", "normalization", "other")
 TOOL_TIMEOUT_S = 900
@@ -116,18 +117,29 @@ def apex_constructs(source: str) -> tuple[set[str], bool]:
 
     Files that do not parse (Python 2) fall back to a line match of the imports.
     """
-    calls = bool(AMP_CALL.search(source))
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         lines = APEX_IMPORT_LINE.findall(source)
-        return ({"other"} if lines else set()), calls
+        return ({"other"} if lines else set()), bool(AMP_CALL.search(source))
+    calls = _calls_amp(tree)
     constructs: set[str] = set()
     for _, found in _apex_imports(tree):
         constructs |= found
     if not constructs and _binds_other_amp(tree):
         calls = False  # `import mxnet.contrib.amp as amp`: another library's amp.initialize
     return constructs, calls
+
+
+def _calls_amp(tree: ast.AST) -> bool:
+    """Whether code (not a comment or string) calls ``<...>amp.initialize/scale_loss/master_params``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in AMP_APIS:
+            owner = node.func.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name == "amp":
+                return True
+    return False
 
 
 def _binds_other_amp(tree: ast.AST) -> bool:

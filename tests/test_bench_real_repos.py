@@ -43,6 +43,8 @@ def fake_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("import torch\nscaler = torch.amp.GradScaler('cuda')\n", set(), False),
         ("import mxnet.contrib.amp as amp\namp.init()\namp.initialize(trainer)\n", set(), False),
         ("from mxnet.contrib import amp\nnet = amp.initialize(net)\n", set(), False),
+        ("# clip_grad_norm_(apex.amp.master_params(opt), 1.0)\nx = 'amp.scale_loss(l, o)'\n", set(), False),
+        ("apex.amp.initialize(model, opt)\n", set(), True),
     ],
 )
 def test_apex_constructs(source: str, constructs: set[str], calls: bool) -> None:
