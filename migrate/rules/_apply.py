@@ -273,7 +273,9 @@ class PlanApplier(cst.CSTTransformer):
                 continue
             lines = inner[0].leading_lines
             inner[0] = inner[0].with_changes(leading_lines=())
-            wrapped = cst.With(items=[item], body=cst.IndentedBlock(body=inner), leading_lines=lines)
+            # the block's own step, not the module's first one (files that mix 8 and 4 spaces)
+            indent = updated.indent if isinstance(updated, cst.IndentedBlock) else None
+            wrapped = cst.With(items=[item], body=cst.IndentedBlock(body=inner, indent=indent), leading_lines=lines)
             body.append(_with_leading_lines(wrapped, pending))
             pending = orphans
         if isinstance(updated, cst.IndentedBlock) and not body:
