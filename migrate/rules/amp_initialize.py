@@ -738,8 +738,12 @@ def _scale_written_after(
         return None  # loss_scale=1.0 had no scaler to set; disabled, Apex had none at all
     if "num_losses" in bound and syntax.literal(bound["num_losses"].value) != 1:
         return None  # the other losses kept their own scale
-    if (settings.disabled or settings.level_expression is not None) and not amp_private_state.power_of_two(value):
-        return None  # at O0 Apex scaled in float32: only a power of two leaves the gradients exact
+    if (settings.disabled or settings.level_expression is not None) and (
+        not amp_private_state.power_of_two(value) or amp_private_state.reads_scale(ctx)
+    ):
+        # at O0 Apex scaled float32 gradients by it (exact only for a power of two) and reported it,
+        # where the disabled GradScaler reports 1.0
+        return None
     if scale.static is None:
         ceiling = syntax.literal(bound["max_loss_scale"].value) if "max_loss_scale" in bound else 2.0**24
         if not isinstance(ceiling, (int, float)) or value > ceiling:

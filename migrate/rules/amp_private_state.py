@@ -52,8 +52,9 @@ Safety
     ``loss_scale=1.0``), as Apex's static scale of 1. Apex changed the scale at the end of
     each ``scale_loss`` block, GradScaler at ``scaler.update()``: a read between the
     backward and the update can see the scale before this step's overflow halved it. A
-    set scale is exact for dynamic scaling and becomes the held scale of a static one; at
-    O0 (no scaling) only a power of two is exact, so only that is migrated there. Without
+    set scale is exact for dynamic scaling and becomes the held scale of a static one; where
+    the run may be O0 (no scaling) only a power of two is exact, and only if no read reports
+    it (Apex did, a disabled GradScaler says 1.0), so only that is migrated there. Without
     Apex nothing checks that the model comes in as float32 any more: a model made float16
     by hand fails in ``scaler.unscale_`` (AMP033 says so).
 
@@ -267,6 +268,11 @@ def scale_write_after(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[cst.S
     return None
 
 
+def reads_scale(ctx: ModuleContext) -> bool:
+    """Whether the module reads a loss scale from Apex's private state."""
+    return any(shape(ctx, use).kind == "read" for use in state_uses(ctx))
+
+
 def power_of_two(value: float) -> bool:
     mantissa, _ = math.frexp(value)
     return mantissa == 0.5
@@ -363,8 +369,9 @@ def describe(ctx: ModuleContext, use: StateUse) -> str:
         return (
             f"`{text}` sets Apex's loss scale: create the GradScaler that replaces amp.initialize with "
             f'`torch.amp.GradScaler("cuda", init_scale={value})` (ampmigrate does that itself once the rest '
-            "of the setup migrates, for a number set right after a one-loss amp.initialize, a power of two "
-            "where the run may be O0)"
+            "of the setup migrates, for a number set right after a one-loss amp.initialize; where the run may be "
+            "O0 only for a power of two that is not read back: Apex reported it there, a disabled GradScaler "
+            "reports 1.0)"
         )
     if found.kind == "switch":
         return (
