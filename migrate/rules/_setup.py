@@ -100,10 +100,10 @@ def leftovers(ctx: ModuleContext) -> list[cst.Name]:
     "Is Apex installed?" checks (``assert amp is not None``) are not counted: they keep
     working beside torch.amp and change nothing in training.
     """
-    return [name for name in amp_references(ctx) if name not in ctx.consumed and not _checks_presence(ctx, name)]
+    return [name for name in amp_references(ctx) if name not in ctx.consumed and not checks_presence(ctx, name)]
 
 
-def _checks_presence(ctx: ModuleContext, name: cst.Name) -> bool:
+def checks_presence(ctx: ModuleContext, name: cst.Name) -> bool:
     """``amp is None`` / ``amp is not None`` / ``not amp`` / ``if amp:`` / ``assert amp``."""
     node: cst.CSTNode = name
     parent = ctx.parent(node)

@@ -73,7 +73,9 @@ import libcst as cst
 
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpModel, Scaler
+from migrate.rules._bindings import is_import_fallback
 from migrate.rules._context import ModuleContext
+from migrate.rules._setup import checks_presence
 
 RULE = "amp_private_state"
 
@@ -131,8 +133,11 @@ def state_uses(ctx: ModuleContext) -> list[StateUse]:
             binding.kind == "other_apex" and binding.target in STATE_TARGETS
         ):
             root = name
-        if root is not None and not any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
-            uses.append(StateUse(root, name))
+        if root is None or any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
+            continue
+        if root is name and (is_import_fallback(ctx, name) or checks_presence(ctx, name)):
+            continue  # `_amp_state = None` after a failed import, `if _amp_state is not None:`
+        uses.append(StateUse(root, name))
     return uses
 
 
@@ -334,6 +339,13 @@ def _switch_note(ctx: ModuleContext, found: Shape) -> str:
     text = _code(ctx, found.node)
     if found.value is not None and syntax.literal(found.value) is False:
         return f"`{text}` was deleted: it set Apex's default back"
+    line = found.node
+    assert isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Assign)
+    target = line.body[0].targets[0].target
+    owner = target.value if isinstance(target, cst.Attribute) else None
+    binding = ctx.resolve(owner.value, owner) if isinstance(owner, cst.Name) else None
+    if binding is not None and binding.kind == "amp":
+        return f"`{text}` was deleted: Apex never read it (its switches live on amp._amp_state), so it did nothing"
     if found.attribute in _RELAXING:
         return (
             f"`{text}` was deleted: it relaxed amp.initialize's check that models come in as float32 on the "
