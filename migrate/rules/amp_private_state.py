@@ -397,16 +397,15 @@ def describe(ctx: ModuleContext, use: StateUse) -> str:
         assign = ctx.parent(chain)
         if isinstance(assign, cst.Assign) and assign.value is chain and len(assign.targets) == 1:
             alias = _code(ctx, assign.targets[0].target)
-            if alias == scaler:
-                return (
-                    f"`{alias} = {text}` keeps Apex's LossScaler: delete this line so that `{scaler}` is the "
-                    f"GradScaler that replaces amp.initialize, and write `{scaler}.get_scale()` for each "
-                    f"`{scaler}.loss_scale()` (one scale serves every loss)"
-                )
+            first = (
+                f"delete this line so that `{scaler}` is the GradScaler that replaces amp.initialize"
+                if alias == scaler
+                else f"write `{alias} = {scaler}` with the GradScaler that replaces amp.initialize"
+            )
+            settings = _alias_settings(ctx, assign, alias)
             return (
-                f"`{alias} = {text}` keeps Apex's LossScaler: write `{alias} = {scaler}` with the GradScaler that "
-                f"replaces amp.initialize, and `{alias}.get_scale()` for each `{alias}.loss_scale()` (one scale "
-                "serves every loss)"
+                f"`{alias} = {text}` keeps Apex's LossScaler: {first}, and `{alias}.get_scale()` for each "
+                f"`{alias}.loss_scale()` (one scale serves every loss){settings}"
             )
         return (
             f"`{text}` uses Apex's LossScaler object: use the GradScaler that replaces amp.initialize instead, "
@@ -425,6 +424,31 @@ def describe(ctx: ModuleContext, use: StateUse) -> str:
         f"`{text}` is Apex's private amp state with no torch counterpart: use the GradScaler's public API "
         f"(`{scaler}.get_scale()`, `{scaler}.state_dict()`, `{scaler}.load_state_dict(state)`)"
     )
+
+
+# LossScaler attributes code sets, and the GradScaler argument that does the same from the start
+_SETTINGS = {"_loss_scale": "init_scale", "_scale_seq_len": "growth_interval"}
+
+
+def _alias_settings(ctx: ModuleContext, assign: cst.Assign, alias: str) -> str:
+    """``; create it with init_scale=..., growth_interval=...`` for what the code sets on the alias."""
+    scope = ctx.scope_of(assign)
+    found: dict[str, str] = {}
+    for node in ctx.walk(scope, into_definitions=False):
+        if not (isinstance(node, cst.Assign) and len(node.targets) == 1):
+            continue
+        target = node.targets[0].target
+        if (
+            isinstance(target, cst.Attribute)
+            and target.attr.value in _SETTINGS
+            and isinstance(target.value, cst.Name)
+            and target.value.value == alias
+        ):
+            found.setdefault(_SETTINGS[target.attr.value], _code(ctx, node.value))
+    if not found:
+        return ""
+    arguments = ", ".join(f"{name}={found[name]}" for name in _SETTINGS.values() if name in found)
+    return f'; what it sets goes into the GradScaler: `torch.amp.GradScaler("cuda", {arguments})`'
 
 
 def _outermost(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode:
