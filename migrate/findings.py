@@ -170,9 +170,21 @@ CODES: dict[str, Code] = {
     ),
     "AMP031": Code(
         "private-amp-state",
-        "Private Apex state (amp._amp_state, amp.scaler, ...) is used.",
-        "Use the GradScaler's public API: `scaler.get_scale()`, `scaler.state_dict()`.",
+        "Private Apex state (amp._amp_state: its loss scalers, opt_properties, handle, ...) is used in a way "
+        "the tool cannot rewrite exactly (another loss's scaler, a scale set away from amp.initialize, the "
+        "LossScaler object itself, no GradScaler reachable); the message gives the code to write.",
+        "Write the code the message gives (`scaler.get_scale()` for the loss scale, `init_scale=` on the "
+        "GradScaler for a scale set after amp.initialize), then run ampmigrate again.",
         False,
+    ),
+    "AMP033": Code(
+        "private-amp-state-migrated",
+        "Private Apex state was migrated: a loss-scale read became `scaler.get_scale()`, a scale set right "
+        "after amp.initialize the GradScaler's `init_scale`, a switch that only relaxed Apex's own checks "
+        "(allow_incoming_model_not_fp32, hard_override, verbosity) was deleted.",
+        "Nothing, usually. GradScaler changes its scale at `scaler.update()`, Apex at the end of each "
+        "scale_loss block; without Apex's float32 check a model made float16 by hand fails in `scaler.unscale_`.",
+        True,
     ),
     "AMP032": Code(
         "amp-api-not-migrated",

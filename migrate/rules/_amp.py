@@ -87,6 +87,8 @@ class AmpModel:
         self.updated: set[cst.CSTNode] = set()
         # scale_loss calls that were migrated (their backward is now scaled by a GradScaler)
         self.sites: list[cst.Call] = []
+        # `amp._amp_state.loss_scalers[0]._loss_scale = X` lines that became a scaler's init_scale
+        self.scale_writes: dict[cst.CSTNode, float] = {}
         self._threaded: dict[tuple[int, cst.FunctionDef], bool] = {}
         self._collect()
 
@@ -107,6 +109,8 @@ class AmpModel:
         binding = ctx.resolve(node.value, node)
         if binding is None or binding.kind not in ("amp", "amp_function"):
             return
+        if binding.kind == "amp_function" and binding.target == "_amp_state":
+            return  # Apex's private state object: the amp_private_state rule's
         parent = ctx.parent(node)
         if isinstance(parent, (cst.ImportAlias, cst.AsName)):
             return

@@ -24,7 +24,14 @@ from migrate.rules._context import ModuleContext, dotted_name
 
 # the rules that migrate the amp setup (the others, e.g. FusedAdam, run even when frozen)
 AMP_SETUP_RULES = frozenset(
-    {"amp_initialize", "amp_scale_loss", "amp_master_params", "amp_state_dict", "amp_disable_casts"}
+    {
+        "amp_initialize",
+        "amp_scale_loss",
+        "amp_master_params",
+        "amp_state_dict",
+        "amp_private_state",
+        "amp_disable_casts",
+    }
 )
 
 
@@ -49,6 +56,8 @@ def amp_references(ctx: ModuleContext) -> Iterator[cst.Name]:
 def _is_amp(binding: Binding, node: cst.Name, ctx: ModuleContext) -> bool:
     if binding.kind in ("amp", "amp_function"):
         return True
+    if binding.kind == "other_apex" and binding.target == "apex.amp._amp_state._amp_state":
+        return True  # Apex's private amp state: it needs Apex's amp.initialize to have run
     if binding.kind == "apex":  # `import apex` used as apex.amp.X
         parent = ctx.parent(node)
         return isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value == "amp"
@@ -91,10 +100,10 @@ def leftovers(ctx: ModuleContext) -> list[cst.Name]:
     "Is Apex installed?" checks (``assert amp is not None``) are not counted: they keep
     working beside torch.amp and change nothing in training.
     """
-    return [name for name in amp_references(ctx) if name not in ctx.consumed and not _checks_presence(ctx, name)]
+    return [name for name in amp_references(ctx) if name not in ctx.consumed and not checks_presence(ctx, name)]
 
 
-def _checks_presence(ctx: ModuleContext, name: cst.Name) -> bool:
+def checks_presence(ctx: ModuleContext, name: cst.Name) -> bool:
     """``amp is None`` / ``amp is not None`` / ``not amp`` / ``if amp:`` / ``assert amp``."""
     node: cst.CSTNode = name
     parent = ctx.parent(node)
@@ -118,6 +127,9 @@ def why_left(ctx: ModuleContext, names: list[cst.Name]) -> str:
     first = min(names, key=lambda name: ctx.position(name))
     line = ctx.position(first)[0]
     parent = ctx.parent(first)
+    binding = ctx.resolve(first.value, first)
+    if binding is not None and binding.target in ("_amp_state", "apex.amp._amp_state._amp_state"):
+        return f"Apex's private _amp_state at line {line} has no native equivalent here (see its finding)"
     if isinstance(parent, cst.Attribute) and parent.value is first:
         call = ctx.parent(parent)
         if isinstance(call, cst.Call) and call.func is parent:

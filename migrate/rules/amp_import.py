@@ -22,9 +22,10 @@ After::
 
 Not rewritten (reported instead)
     Whatever still uses Apex after the other rules ran: the amp module stored or passed
-    as a value (AMP030), private Apex state (AMP031), amp functions without a rewrite
-    (AMP032), other Apex modules (AMP040), an ``import apex`` that only checks that Apex is
-    installed (AMP043). Their imports stay so the code keeps running where Apex is installed.
+    as a value (AMP030), private Apex state the amp_private_state rule could not rewrite
+    (AMP031), amp functions without a rewrite (AMP032), other Apex modules (AMP040), an
+    ``import apex`` that only checks that Apex is installed (AMP043). Their imports stay so
+    the code keeps running where Apex is installed.
 
 References
     ../shared/apex-semantics.md sections 0 and 9 (first row).
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from migrate.rules import amp_private_state
 from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
@@ -238,7 +240,11 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
                     continue  # other modules of the project import it from here
                 if any(name not in ctx.consumed and not is_import_fallback(ctx, name) for name in uses):
                     continue  # still used: keep it so that code keeps running with Apex
-                if binding.kind in ("apex", "other_apex") and not any(name in ctx.consumed for name in uses):
+                if (
+                    binding.kind in ("apex", "other_apex")
+                    and not any(name in ctx.consumed for name in uses)
+                    and not (binding.target in amp_private_state.STATE_TARGETS and not uses)
+                ):
                     continue  # an Apex import this run did not migrate anything of
                 removable.setdefault(binding.statement, set()).add(binding.alias)
     for statement, aliases in removable.items():
@@ -268,10 +274,17 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
     for name in model.value_uses:
         if name not in ctx.consumed:
             ctx.report("AMP030", name)
+    state = amp_private_state.state_uses(ctx)
+    roots = {id(private.root) for private in state}
+    for private in state:
+        if private.base not in ctx.consumed:
+            ctx.report("AMP031", private.root, amp_private_state.describe(ctx, private))
     for attribute in model.private_uses:
-        ctx.report("AMP031", attribute)
+        if id(attribute) not in roots:
+            ctx.report("AMP031", attribute)
     for attribute in model.other_attributes:
-        ctx.report("AMP032", attribute, _amp_api(attribute.attr.value))
+        if id(attribute) not in roots:
+            ctx.report("AMP032", attribute, _amp_api(attribute.attr.value))
     for use in model.calls:
         if use.api not in _MIGRATED_APIS:
             ctx.report("AMP032", use.call, _amp_api(use.api))
@@ -279,6 +292,8 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
     for scope_imports in ctx.imports.values():
         for bindings in scope_imports.values():
             for binding in bindings:
+                if binding.kind == "other_apex" and binding.target in amp_private_state.STATE_TARGETS:
+                    continue  # each use is reported (AMP031) with the code to write
                 if binding.kind == "other_apex" and id(binding.alias) not in reported:
                     reported.add(id(binding.alias))
                     uses = references.get(binding.alias, [])

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
+from migrate.rules import amp_private_state
 from migrate.rules._amp import AmpCall, AmpModel, Scaler, in_clip
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
@@ -724,6 +725,32 @@ def _create_scaler(
         _drop_call(ctx, found)
 
 
+def _scale_written_after(
+    ctx: ModuleContext, found: _Call, settings: _Settings, scale: _LossScale
+) -> tuple[cst.SimpleStatementLine, float] | None:
+    """The loss scale set on Apex's first loss scaler right after this call, where the
+    GradScaler's ``init_scale`` reproduces it exactly."""
+    written = amp_private_state.scale_write_after(ctx, found.statement)
+    if written is None:
+        return None
+    value, bound = written[1], found.bound
+    if scale.off or ("enabled" in bound and syntax.literal(bound["enabled"].value) is not True):
+        return None  # loss_scale=1.0 had no scaler to set; disabled, Apex had none at all
+    if "num_losses" in bound and syntax.literal(bound["num_losses"].value) != 1:
+        return None  # the other losses kept their own scale
+    if (settings.disabled or settings.level_expression is not None) and (
+        not amp_private_state.power_of_two(value) or amp_private_state.reads_scale(ctx)
+    ):
+        # at O0 Apex scaled float32 gradients by it (exact only for a power of two) and reported it,
+        # where the disabled GradScaler reports 1.0
+        return None
+    if scale.static is None:
+        ceiling = syntax.literal(bound["max_loss_scale"].value) if "max_loss_scale" in bound else 2.0**24
+        if not isinstance(ceiling, (int, float)) or value > ceiling:
+            return None  # Apex's first growth would have capped it
+    return written
+
+
 def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     if ctx.skipped(use.call):
         return
@@ -767,6 +794,14 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
             _join_local_scaler(ctx, found, settings, scale, same_scope)
             return
         name = ctx.fresh_name(ctx.options.scaler_name)
+    written = _scale_written_after(ctx, found, settings, scale)
+    if written is not None:
+        # `amp._amp_state.loss_scalers[0]._loss_scale = X` right after the call: Apex started there
+        line, value = written
+        model.scale_writes[line] = value
+        scale.initial = value
+        if scale.static is not None:
+            scale.static = value
     _create_scaler(ctx, model, found, settings, scale, home, name)
 
 

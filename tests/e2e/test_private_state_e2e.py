@@ -1,0 +1,105 @@
+"""End-to-end: a script that sets the loss scale right after ``amp.initialize`` through Apex's
+private state (``amp._amp_state.loss_scalers[0]._loss_scale = 2**20``) and logs it every step
+(``amp._amp_state.loss_scalers[0].loss_scale()``).
+
+The original runs under the Apex shim (``python -m migrate.shim``), the migration natively with
+an ``apex`` package that raises on import placed first on ``sys.path``. The scale starts at
+2**20, far above what the float16 gradients of this regression allow, so both runs overflow
+and halve it step after step: the logged trajectories must be the same, value for value (the
+GradScaler started where Apex did, and skipped and halved on the same steps), and the losses
+must follow each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from migrate.engine import migrate_source
+
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "fixtures" / "e2e" / "private_loss_scale.in.py"
+RUN_TIMEOUT_S = 120
+POISON = "apex is not installed here (ampmigrate test)"
+DEFAULT_INIT_SCALE = 2.0**16
+# Apex's O1 casting lists (the shim) against autocast's: the per-step losses measured within 1e-3.
+MIXED_LOSS_REL_TOL = 1e-2
+FP32_LOSS_REL_TOL = 1e-5
+
+
+def _run(script: Path, args: list[str], out: Path, *, original: bool) -> dict[str, Any]:
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    mode = [] if original else ["--native"]
+    done = subprocess.run(
+        [sys.executable, "-m", "migrate.shim", *mode, str(script), *args, "--out", str(out)],
+        cwd=script.parent if not original else out.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, f"{script.name} {' '.join(args)} failed:\n{done.stderr[-4000:]}"
+    metrics: dict[str, Any] = json.loads(out.read_text())
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("private_state")
+    migrated = folder / "migrated"
+    migrated.mkdir()
+    (migrated / "train.py").write_text(migrate_source(SCRIPT.read_text(encoding="utf-8")).source, encoding="utf-8")
+    # the migration must not need Apex: an `apex` that fails on import comes first on sys.path
+    (migrated / "apex").mkdir()
+    (migrated / "apex" / "__init__.py").write_text(f"raise ImportError({POISON!r})\n", encoding="utf-8")
+    results = {}
+    for args in (["--fp16"], []):
+        key = "mixed" if args else "fp32"
+        results[f"original-{key}"] = _run(SCRIPT, args, folder / f"original-{key}.json", original=True)
+        results[f"migrated-{key}"] = _run(migrated / "train.py", args, folder / f"migrated-{key}.json", original=False)
+    return results
+
+
+def test_the_migration_uses_no_private_state() -> None:
+    migrated = migrate_source(SCRIPT.read_text(encoding="utf-8"))
+    assert "_amp_state" not in migrated.source and "apex" not in migrated.source
+    assert "init_scale=1048576.0" in migrated.source and "scaler.get_scale()" in migrated.source
+
+
+def test_loss_scale_trajectory_is_apex_s(runs: dict[str, dict[str, Any]]) -> None:
+    original, migrated = runs["original-mixed"]["loss_scale"], runs["migrated-mixed"]["loss_scale"]
+    assert len(original) == len(migrated) == 40
+    assert migrated == original
+    # the scale set after initialize took effect: it starts above the default and overflows down
+    assert original[0] > DEFAULT_INIT_SCALE
+    assert len(set(original)) > 5, f"the scale barely moved: {original}"
+
+
+def test_mixed_precision_trains_like_the_original(runs: dict[str, dict[str, Any]]) -> None:
+    original, migrated = runs["original-mixed"], runs["migrated-mixed"]
+    assert set(original["output_dtype"]) == set(migrated["output_dtype"]) == {"torch.float16"}
+    assert migrated["loss"] == pytest.approx(original["loss"], rel=MIXED_LOSS_REL_TOL)
+    losses = migrated["loss"]
+    assert sum(losses[-5:]) < 0.5 * sum(losses[:5]), f"the migrated script did not train: {losses}"
+
+
+def test_fp32_run_is_unchanged(runs: dict[str, dict[str, Any]]) -> None:
+    original, migrated = runs["original-fp32"], runs["migrated-fp32"]
+    assert original["loss_scale"] == migrated["loss_scale"] == []
+    assert set(migrated["output_dtype"]) == {"torch.float32"}
+    assert migrated["loss"] == pytest.approx(original["loss"], rel=FP32_LOSS_REL_TOL)
