@@ -98,6 +98,15 @@ REPLACEMENTS = {
     "apex.normalization.MixedFusedRMSNorm": "`torch.nn.RMSNorm(normalized_shape, eps=1e-5)`, its output cast to "
     "the parameters' dtype: `norm(x).to(norm.weight.dtype)`",
     "apex.normalization": "`torch.nn.LayerNorm` / `torch.nn.RMSNorm(..., eps=1e-5)`",
+    "apex.fp16_utils.FP16_Optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE + "; "
+    "`optimizer.backward(loss)` is `scaler.scale(loss).backward()`, `optimizer.clip_master_grads(n)` is "
+    "`scaler.unscale_(optimizer)` then `torch.nn.utils.clip_grad_norm_(params, n)`",
+    "apex.fp16_utils.fp16_optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE,
+    "apex.optimizers.FP16_Optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE + "; it only ran with "
+    "the old FusedAdam, whose step(grads=..., scale=...) API current Apex removed",
+    "apex.optimizers.fp16_optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE,
+    "apex.contrib.optimizers.FP16_Optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE + "; it drove "
+    "Apex's fused optimizers through their step(grads=..., scale=...) API, so keep Apex for both or migrate both",
     "apex.fp16_utils.to_python_float": "`tensor.item()`",
     "apex.fp16_utils.clip_grad_norm": "`torch.nn.utils.clip_grad_norm_`",
     "apex.fp16_utils.network_to_half": "the model itself (delete the call) and " + _FP16_RECIPE,
