@@ -115,7 +115,7 @@ _OLD_FUSED_ADAM = (
     "apex.optimizers.FP16_Optimizer only ran with Apex's pre-2019 FusedAdam (it calls step(grads=..., "
     "output_params=..., scale=..., grad_norms=...), which later Apex removed), and that FusedAdam's update is not "
     "torch.optim.AdamW's: p -= lr * sqrt(1 - beta2**t) / (1 - beta1**t) * (m / (sqrt(v) + eps) + weight_decay * p); "
-    "by hand: the float32 model, `torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=weight_decay)` (the "
+    "write instead: the float32 model, `torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=weight_decay)` (the "
     'nearest), `scaler = torch.amp.GradScaler("cuda", growth_interval=1000)` for dynamic_loss_scale=True (or '
     "`init_scale=S` with `scaler.update(new_scale=S)` for static_loss_scale=S: it skipped overflowing steps too), "
     "`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`"
@@ -213,7 +213,10 @@ def _read_scale(construction: _Construction, bound: dict[str, cst.Arg]) -> None:
     if "scale_window" in settings and settings["scale_window"] != 2000:
         window = settings["scale_window"]
         if window != int(window) or window < 1:
-            raise _Blocked(args_arg, f"scale_window={window} is not a whole number of steps")
+            raise _Blocked(
+                args_arg,
+                f"scale_window={window} is not a whole number of steps: write `growth_interval=N` with N steps",
+            )
         construction.growth_interval = int(window)
     if "min_loss_scale" in settings or "max_loss_scale" in settings:
         construction.notes.append(("AMP003", args_arg, None))
@@ -274,7 +277,11 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
         raise _Blocked(call, _OLD_FUSED_ADAM)
     bound = syntax.bind_arguments(call, _PARAMETERS)
     if bound is None or "init_optimizer" not in bound:
-        raise _Blocked(call, "its arguments are not spelt out (*args/**kwargs, or an unknown keyword)")
+        raise _Blocked(
+            call,
+            "its arguments are not spelt out (*args/**kwargs, or a keyword Apex does not take): write "
+            "`FP16_Optimizer(init_optimizer, static_loss_scale=S, dynamic_loss_scale=D, dynamic_loss_args=A)`",
+        )
     construction = _Construction(
         call=call,
         statement=statement,
@@ -311,7 +318,10 @@ def _collect(ctx: ModuleContext) -> tuple[list[_Setup], list[tuple[_Blocked, cst
         if len(constructions) > 2 or (len(constructions) == 2 and _chain_of(ctx, constructions) is None):
             for construction in constructions:
                 blocked.append(
-                    (_Blocked(construction.call, "the optimizer is wrapped more than once"), construction.call)
+                    (
+                        _Blocked(construction.call, "the optimizer is wrapped more than once; write " + _RECIPE),
+                        construction.call,
+                    )
                 )
             continue
         if len(constructions) == 2:
@@ -408,7 +418,7 @@ class _Planner:
                 args.append(syntax.keyword("init_scale", init))
             intervals = {c.growth_interval for c in setup.constructions if c.static is None}
             if len(intervals) > 1:
-                raise _Blocked(setup.first.call, "the two clauses ask for different dynamic settings")
+                raise _Blocked(setup.first.call, "the two clauses ask for different dynamic settings; write " + _RECIPE)
             interval = next(iter(intervals), None)
             if interval is not None:
                 args.append(syntax.keyword("growth_interval", cst.Integer(str(interval))))
@@ -452,7 +462,7 @@ class _Planner:
         if any(self.name in ctx.locals.get(inner, set()) for inner in chain):  # type: ignore[call-overload]
             return False  # a local (or parameter) of the same name
         if not isinstance(scope, cst.Module):
-            raise _Blocked(node, f"`{self.name}` is used in a nested function: pass the scaler along by hand")
+            raise _Blocked(node, f"`{self.name}` is used in a nested function: pass `{self.scaler}` to it as well")
         return True
 
     def uses(self) -> list[cst.Name]:
@@ -533,13 +543,19 @@ class _Planner:
             and isinstance(statement.body[0], cst.Expr)
             and statement.body[0].value is call
         ):
-            raise _Blocked(call, "not a statement of its own: call it on a line of its own")
+            raise _Blocked(
+                call, f"not a statement of its own: write `{syntax.code(call).strip()}` on a line of its own"
+            )
         return statement
 
     def _backward(self, call: cst.Call) -> None:
         bound = syntax.bind_arguments(call, ("loss", "update_master_grads", "retain_graph"))
         if bound is None or "loss" not in bound:
-            raise _Blocked(call, "backward() is called with *args/**kwargs or an unknown keyword")
+            raise _Blocked(
+                call,
+                "backward() is called with *args/**kwargs or a keyword Apex does not take: write "
+                f"`{self.name}.backward(loss)`",
+            )
         if "update_master_grads" in bound:
             raise _Blocked(
                 call,
@@ -601,7 +617,11 @@ class _Planner:
         if self.enabled is not None:
             if ctx.function_of(span[0]) is not ctx.function_of(self.setup.first.call):
                 if self._disabled_scaler():
-                    raise _Blocked(report_at, "autocast's enabled flag is not reachable here: add it by hand")
+                    raise _Blocked(
+                        report_at,
+                        "autocast's enabled flag is not reachable here: write "
+                        '`with torch.autocast("cuda", dtype=torch.float16, enabled=...):` around the forward pass',
+                    )
                 args.append(syntax.keyword("enabled", syntax.attribute_call(cst.Name(self.scaler), "is_enabled")))
             else:
                 args.append(syntax.keyword("enabled", self.enabled.deep_clone()))
@@ -626,7 +646,11 @@ class _Planner:
     def _zero_grad(self, call: cst.Call) -> None:
         bound = syntax.bind_arguments(call, ("set_grads_to_None",))
         if bound is None:
-            raise _Blocked(call, "zero_grad() is called with *args/**kwargs or an unknown keyword")
+            raise _Blocked(
+                call,
+                "zero_grad() is called with *args/**kwargs or a keyword Apex does not take: write "
+                f"`{self.name}.zero_grad(set_grads_to_None=...)`",
+            )
         if "set_grads_to_None" in bound:
             value = bound["set_grads_to_None"].value.deep_clone()
         elif self.enabled is None:
@@ -643,7 +667,11 @@ class _Planner:
         ctx = self.ctx
         bound = syntax.bind_arguments(call, ("max_norm", "norm_type"))
         if bound is None or "max_norm" not in bound:
-            raise _Blocked(call, "clip_master_grads() is called with *args/**kwargs or an unknown keyword")
+            raise _Blocked(
+                call,
+                "clip_master_grads() is called with *args/**kwargs or a keyword Apex does not take: write "
+                f"`{self.name}.clip_master_grads(max_norm, norm_type)`",
+            )
         statement = ctx.statement_of(call)
         block = ctx.parent(statement)
         body: list[cst.CSTNode] = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
@@ -910,7 +938,8 @@ def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int) -> None
             "AMP042",
             call,
             f"apex.optimizers.FusedAdam kept: the apex.optimizers.FP16_Optimizer at line {at} wraps it and calls its "
-            "old step(grads=..., scale=...) API, so the two are migrated together or not at all",
+            "old step(grads=..., scale=...) API, so the two are migrated together or not at all: replace both with "
+            '`torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)` and a `torch.amp.GradScaler("cuda")`',
         )
 
 
