@@ -673,22 +673,10 @@ class _Planner:
                 f"`{self.name}.clip_master_grads(max_norm, norm_type)`",
             )
         statement = ctx.statement_of(call)
-        block = ctx.parent(statement)
-        body: list[cst.CSTNode] = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
-        later = body[body.index(statement) + 1 :] if statement in body else []
-        steps = any(
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and node.func.attr.value == "step"
-            and isinstance(node.func.value, cst.Name)
-            and node.func.value.value == self.name
-            for later_statement in later
-            for node in ctx.walk(later_statement)
-        )
-        if not steps:
+        if not self._step_follows(statement):
             raise _Blocked(
                 call,
-                f"no `{self.name}.step()` follows this clip in its block (GradScaler unscales once per step): clip "
+                f"no `{self.name}.step()` follows this clip on every path (GradScaler unscales once per step): clip "
                 f"just before the step, after `{self.scaler}.unscale_({self.name})`",
             )
         params = cst.parse_expression(f'(p for group in {self.name}.param_groups for p in group["params"])')
@@ -709,6 +697,41 @@ class _Planner:
                     "inf/NaN gradients the norm is inf or NaN where Apex returned -1 (the step is skipped either way)",
                 )
             )
+
+    def _step_follows(self, statement: cst.CSTNode) -> bool:
+        """Whether every run of ``statement`` is followed by one ``X.step()`` of the same iteration:
+        a later statement of its block, or of a block around it reached through ifs only."""
+        ctx = self.ctx
+        current = statement
+        while True:
+            block = ctx.parent(current)
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                return False
+            body: list[cst.CSTNode] = list(block.body)
+            for later in body[body.index(current) + 1 :]:
+                if self._is_step_statement(later):
+                    return True
+            owner = ctx.parent(block)
+            if isinstance(owner, cst.Else):
+                owner = ctx.parent(owner)
+            while isinstance(owner, cst.If) and isinstance(ctx.parent(owner), cst.If):
+                owner = ctx.parent(owner)  # an elif: up to its first if
+            if not isinstance(owner, cst.If):
+                return False
+            current = owner
+
+    def _is_step_statement(self, statement: cst.CSTNode) -> bool:
+        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            return False
+        small = statement.body[0]
+        call = small.value if isinstance(small, cst.Expr) else None
+        return (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "step"
+            and isinstance(call.func.value, cst.Name)
+            and call.func.value.value == self.name
+        )
 
     # --- the model stays float32
     def plan_model(self) -> None:
