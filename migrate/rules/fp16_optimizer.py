@@ -487,6 +487,12 @@ class _Planner:
     def plan_uses(self) -> None:
         for node in self.uses():
             self._plan_use(node)
+        if not self.edits.after:
+            raise _Blocked(
+                self.setup.first.call,
+                f"no `{self.name}.step()` is found where `{self.name}` is in scope: write `{self.scaler}.step({self.name})` "
+                f"and `{self.scaler}.update()` where it steps",
+            )
 
     def _plan_use(self, node: cst.Name) -> None:
         ctx, name = self.ctx, self.name
