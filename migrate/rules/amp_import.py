@@ -245,6 +245,11 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
                 uses = references.get(binding.alias, [])
                 if scope is ctx.module and (bound in exported or "*" in exported):
                     continue  # other modules of the project import it from here
+                if bound == "*":
+                    # a star import: removable once the rule that knows its names consumed it
+                    if binding.alias.name in ctx.consumed:
+                        removable.setdefault(binding.statement, set()).add(binding.alias)
+                    continue
                 if any(name not in ctx.consumed and not is_import_fallback(ctx, name) for name in uses):
                     continue  # still used: keep it so that code keeps running with Apex
                 if binding.kind in ("apex", "other_apex") and not any(name in ctx.consumed for name in uses):
@@ -253,6 +258,9 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
     for statement, aliases in removable.items():
         names = statement.names
         if isinstance(names, cst.ImportStar):
+            line = ctx.statement_of(statement)
+            if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+                _drop_import_statement(ctx, line)
             continue
         kept = [alias for alias in names if alias not in aliases]
         line = ctx.statement_of(statement)
@@ -291,6 +299,8 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
                 if binding.kind == "other_apex" and id(binding.alias) not in reported:
                     reported.add(id(binding.alias))
                     uses = references.get(binding.alias, [])
+                    if binding.alias.name in ctx.consumed:
+                        continue  # a star import whose names were all migrated
                     if any(name not in ctx.consumed for name in uses) or not uses:
                         # a star import has no alias of its own to point at
                         anchor = (

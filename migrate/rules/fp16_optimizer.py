@@ -991,10 +991,63 @@ def _report_blocked(ctx: ModuleContext, error: _Blocked, construction: cst.Call)
     ctx.report("AMP040", construction, message)
 
 
+# what ``from apex.fp16_utils import *`` binds (the package's public names and its submodules)
+_STAR_NAMES = frozenset(
+    "FP16_Optimizer FP16Model network_to_half BN_convert_float tofp16 prep_param_lists "
+    "model_grads_to_master_grads master_params_to_model_params to_python_float clip_grad_norm convert_module "
+    "convert_network LossScaler DynamicLossScaler fp16util fp16_optimizer loss_scaler".split()
+)
+
+
+def _star_binding(ctx: ModuleContext) -> cst.Name | None:
+    """The synthetic alias name of a module-level ``from apex.fp16_utils import *``, if any."""
+    for binding in ctx.imports.get(ctx.module, {}).get("*", []):
+        if binding.target == "apex.fp16_utils.*":
+            return binding.alias.name if isinstance(binding.alias.name, cst.Name) else None
+    return None
+
+
+def _star_uses(ctx: ModuleContext) -> list[cst.Name]:
+    """Names that can only come from ``from apex.fp16_utils import *``."""
+    found = []
+    for node in ctx.nodes_of(cst.Name):
+        if node.value not in _STAR_NAMES:
+            continue
+        parent = ctx.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            continue
+        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or ctx.resolve(node.value, node) is not None:
+            continue
+        scope: cst.CSTNode | None = ctx.scope_of(node)
+        bound_here = False
+        while scope is not None:
+            if node.value in ctx.locals.get(scope, set()):  # type: ignore[call-overload]
+                bound_here = True
+                break
+            scope = ctx.scope_parent.get(scope)  # type: ignore[call-overload]
+        if not bound_here:
+            found.append(node)
+    return found
+
+
+def _helper_path(ctx: ModuleContext, func: cst.BaseExpression, star: set[cst.CSTNode]) -> tuple[str, cst.Name] | None:
+    found = ctx.apex_path(func)
+    if found is not None:
+        return found
+    if func in star:
+        assert isinstance(func, cst.Name)
+        return f"apex.fp16_utils.{func.value}", func
+    return None
+
+
 def _plan_helpers(ctx: ModuleContext) -> None:
-    """``to_python_float(t)`` -> ``t.item()``; fp16_utils' ``clip_grad_norm`` -> torch's."""
+    """``to_python_float(t)`` -> ``t.item()``; fp16_utils' ``clip_grad_norm`` -> torch's; a star
+    import of apex.fp16_utils goes once nothing it binds is used any more."""
+    star_alias = _star_binding(ctx)
+    star_uses = _star_uses(ctx) if star_alias is not None else []
+    star = set[cst.CSTNode](star_uses)
     for call in ctx.nodes_of(cst.Call):
-        found = ctx.apex_path(call.func)
+        found = _helper_path(ctx, call.func, star)
         if found is None:
             continue
         path, root = found
@@ -1012,6 +1065,8 @@ def _plan_helpers(ctx: ModuleContext) -> None:
             ctx.plan.substitute(call, call.with_changes(func=syntax.dotted("torch.nn.utils.clip_grad_norm_")))
             ctx.plan.needs_torch_import = True
             ctx.consumed.add(root)
+    if star_alias is not None and all(name in ctx.consumed for name in star_uses):
+        ctx.consumed.add(star_alias)  # amp_import drops the star import
 
 
 def plan(ctx: ModuleContext) -> None:
