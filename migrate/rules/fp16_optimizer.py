@@ -408,8 +408,51 @@ class _Planner:
             and syntax.literal(construction.static) == 1.0
         )
 
+    def _check_stable(self, expression: cst.BaseExpression, what: str) -> None:
+        """``expression`` is evaluated again later (each step, or where autocast starts): it must be a
+        plain read of names the function does not assign after the FP16_Optimizer set-up."""
+        ctx = self.ctx
+        allowed = (
+            cst.Name, cst.Attribute, cst.Comparison, cst.ComparisonTarget, cst.BooleanOperation, cst.UnaryOperation,
+            cst.Integer, cst.Float, cst.SimpleString, cst.LeftParen, cst.RightParen, cst.Dot,
+            cst.BaseCompOp, cst.BaseBooleanOp, cst.BaseUnaryOp, cst.BaseParenthesizableWhitespace,
+        )  # fmt: skip
+        read: set[str] = set()
+        for node in _walk(expression):
+            if not isinstance(node, allowed):
+                raise _Blocked(
+                    self.setup.first.call,
+                    f"{what} `{syntax.code(expression).strip()}` is computed, and GradScaler reads it again at every "
+                    f"step: assign it to a name first (`fp16_flag = ...`) and use that name",
+                )
+            name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+            if name is not None:
+                read.add(name)
+        for node in ctx.nodes_of(cst.Name):
+            target = ctx.parent(node)
+            while isinstance(target, cst.Attribute) and target.value is node:
+                node, target = target, ctx.parent(target)  # type: ignore[assignment]
+            dotted = dotted_name(node)
+            if dotted is None or not any(dotted == r or r.startswith(dotted + ".") for r in read):
+                continue
+            if ctx.scope_of(node) is self.setup.scope and _is_store(ctx, node):
+                if ctx.position(node)[0] > self.start_line:
+                    raise _Blocked(
+                        node,
+                        f"`{dotted}` changes after the FP16_Optimizer set-up, and {what} "
+                        f"`{syntax.code(expression).strip()}` is read again at every step: keep it in a name "
+                        "that does not change",
+                    )
+
     def plan_scaler(self) -> None:
         ctx, setup = self.ctx, self.setup
+        if self.enabled is not None:
+            self._check_stable(self.enabled, "the fp16 switch")
+        if setup.chain is not None:
+            self._check_stable(setup.chain.test, "the test choosing the loss scale")
+        for construction in setup.constructions:
+            if construction.static is not None:
+                self._check_stable(construction.static, "the static loss scale")
         args = [cst.Arg(syntax.string(ctx.options.device))]
         disabled = self._disabled_scaler()
         if not disabled:
