@@ -236,6 +236,7 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
 
 def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
     removable: dict[cst.Import | cst.ImportFrom, set[cst.ImportAlias]] = {}
+    stars: list[cst.Import | cst.ImportFrom] = []
     exported = ctx.options.facts.exported
     for scope, scope_imports in ctx.imports.items():
         for bound, bindings in scope_imports.items():
@@ -245,10 +246,10 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
                 uses = references.get(binding.alias, [])
                 if scope is ctx.module and (bound in exported or "*" in exported):
                     continue  # other modules of the project import it from here
-                if bound == "*":
-                    # a star import: removable once the rule that knows its names consumed it
+                if bound == "*" and binding.kind == "other_apex":
+                    # `from apex.X import *`: removable once the rule that knows its names consumed it
                     if binding.alias.name in ctx.consumed:
-                        removable.setdefault(binding.statement, set()).add(binding.alias)
+                        stars.append(binding.statement)
                     continue
                 if any(name not in ctx.consumed and not is_import_fallback(ctx, name) for name in uses):
                     continue  # still used: keep it so that code keeps running with Apex
@@ -258,9 +259,6 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
     for statement, aliases in removable.items():
         names = statement.names
         if isinstance(names, cst.ImportStar):
-            line = ctx.statement_of(statement)
-            if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
-                _drop_import_statement(ctx, line)
             continue
         kept = [alias for alias in names if alias not in aliases]
         line = ctx.statement_of(statement)
@@ -279,6 +277,10 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
             return updated.with_changes(names=kept)
 
         ctx.plan.replace[statement] = shrink
+    for statement in stars:
+        line = ctx.statement_of(statement)
+        if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+            _drop_import_statement(ctx, line)
 
 
 def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
