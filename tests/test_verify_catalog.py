@@ -220,14 +220,9 @@ def test_a_migration_that_crashes_is_an_error_with_its_traceback(session: verify
 
 
 def tools_migration(name: str, folder: Path) -> Path:
-    """The engine's migration of ``<name>.original.py`` (a hand migration where the tool asks for one)."""
+    """The engine's migration of ``<name>.original.py``."""
     original = FIXTURES / f"{name}.original.py"
-    hand = FIXTURES / f"{name}.hand.py"
     result = migrate_source(original.read_text(encoding="utf-8"))
-    if hand.exists():
-        # FP16_Optimizer is reported for a hand migration (AMP040), not rewritten.
-        assert "FP16_Optimizer" in result.source and any(f.code == "AMP040" for f in result.findings)
-        return hand
     source = result.source
     assert "from apex" not in source and "import apex" not in source
     migrated = folder / f"{name}.migrated.py"

@@ -31,6 +31,7 @@ from migrate.rules import (
     apex_optimizers,
     apex_parallel,
     apex_syncbn,
+    fp16_optimizer,
     torch_cuda_amp,
 )
 from migrate.rules._apply import apply_plan
@@ -44,6 +45,7 @@ RULES = (
     amp_private_state,
     amp_disable_casts,
     apex_optimizers,
+    fp16_optimizer,
     apex_normalization,
     apex_syncbn,
     apex_parallel,

@@ -100,6 +100,15 @@ REPLACEMENTS = {
     "apex.normalization.MixedFusedRMSNorm": "`torch.nn.RMSNorm(normalized_shape, eps=1e-5)`, its output cast to "
     "the parameters' dtype: `norm(x).to(norm.weight.dtype)`",
     "apex.normalization": "`torch.nn.LayerNorm` / `torch.nn.RMSNorm(..., eps=1e-5)`",
+    "apex.fp16_utils.FP16_Optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE + "; "
+    "`optimizer.backward(loss)` is `scaler.scale(loss).backward()`, `optimizer.clip_master_grads(n)` is "
+    "`scaler.unscale_(optimizer)` then `torch.nn.utils.clip_grad_norm_(params, n)`",
+    "apex.fp16_utils.fp16_optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE,
+    "apex.optimizers.FP16_Optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE + "; it only ran with "
+    "the old FusedAdam, whose step(grads=..., scale=...) API current Apex removed",
+    "apex.optimizers.fp16_optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE,
+    "apex.contrib.optimizers.FP16_Optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE + "; it drove "
+    "Apex's fused optimizers through their step(grads=..., scale=...) API, so keep Apex for both or migrate both",
     "apex.fp16_utils.to_python_float": "`tensor.item()`",
     "apex.fp16_utils.clip_grad_norm": "`torch.nn.utils.clip_grad_norm_`",
     "apex.fp16_utils.network_to_half": "the model itself (delete the call) and " + _FP16_RECIPE,
@@ -229,6 +238,7 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
 
 def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
     removable: dict[cst.Import | cst.ImportFrom, set[cst.ImportAlias]] = {}
+    stars: list[cst.Import | cst.ImportFrom] = []
     exported = ctx.options.facts.exported
     for scope, scope_imports in ctx.imports.items():
         for bound, bindings in scope_imports.items():
@@ -238,6 +248,11 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
                 uses = references.get(binding.alias, [])
                 if scope is ctx.module and (bound in exported or "*" in exported):
                     continue  # other modules of the project import it from here
+                if bound == "*" and binding.kind == "other_apex":
+                    # `from apex.X import *`: removable once the rule that knows its names consumed it
+                    if binding.alias.name in ctx.consumed:
+                        stars.append(binding.statement)
+                    continue
                 if any(name not in ctx.consumed and not is_import_fallback(ctx, name) for name in uses):
                     continue  # still used: keep it so that code keeps running with Apex
                 if (
@@ -268,6 +283,10 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
             return updated.with_changes(names=kept)
 
         ctx.plan.replace[statement] = shrink
+    for statement in stars:
+        line = ctx.statement_of(statement)
+        if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+            _drop_import_statement(ctx, line)
 
 
 def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
@@ -297,6 +316,8 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
                 if binding.kind == "other_apex" and id(binding.alias) not in reported:
                     reported.add(id(binding.alias))
                     uses = references.get(binding.alias, [])
+                    if binding.alias.name in ctx.consumed:
+                        continue  # a star import whose names were all migrated
                     if any(name not in ctx.consumed for name in uses) or not uses:
                         # a star import has no alias of its own to point at
                         anchor = (

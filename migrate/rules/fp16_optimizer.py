@@ -1,0 +1,1134 @@
+"""fp16_optimizer: ``apex.fp16_utils.FP16_Optimizer`` and its helpers.
+
+What it rewrites
+    ``optimizer = FP16_Optimizer(optimizer, ...)`` goes (the wrapped optimizer is the
+    optimizer) and a GradScaler takes its place, created before the ``if`` that guards the
+    construction, with ``enabled=`` that guard. The model stays float32: ``model.half()``,
+    ``model = network_to_half(model)``, ``FP16Model(model)`` and ``BN_convert_float(model.half())``
+    under the same guard go, and the forward pass and loss run under ``torch.autocast``.
+    ``optimizer.backward(loss)`` becomes ``scaler.scale(loss).backward()`` (and
+    ``if fp16: optimizer.backward(loss) else: loss.backward()`` one such line),
+    ``optimizer.step()`` ``scaler.step(optimizer)`` then ``scaler.update()``,
+    ``optimizer.clip_master_grads(n)`` ``scaler.unscale_(optimizer)`` then a clip of that
+    optimizer's parameters (its norm is kept), ``optimizer.loss_scale`` ``scaler.get_scale()``;
+    ``optimizer.zero_grad()`` zeroes the gradients as FP16_Optimizer did (``set_to_none=False``
+    where apex.fp16_utils' version zeroed them). ``to_python_float(t)`` becomes ``t.item()``.
+
+    Loss scales, from Apex's source: ``dynamic_loss_scale=True`` is Apex's amp LossScaler
+    (start ``min(2**16, max_loss_scale)``, halve on overflow and skip the step, double after
+    ``scale_window`` clean steps; Apex ignores ``scale_factor``): a GradScaler with
+    ``init_scale`` and ``growth_interval`` from ``dynamic_loss_args``. A static scale S never
+    checked for overflow: ``static_loss_scale=1.0`` (the default) is a disabled scaler under an
+    enabled autocast (exact), another S a scaler held at S (``init_scale=S``,
+    ``update(new_scale=S)``; AMP002: it skips steps with inf/NaN gradients, which Apex applied).
+    An ``if``/``else`` choosing dynamic or static at run time (``args.loss_scale == 0``) becomes
+    one scaler whose start and held scale follow the same test.
+
+Before::
+
+    import torch
+    from apex.fp16_utils import FP16_Optimizer
+
+    model = Net().cuda().half()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = FP16_Optimizer(optimizer, dynamic_loss_scale=True)
+    for images, target in loader:
+        output = model(images)
+        loss = criterion(output, target)
+        optimizer.zero_grad()
+        optimizer.backward(loss)
+        optimizer.step()
+
+After::
+
+    import torch
+
+    model = Net().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda")
+    for images, target in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            output = model(images)
+            loss = criterion(output, target)
+        optimizer.zero_grad(set_to_none=False)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+Not rewritten (reported instead, AMP040 with the code to write; everything FP16_Optimizer
+touches stays as it was)
+    The optimizer passed to other functions or stored (the scaler would have to go along),
+    ``state_dict()`` / ``load_state_dict()`` (an FP16_Optimizer checkpoint pickles Apex's scaler
+    and the fp32 master copies), ``.overflow``, ``update_master_grads``, a closure passed to
+    ``step``, a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads``
+    with no ``step()`` after it in its block, a model still halved elsewhere in the function.
+    ``apex.optimizers.FP16_Optimizer`` (and ``apex.contrib.optimizers``'): it only ran with
+    Apex's pre-2019 FusedAdam, through ``step(grads=, output_params=, scale=, grad_norms=)``,
+    and that FusedAdam's update is not torch's AdamW (weight decay times the bias-corrected step
+    size, eps added before the bias correction): no exact migration, so it stays, and the
+    FusedAdam it wraps stays with it (AMP042), since AdamW alone would crash on that step call.
+
+Safety
+    Apex updated the scale once per ``backward``, GradScaler once per ``update()``: with
+    gradient accumulation the scale grows after that many times fewer optimizer steps in Apex.
+    Apex's dynamic scale had a cap of 2**24; GradScaler has none. ``network_to_half`` /
+    ``FP16Model`` prefixed state_dict keys with ``1.`` / ``network.``; the bare model's keys
+    have no prefix. ``clip_master_grads`` returned -1 on an
+    overflowing step, the clip returns an inf or NaN norm (the step is skipped either way).
+
+References
+    NVIDIA/apex@2f0bf59: apex/fp16_utils/fp16_optimizer.py, apex/fp16_utils/fp16util.py,
+    apex/optimizers/fp16_optimizer.py, apex/amp/scaler.py, csrc/fused_adam_cuda_kernel.cu
+    (2019); pytorch/pytorch: torch/amp/grad_scaler.py; ../shared/apex-semantics.md sections 3.3, 4 and 9.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate.rules import _syntax as syntax
+from migrate.rules._bindings import dotted_name
+from migrate.rules._context import ModuleContext, Statement
+from migrate.rules._forward import forward_span
+from migrate.rules.amp_initialize import _conjunction, _guards
+
+RULE = "fp16_optimizer"
+
+_FLAVORS = {
+    "apex.fp16_utils.FP16_Optimizer": "fp16_utils",
+    "apex.fp16_utils.fp16_optimizer.FP16_Optimizer": "fp16_utils",
+    "apex.optimizers.FP16_Optimizer": "optimizers",
+    "apex.optimizers.fp16_optimizer.FP16_Optimizer": "optimizers",
+    "apex.contrib.optimizers.FP16_Optimizer": "contrib",
+    "apex.contrib.optimizers.fp16_optimizer.FP16_Optimizer": "contrib",
+}
+_PARAMETERS = ("init_optimizer", "static_loss_scale", "dynamic_loss_scale", "dynamic_loss_args", "verbose")
+_HALVING = frozenset(
+    {"apex.fp16_utils.network_to_half", "apex.fp16_utils.FP16Model", "apex.fp16_utils.BN_convert_float"}
+)
+_HALVING_SHORT = {path.rpartition(".")[2] for path in _HALVING}
+_FUSED_ADAM = "apex.optimizers.FusedAdam"
+_DYNAMIC_KEYS = frozenset({"init_scale", "scale_factor", "scale_window", "min_loss_scale", "max_loss_scale"})
+_OLD_FUSED_ADAM = (
+    "apex.optimizers.FP16_Optimizer only ran with Apex's pre-2019 FusedAdam (it calls step(grads=..., "
+    "output_params=..., scale=..., grad_norms=...), which later Apex removed), and that FusedAdam's update is not "
+    "torch.optim.AdamW's: p -= lr * sqrt(1 - beta2**t) / (1 - beta1**t) * (m / (sqrt(v) + eps) + weight_decay * p); "
+    "write instead: the float32 model, `torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=weight_decay)` (the "
+    'nearest), `scaler = torch.amp.GradScaler("cuda", growth_interval=1000)` for dynamic_loss_scale=True (or '
+    "`init_scale=S` with `scaler.update(new_scale=S)` for static_loss_scale=S: it skipped overflowing steps too), "
+    "`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`"
+)
+_RECIPE = (
+    'the float32 model (no .half()), `scaler = torch.amp.GradScaler("cuda")`, the forward pass and loss under '
+    '`with torch.autocast("cuda", dtype=torch.float16):`, `scaler.scale(loss).backward()`, '
+    "`scaler.step(optimizer)` and `scaler.update()`"
+)
+
+
+class _Blocked(Exception):
+    """This FP16_Optimizer setup cannot be migrated exactly; the message says why."""
+
+    def __init__(self, node: cst.CSTNode, message: str) -> None:
+        super().__init__(message)
+        self.node = node
+        self.message = message
+
+
+@dataclass
+class _Construction:
+    call: cst.Call
+    statement: cst.SimpleStatementLine
+    target: str
+    inner: cst.BaseExpression
+    root: cst.Name
+    path: str
+    flavor: str
+    # the scale: a static expression (None: dynamic), the dynamic start and growth interval
+    static: cst.BaseExpression | None = None
+    init_scale: float | None = None
+    growth_interval: int | None = None
+    notes: list[tuple[str, cst.CSTNode, str | None]] = field(default_factory=list)
+
+
+@dataclass
+class _Setup:
+    """One optimizer name wrapped by one FP16_Optimizer (or by one per clause of an if/else)."""
+
+    scope: cst.CSTNode  # the function (or module) holding the construction
+    constructions: list[_Construction]
+    chain: cst.If | None = None  # `if T: X = FP16_Optimizer(dynamic) else: X = FP16_Optimizer(static)`
+
+    @property
+    def first(self) -> _Construction:
+        return self.constructions[0]
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def _flavor(ctx: ModuleContext, call: cst.Call) -> tuple[str, str, cst.Name] | None:
+    found = ctx.apex_path(call.func)
+    if found is None or found[0] not in _FLAVORS:
+        return None
+    return found[0], _FLAVORS[found[0]], found[1]
+
+
+def _read_scale(construction: _Construction, bound: dict[str, cst.Arg]) -> None:
+    """Fill the construction's scale settings from its arguments (raises _Blocked)."""
+    call = construction.call
+    dynamic_arg = bound.get("dynamic_loss_scale")
+    dynamic = syntax.literal(dynamic_arg.value) if dynamic_arg is not None else False
+    if dynamic not in (True, False):
+        raise _Blocked(
+            call,
+            'dynamic_loss_scale is chosen at run time: create `torch.amp.GradScaler("cuda")` for dynamic scaling, '
+            'or `torch.amp.GradScaler("cuda", init_scale=S)` with `scaler.update(new_scale=S)` for a static S',
+        )
+    if not dynamic:
+        static_arg = bound.get("static_loss_scale")
+        construction.static = static_arg.value if static_arg is not None else cst.Float("1.0")
+        value = syntax.literal(construction.static)
+        if value is ... and not isinstance(construction.static, (cst.Name, cst.Attribute)):
+            raise _Blocked(
+                call,
+                "static_loss_scale is an expression computed here: assign it to a name first, then "
+                '`torch.amp.GradScaler("cuda", init_scale=S)` with `scaler.update(new_scale=S)`',
+            )
+        return
+    args_arg = bound.get("dynamic_loss_args")
+    if args_arg is None or syntax.literal(args_arg.value) is None:
+        return
+    settings = _literal_dict(args_arg.value)
+    if settings is None or not set(settings) <= _DYNAMIC_KEYS:
+        raise _Blocked(
+            call,
+            "dynamic_loss_args is not a literal dict of init_scale, scale_factor, scale_window, min_loss_scale, "
+            'max_loss_scale: write `torch.amp.GradScaler("cuda", init_scale=init_scale, '
+            "growth_interval=scale_window)` (Apex always halved and doubled, whatever scale_factor said)",
+        )
+    ceiling = settings.get("max_loss_scale", 2.0**24)
+    start = settings.get("init_scale", 2.0**16)
+    if start != 2.0**16 or ceiling < start:
+        construction.init_scale = float(min(ceiling, start))
+    if "scale_window" in settings and settings["scale_window"] != 2000:
+        window = settings["scale_window"]
+        if window != int(window) or window < 1:
+            raise _Blocked(
+                args_arg,
+                f"scale_window={window} is not a whole number of steps: write `growth_interval=N` with N steps",
+            )
+        construction.growth_interval = int(window)
+    if "min_loss_scale" in settings or "max_loss_scale" in settings:
+        construction.notes.append(("AMP003", args_arg, None))
+
+
+def _literal_dict(node: cst.BaseExpression) -> dict[str, float] | None:
+    """``{"init_scale": 2**10, ...}`` or ``dict(init_scale=2**10)`` with numbers, else None."""
+    pairs: list[tuple[str, cst.BaseExpression]] = []
+    if isinstance(node, cst.Dict):
+        for element in node.elements:
+            if not isinstance(element, cst.DictElement):
+                return None
+            key = syntax.literal(element.key)
+            if not isinstance(key, str):
+                return None
+            pairs.append((key, element.value))
+    elif isinstance(node, cst.Call) and dotted_name(node.func) == "dict":
+        for arg in node.args:
+            if arg.keyword is None:
+                return None
+            pairs.append((arg.keyword.value, arg.value))
+    else:
+        return None
+    result: dict[str, float] = {}
+    for key, value_node in pairs:
+        value = syntax.literal(value_node)
+        if key in ("min_loss_scale", "max_loss_scale") and value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        result[key] = float(value)
+    return result
+
+
+def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
+    path, flavor, root = _flavor(ctx, call)  # type: ignore[misc]
+    statement = ctx.statement_of(call)
+    shape = (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Assign)
+        and statement.body[0].value is call
+        and len(statement.body[0].targets) == 1
+        and isinstance(statement.body[0].targets[0].target, cst.Name)
+    )
+    if not shape:
+        raise _Blocked(call, "not a plain `optimizer = FP16_Optimizer(optimizer, ...)` assignment")
+    assert isinstance(statement, cst.SimpleStatementLine)
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign) and isinstance(assign.targets[0].target, cst.Name)
+    if flavor == "contrib":
+        raise _Blocked(
+            call,
+            "apex.contrib.optimizers.FP16_Optimizer drives Apex's contrib fused optimizers through their own "
+            "step(grads=..., output_params=..., scale=...) API, which torch has no twin of; write " + _RECIPE,
+        )
+    if flavor == "optimizers":
+        raise _Blocked(call, _OLD_FUSED_ADAM)
+    bound = syntax.bind_arguments(call, _PARAMETERS)
+    if bound is None or "init_optimizer" not in bound:
+        raise _Blocked(
+            call,
+            "its arguments are not spelt out (*args/**kwargs, or a keyword Apex does not take): write "
+            "`FP16_Optimizer(init_optimizer, static_loss_scale=S, dynamic_loss_scale=D, dynamic_loss_args=A)`",
+        )
+    construction = _Construction(
+        call=call,
+        statement=statement,
+        target=assign.targets[0].target.value,
+        inner=bound["init_optimizer"].value,
+        root=root,
+        path=path,
+        flavor=flavor,
+    )
+    _read_scale(construction, bound)
+    return construction
+
+
+def _collect(ctx: ModuleContext) -> tuple[list[_Setup], list[tuple[_Blocked, cst.Call]]]:
+    """The setups, one per (scope, optimizer name), and the constructions that cannot be read."""
+    blocked: list[tuple[_Blocked, cst.Call]] = []
+    by_key: dict[tuple[int, str], list[_Construction]] = {}
+    scopes: dict[tuple[int, str], cst.CSTNode] = {}
+    for call in ctx.nodes_of(cst.Call):
+        if _flavor(ctx, call) is None or ctx.skipped(call):
+            continue
+        try:
+            construction = _read_construction(ctx, call)
+        except _Blocked as error:
+            blocked.append((error, call))
+            continue
+        scope = ctx.scope_of(call)
+        key = (id(scope), construction.target)
+        by_key.setdefault(key, []).append(construction)
+        scopes[key] = scope
+    setups: list[_Setup] = []
+    for key, constructions in by_key.items():
+        setup = _Setup(scopes[key], constructions)
+        if len(constructions) > 2 or (len(constructions) == 2 and _chain_of(ctx, constructions) is None):
+            for construction in constructions:
+                blocked.append(
+                    (
+                        _Blocked(construction.call, "the optimizer is wrapped more than once; write " + _RECIPE),
+                        construction.call,
+                    )
+                )
+            continue
+        if len(constructions) == 2:
+            setup.chain = _chain_of(ctx, constructions)
+        setups.append(setup)
+    return setups, blocked
+
+
+def _chain_of(ctx: ModuleContext, constructions: list[_Construction]) -> cst.If | None:
+    """The `if T: <first> else: <second>` holding exactly the two constructions, if they are that."""
+    first, second = (c.statement for c in constructions)
+    block = ctx.parent(first)
+    branch = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not isinstance(branch, cst.If) or branch.body is not block or len(block.body) != 1:
+        return None
+    orelse = branch.orelse
+    if not isinstance(orelse, cst.Else) or not isinstance(orelse.body, cst.IndentedBlock):
+        return None
+    if list(orelse.body.body) != [second]:
+        return None
+    if syntax.normalized(constructions[0].inner) != syntax.normalized(constructions[1].inner):
+        return None
+    if constructions[0].flavor != constructions[1].flavor:
+        return None
+    return branch
+
+
+# ---------------------------------------------------------------------------------------------- planning
+@dataclass
+class _Edits:
+    """What one setup changes; committed to the plan only when the whole setup can migrate."""
+
+    substitute: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
+    remove: set[cst.CSTNode] = field(default_factory=set)
+    replace_statement: dict[cst.CSTNode, list[Statement]] = field(default_factory=dict)
+    before: dict[cst.CSTNode, list[Statement]] = field(default_factory=dict)
+    after: dict[cst.CSTNode, list[Statement]] = field(default_factory=dict)
+    wraps: list[tuple[cst.CSTNode, cst.CSTNode, cst.WithItem]] = field(default_factory=list)
+    consumed: set[cst.CSTNode] = field(default_factory=set)
+    notes: list[tuple[str, cst.CSTNode, str | None]] = field(default_factory=list)
+
+
+class _Planner:
+    def __init__(self, ctx: ModuleContext, setup: _Setup) -> None:
+        self.ctx = ctx
+        self.setup = setup
+        self.edits = _Edits()
+        self.name = setup.first.target
+        self.flavor = setup.first.flavor
+        anchor = setup.chain if setup.chain is not None else setup.first.statement
+        self.guards, self.outermost = _guards(ctx, anchor)
+        self.enabled = _conjunction(list(self.guards), None) if self.guards else None
+        self.scaler = ctx.fresh_name(ctx.options.scaler_name)
+        self.model_names: set[str] = set()
+        statements = [c.statement for c in setup.constructions]
+        self.start_line = min(ctx.position(s)[0] for s in statements)
+
+    # --- the scaler
+    def _scale_expression(self, pick: str) -> cst.BaseExpression | None:
+        """``init_scale=`` (pick "init") or ``new_scale=`` (pick "hold") for the setup."""
+        values: list[cst.BaseExpression | None] = []
+        for construction in self.setup.constructions:
+            if construction.static is not None:
+                values.append(construction.static.deep_clone())
+            elif pick == "init" and construction.init_scale is not None:
+                values.append(cst.Float(repr(construction.init_scale)))
+            elif pick == "init" and len(self.setup.constructions) == 2:
+                values.append(cst.Float(repr(2.0**16)))
+            else:
+                values.append(None)
+        if len(values) == 1 or all(v is None for v in values):
+            return values[0]
+        chain = self.setup.chain
+        assert chain is not None
+        first, second = (v if v is not None else cst.Name("None") for v in values)
+        return cst.IfExp(test=chain.test.deep_clone(), body=first, orelse=second)
+
+    def _disabled_scaler(self) -> bool:
+        """apex.fp16_utils with a literal static scale of 1: no scaling, no overflow check."""
+        construction = self.setup.first
+        return (
+            len(self.setup.constructions) == 1
+            and construction.static is not None
+            and syntax.literal(construction.static) == 1.0
+        )
+
+    def _check_stable(self, expression: cst.BaseExpression, what: str) -> None:
+        """``expression`` is evaluated again later (each step, or where autocast starts): it must be a
+        plain read of names the function does not assign after the FP16_Optimizer set-up."""
+        ctx = self.ctx
+        allowed = (
+            cst.Name, cst.Attribute, cst.Comparison, cst.ComparisonTarget, cst.BooleanOperation, cst.UnaryOperation,
+            cst.Integer, cst.Float, cst.SimpleString, cst.LeftParen, cst.RightParen, cst.Dot,
+            cst.BaseCompOp, cst.BaseBooleanOp, cst.BaseUnaryOp, cst.BaseParenthesizableWhitespace,
+        )  # fmt: skip
+        read: set[str] = set()
+        for node in _walk(expression):
+            if not isinstance(node, allowed):
+                raise _Blocked(
+                    self.setup.first.call,
+                    f"{what} `{syntax.code(expression).strip()}` is computed, and GradScaler reads it again at every "
+                    f"step: assign it to a name first (`fp16_flag = ...`) and use that name",
+                )
+            name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+            if name is not None:
+                read.add(name)
+        for node in ctx.nodes_of(cst.Name):
+            target = ctx.parent(node)
+            while isinstance(target, cst.Attribute) and target.value is node:
+                node, target = target, ctx.parent(target)  # type: ignore[assignment]
+            dotted = dotted_name(node)
+            if dotted is None or not any(dotted == r or r.startswith(dotted + ".") for r in read):
+                continue
+            if ctx.scope_of(node) is self.setup.scope and _is_store(ctx, node):
+                if ctx.position(node)[0] > self.start_line:
+                    raise _Blocked(
+                        node,
+                        f"`{dotted}` changes after the FP16_Optimizer set-up, and {what} "
+                        f"`{syntax.code(expression).strip()}` is read again at every step: keep it in a name "
+                        "that does not change",
+                    )
+
+    def plan_scaler(self) -> None:
+        ctx, setup = self.ctx, self.setup
+        if self.enabled is not None:
+            self._check_stable(self.enabled, "the fp16 switch")
+        if setup.chain is not None:
+            self._check_stable(setup.chain.test, "the test choosing the loss scale")
+        for construction in setup.constructions:
+            if construction.static is not None:
+                self._check_stable(construction.static, "the static loss scale")
+        args = [cst.Arg(syntax.string(ctx.options.device))]
+        disabled = self._disabled_scaler()
+        if not disabled:
+            init = self._scale_expression("init")
+            if init is not None:
+                args.append(syntax.keyword("init_scale", init))
+            intervals = {c.growth_interval for c in setup.constructions if c.static is None}
+            if len(intervals) > 1:
+                raise _Blocked(setup.first.call, "the two clauses ask for different dynamic settings; write " + _RECIPE)
+            interval = next(iter(intervals), None)
+            if interval is not None:
+                args.append(syntax.keyword("growth_interval", cst.Integer(str(interval))))
+        if disabled:
+            args.append(syntax.keyword("enabled", cst.Name("False")))
+        elif self.enabled is not None:
+            args.append(syntax.keyword("enabled", self.enabled.deep_clone()))
+        creation = syntax.assign_statement(cst.Name(self.scaler), syntax.call("torch.amp.GradScaler", args))
+        for construction in setup.constructions:
+            replacement: list[Statement] = []
+            if not (isinstance(construction.inner, cst.Name) and construction.inner.value == construction.target):
+                replacement.append(
+                    syntax.assign_statement(cst.Name(construction.target), construction.inner.deep_clone())
+                )
+            if self.outermost is construction.statement:
+                replacement.append(creation)
+            if replacement:
+                self.edits.replace_statement[construction.statement] = replacement
+            else:
+                self.edits.remove.add(construction.statement)
+            self.edits.consumed.add(construction.root)
+            self.edits.notes.extend(construction.notes)
+            if construction.static is not None and not disabled:
+                self.edits.notes.append(("AMP002", construction.call, None))
+        if self.outermost not in [c.statement for c in setup.constructions]:
+            self.edits.before.setdefault(self.outermost, []).append(creation)
+
+    # --- uses of the optimizer
+    def _in_scope(self, node: cst.CSTNode) -> bool:
+        """Whether a use of the name at ``node`` refers to this optimizer."""
+        ctx, scope = self.ctx, self.setup.scope
+        current: cst.CSTNode | None = ctx.scope_of(node)
+        if current is scope:
+            return True
+        chain = []
+        while current is not None and current is not scope and not isinstance(current, cst.Module):
+            chain.append(current)
+            current = ctx.scope_parent.get(current, ctx.module)  # type: ignore[call-overload]
+        if current is not scope:
+            return False  # a sibling function: its own name
+        if any(self.name in ctx.locals.get(inner, set()) for inner in chain):  # type: ignore[call-overload]
+            return False  # a local (or parameter) of the same name
+        if not isinstance(scope, cst.Module):
+            raise _Blocked(node, f"`{self.name}` is used in a nested function: pass `{self.scaler}` to it as well")
+        return True
+
+    def uses(self) -> list[cst.Name]:
+        ctx = self.ctx
+        skip = {id(node) for c in self.setup.constructions for node in ctx.walk(c.statement)}
+        found = []
+        for node in ctx.nodes_of(cst.Name):
+            if node.value != self.name or id(node) in skip:
+                continue
+            parent = ctx.parent(node)
+            if isinstance(parent, cst.Attribute) and parent.attr is node:
+                continue
+            if isinstance(parent, (cst.ImportAlias, cst.AsName, cst.Param)):
+                continue
+            if not self._in_scope(node):
+                continue
+            if ctx.position(node)[0] < self.start_line:
+                continue  # the optimizer before it was wrapped
+            found.append(node)
+        return found
+
+    def plan_uses(self) -> None:
+        for node in self.uses():
+            self._plan_use(node)
+        if not self.edits.after:
+            raise _Blocked(
+                self.setup.first.call,
+                f"no `{self.name}.step()` is found where `{self.name}` is in scope: write `{self.scaler}.step({self.name})` "
+                f"and `{self.scaler}.update()` where it steps",
+            )
+
+    def _plan_use(self, node: cst.Name) -> None:
+        ctx, name = self.ctx, self.name
+        if _is_store(ctx, node):
+            raise _Blocked(node, f"`{name}` is assigned again after FP16_Optimizer wrapped it")
+        parent = ctx.parent(node)
+        if not (isinstance(parent, cst.Attribute) and parent.value is node):
+            raise _Blocked(
+                node,
+                f"`{name}` is passed or stored as a value here: the code that receives it would need the "
+                f"GradScaler too; pass `{self.scaler}` along and write `{self.scaler}.scale(loss).backward()`, "
+                f"`{self.scaler}.step({name})`, `{self.scaler}.update()` there",
+            )
+        attribute = parent.attr.value
+        outer = ctx.parent(parent)
+        if attribute in ("param_groups", "state"):
+            return
+        if attribute == "loss_scale":
+            if _is_store(ctx, parent):
+                raise _Blocked(parent, f"`{name}.{attribute}` is set: set the scaler's with `update(new_scale=...)`")
+            self.edits.substitute[parent] = syntax.attribute_call(cst.Name(self.scaler), "get_scale")
+            return
+        if not (isinstance(outer, cst.Call) and outer.func is parent):
+            raise _Blocked(parent, self._advice(attribute))
+        handler = {
+            "backward": self._backward,
+            "step": self._step,
+            "zero_grad": self._zero_grad,
+            "clip_master_grads": self._clip,
+        }.get(attribute)
+        if handler is None:
+            raise _Blocked(outer, self._advice(attribute))
+        handler(outer)
+
+    def _advice(self, attribute: str) -> str:
+        name, scaler = self.name, self.scaler
+        if attribute in ("state_dict", "load_state_dict"):
+            return (
+                f"`{name}.{attribute}()` of an FP16_Optimizer (its checkpoints pickle Apex's loss scaler and the fp32 "
+                f"master copies): save and load `{name}.state_dict()` and `{scaler}.state_dict()` separately"
+            )
+        if attribute == "overflow":
+            return (
+                f"`{name}.overflow`: GradScaler has no public flag; a skipped step shows as "
+                f"`{scaler}.get_scale()` dropping after `{scaler}.update()`"
+            )
+        return f"`{name}.{attribute}` has no GradScaler counterpart: {_RECIPE}"
+
+    def _statement_line(self, call: cst.Call) -> cst.SimpleStatementLine:
+        statement = self.ctx.statement_of(call)
+        if not (
+            isinstance(statement, cst.SimpleStatementLine)
+            and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Expr)
+            and statement.body[0].value is call
+        ):
+            raise _Blocked(
+                call, f"not a statement of its own: write `{syntax.code(call).strip()}` on a line of its own"
+            )
+        return statement
+
+    def _backward(self, call: cst.Call) -> None:
+        bound = syntax.bind_arguments(call, ("loss", "update_master_grads", "retain_graph"))
+        if bound is None or "loss" not in bound:
+            raise _Blocked(
+                call,
+                "backward() is called with *args/**kwargs or a keyword Apex does not take: write "
+                f"`{self.name}.backward(loss)`",
+            )
+        if "update_master_grads" in bound:
+            raise _Blocked(
+                call,
+                "backward(update_master_grads=...) delays the master gradients: with GradScaler accumulate with "
+                f"`{self.scaler}.scale(loss).backward()` and step at the boundary",
+            )
+        loss = syntax.strip_parens(bound["loss"].value)
+        backward_args = (
+            [syntax.keyword("retain_graph", bound["retain_graph"].value.deep_clone())]
+            if "retain_graph" in bound
+            else []
+        )
+        scaled = syntax.attribute_call(
+            syntax.attribute_call(cst.Name(self.scaler), "scale", [cst.Arg(loss.deep_clone())]),
+            "backward",
+            backward_args,
+        )
+        statement = self._statement_line(call)
+        collapsed = self._collapse(statement, loss, backward_args, scaled)
+        if not collapsed:
+            self.edits.substitute[call] = scaled
+        self._autocast(statement, loss, call)
+
+    def _collapse(
+        self, statement: cst.SimpleStatementLine, loss: cst.BaseExpression, args: list[cst.Arg], scaled: cst.Call
+    ) -> bool:
+        """``if <guard>: opt.backward(loss) else: loss.backward()`` -> one scaled backward."""
+        ctx = self.ctx
+        block = ctx.parent(statement)
+        branch = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if self.enabled is None or not isinstance(branch, cst.If) or branch.body is not block or len(block.body) != 1:
+            return False
+        if syntax.normalized(branch.test) != syntax.normalized(self.enabled) or not isinstance(branch.orelse, cst.Else):
+            return False
+        other = branch.orelse.body.body if isinstance(branch.orelse.body, cst.IndentedBlock) else ()
+        expected = syntax.code(syntax.attribute_call(loss, "backward", args))
+        if len(other) != 1 or not isinstance(other[0], cst.SimpleStatementLine):
+            return False
+        fp32_line = other[0]
+        if "".join(syntax.code(fp32_line.with_changes(leading_lines=())).split("#")[0].split()) != "".join(
+            expected.split()
+        ):
+            return False
+        self.edits.replace_statement[branch] = [
+            cst.SimpleStatementLine([cst.Expr(scaled)], leading_lines=branch.leading_lines)
+        ]
+        return True
+
+    def _autocast(self, statement: cst.CSTNode, loss: cst.BaseExpression, report_at: cst.CSTNode) -> None:
+        ctx = self.ctx
+        span = forward_span(ctx, statement, loss, self.model_names)
+        if span is None:
+            ctx.report("AMP020", report_at)
+            return
+        args = [
+            cst.Arg(syntax.string(ctx.options.device)),
+            syntax.keyword("dtype", syntax.dotted(f"torch.{ctx.options.dtype}")),
+        ]
+        if self.enabled is not None:
+            if ctx.function_of(span[0]) is not ctx.function_of(self.setup.first.call):
+                if self._disabled_scaler():
+                    raise _Blocked(
+                        report_at,
+                        "autocast's enabled flag is not reachable here: write "
+                        '`with torch.autocast("cuda", dtype=torch.float16, enabled=...):` around the forward pass',
+                    )
+                args.append(syntax.keyword("enabled", syntax.attribute_call(cst.Name(self.scaler), "is_enabled")))
+            else:
+                args.append(syntax.keyword("enabled", self.enabled.deep_clone()))
+        self.edits.wraps.append((span[0], span[1], cst.WithItem(syntax.call("torch.autocast", args))))
+
+    def _step(self, call: cst.Call) -> None:
+        if call.args:
+            raise _Blocked(
+                call,
+                "step(closure): GradScaler does not take closures; call the closure, then "
+                f"`{self.scaler}.step({self.name})` and `{self.scaler}.update()`",
+            )
+        statement = self._statement_line(call)
+        self.edits.substitute[call] = syntax.attribute_call(
+            cst.Name(self.scaler), "step", [cst.Arg(cst.Name(self.name))]
+        )
+        hold = None if self._disabled_scaler() else self._scale_expression("hold")
+        update_args = [syntax.keyword("new_scale", hold)] if hold is not None else []
+        update = syntax.expression_statement(syntax.attribute_call(cst.Name(self.scaler), "update", update_args))
+        self.edits.after.setdefault(statement, []).append(update)
+
+    def _zero_grad(self, call: cst.Call) -> None:
+        bound = syntax.bind_arguments(call, ("set_grads_to_None",))
+        if bound is None:
+            raise _Blocked(
+                call,
+                "zero_grad() is called with *args/**kwargs or a keyword Apex does not take: write "
+                f"`{self.name}.zero_grad(set_grads_to_None=...)`",
+            )
+        if "set_grads_to_None" in bound:
+            value = bound["set_grads_to_None"].value.deep_clone()
+        elif self.enabled is None:
+            value = cst.Name("False")
+        else:
+            # FP16_Optimizer zeroed the gradients; the plain optimizer of the fp32 path sets them to None
+            inner = self.enabled.deep_clone()
+            if isinstance(inner, (cst.BooleanOperation, cst.Comparison)):
+                inner = inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            value = cst.UnaryOperation(cst.Not(), inner)
+        self.edits.substitute[call] = call.with_changes(args=[syntax.keyword("set_to_none", value)])
+
+    def _clip(self, call: cst.Call) -> None:
+        ctx = self.ctx
+        bound = syntax.bind_arguments(call, ("max_norm", "norm_type"))
+        if bound is None or "max_norm" not in bound:
+            raise _Blocked(
+                call,
+                "clip_master_grads() is called with *args/**kwargs or a keyword Apex does not take: write "
+                f"`{self.name}.clip_master_grads(max_norm, norm_type)`",
+            )
+        statement = ctx.statement_of(call)
+        if not self._step_follows(statement):
+            raise _Blocked(
+                call,
+                f"no `{self.name}.step()` follows this clip on every path (GradScaler unscales once per step): clip "
+                f"just before the step, after `{self.scaler}.unscale_({self.name})`",
+            )
+        params = cst.parse_expression(f'(p for group in {self.name}.param_groups for p in group["params"])')
+        args = [cst.Arg(params), cst.Arg(bound["max_norm"].value.deep_clone())]
+        if "norm_type" in bound:
+            args.append(cst.Arg(bound["norm_type"].value.deep_clone()))
+        self.edits.substitute[call] = syntax.call("torch.nn.utils.clip_grad_norm_", args)
+        unscale = syntax.expression_statement(
+            syntax.attribute_call(cst.Name(self.scaler), "unscale_", [cst.Arg(cst.Name(self.name))])
+        )
+        self.edits.before.setdefault(statement, []).append(unscale)
+        if not (isinstance(ctx.parent(call), cst.Expr)):
+            self.edits.notes.append(
+                (
+                    "AMP041",
+                    call,
+                    "clip_master_grads became scaler.unscale_ + torch.nn.utils.clip_grad_norm_: on a step with "
+                    "inf/NaN gradients the norm is inf or NaN where Apex returned -1 (the step is skipped either way)",
+                )
+            )
+
+    def _step_follows(self, statement: cst.CSTNode) -> bool:
+        """Whether every run of ``statement`` is followed by one ``X.step()`` of the same iteration:
+        a later statement of its block, or of a block around it reached through ifs only."""
+        ctx = self.ctx
+        current = statement
+        while True:
+            block = ctx.parent(current)
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                return False
+            body: list[cst.CSTNode] = list(block.body)
+            for later in body[body.index(current) + 1 :]:
+                if self._is_step_statement(later):
+                    return True
+            owner = ctx.parent(block)
+            if isinstance(owner, cst.Else):
+                owner = ctx.parent(owner)
+            while isinstance(owner, cst.If) and isinstance(ctx.parent(owner), cst.If):
+                owner = ctx.parent(owner)  # an elif: up to its first if
+            if not isinstance(owner, cst.If):
+                return False
+            current = owner
+
+    def _is_step_statement(self, statement: cst.CSTNode) -> bool:
+        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            return False
+        small = statement.body[0]
+        call = small.value if isinstance(small, cst.Expr) else None
+        return (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "step"
+            and isinstance(call.func.value, cst.Name)
+            and call.func.value.value == self.name
+        )
+
+    # --- the model stays float32
+    def plan_model(self) -> None:
+        """Remove the casts that made the model float16 for FP16_Optimizer (same guard, same scope)."""
+        ctx = self.ctx
+        guard_codes = [syntax.normalized(g) for g in self.guards]
+        for call in ctx.nodes_of(cst.Call):
+            if ctx.scope_of(call) is not self.setup.scope:
+                continue
+            halving = self._halving_call(call)
+            if halving is None:
+                continue
+            statement = ctx.statement_of(call)
+            if statement in self.edits.remove or statement in self.edits.replace_statement:
+                continue
+            kept = self._without_half(statement)
+            conditions, _ = _guards(ctx, statement)
+            if kept is ... or [syntax.normalized(c) for c in conditions] != guard_codes:
+                raise _Blocked(
+                    call,
+                    f"`{syntax.code(call).strip()}` makes the model float16 here, apart from the FP16_Optimizer set-up: "
+                    "remove it (the model stays float32 under torch.autocast) and run ampmigrate again",
+                )
+            if kept is None:
+                self.edits.remove.add(statement)
+            else:
+                assert isinstance(kept, cst.SimpleStatementLine)
+                self.edits.replace_statement[statement] = [kept]
+
+    def _halving_call(self, call: cst.Call) -> str | None:
+        """The model halved by this call (``m.half()``, ``network_to_half(m)``...), if it is one."""
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "half" and not call.args:
+            base: cst.BaseExpression = func.value
+            while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute):
+                base = base.func.value
+            name = dotted_name(base)
+            if name is None:
+                # `model = Net().cuda().half()`: the model is what the statement assigns
+                statement = self.ctx.statement_of(call)
+                small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+                if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                    name = dotted_name(small.targets[0].target)
+            if name is None:
+                return None
+            last = name.split(".")[-1]
+            lowered = last.lower()
+            model_like = lowered.endswith(("model", "net")) or lowered.startswith("net") or last in self.model_names
+            return name if model_like else None
+        found = self.ctx.apex_path(func)
+        if found is not None and found[0] in _HALVING and len(call.args) == 1:
+            self.edits.consumed.add(found[1])
+            return dotted_name(call.args[0].value) or ""
+        return None
+
+    def _without_half(self, statement: cst.CSTNode) -> cst.SimpleStatementLine | None | object:
+        """The statement with the model left float32; None to drop it; ``...`` for a shape not handled."""
+        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            return ...
+        small = statement.body[0]
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        if value is None:
+            return ...
+        stripped = self._strip(value)
+        if stripped is None or any(
+            isinstance(node, cst.Call) and self._halving_call(node) is not None for node in _walk(stripped)
+        ):
+            return ...
+        if isinstance(small, cst.Expr):
+            if dotted_name(stripped) is not None:
+                return None  # `model.half()` alone
+            return statement.with_changes(body=[small.with_changes(value=stripped)])
+        assert isinstance(small, cst.Assign)
+        targets = [dotted_name(t.target) for t in small.targets]
+        if len(targets) == 1 and targets[0] is not None and targets[0] == dotted_name(stripped):
+            return None  # `model = network_to_half(model)`
+        return statement.with_changes(body=[small.with_changes(value=stripped)])
+
+    def _strip(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
+        """``value`` without its ``.half()`` and Apex halving wrappers; None if they sit deeper."""
+        if isinstance(value, cst.Call):
+            func = value.func
+            found = self.ctx.apex_path(func)
+            if found is not None and found[0] in _HALVING and len(value.args) == 1:
+                inner = self._strip(value.args[0].value)
+                return inner if inner is not None else None
+            if isinstance(func, cst.Attribute) and func.attr.value == "half" and not value.args:
+                return self._strip(func.value) or func.value
+            if isinstance(func, cst.Attribute):
+                inner = self._strip(func.value)
+                if inner is None:
+                    return None
+                return value.with_changes(func=func.with_changes(value=inner))
+            return value
+        return value if dotted_name(value) is not None else None
+
+    def model_names_from_setup(self) -> None:
+        for call in self.ctx.nodes_of(cst.Call):
+            if self.ctx.scope_of(call) is not self.setup.scope:
+                continue
+            found = self.ctx.apex_path(call.func)
+            if found is not None and found[0] in _HALVING and call.args:
+                name = dotted_name(call.args[0].value)
+                if name:
+                    self.model_names.add(name.split(".")[-1])
+
+    def commit(self) -> None:
+        ctx, edits = self.ctx, self.edits
+        for node, replacement in edits.substitute.items():
+            ctx.plan.substitute(node, replacement)
+        ctx.plan.remove |= edits.remove
+        ctx.plan.replace_statement.update(edits.replace_statement)
+        for node, statements in edits.before.items():
+            ctx.plan.before[node].extend(statements)
+        for node, statements in edits.after.items():
+            ctx.plan.after[node].extend(statements)
+        for first, last, item in edits.wraps:
+            _wrap(ctx, first, last, item)
+        ctx.consumed |= edits.consumed
+        ctx.plan.needs_torch_import = True
+        for code, node, message in edits.notes:
+            ctx.report(code, node, message)
+        construction = self.setup.first
+        ctx.report(
+            "AMP041",
+            construction.call,
+            f"{construction.path} became torch.amp.GradScaler `{self.scaler}` over the float32 model under "
+            "torch.autocast"
+            + (
+                " (state_dict keys lose the `1.`/`network.` prefix network_to_half/FP16Model added)"
+                if self._wrapped_model()
+                else ""
+            ),
+        )
+
+    def _wrapped_model(self) -> bool:
+        return any(
+            isinstance(node, cst.Name) and node.value in ("network_to_half", "FP16Model")
+            for node in self.edits.consumed
+        )
+
+
+def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node`` and its descendants (for nodes built here, which the index does not know)."""
+    found = [node]
+    for child in node.children:
+        found.extend(_walk(child))
+    return found
+
+
+def _wrap(ctx: ModuleContext, first: cst.CSTNode, last: cst.CSTNode, item: cst.WithItem) -> None:
+    """``with item:`` over first..last, merged with a span already planned in the same block."""
+    block: list[cst.CSTNode] = list(ctx.block_of(first).body)
+    for other_first, (other_last, kept) in list(ctx.plan.wrap.items()):
+        if ctx.block_of(other_first) is not ctx.block_of(first):
+            continue
+        a, b = block.index(first), block.index(last)
+        c, d = block.index(other_first), block.index(other_last)
+        if a <= d and c <= b:
+            ctx.plan.wrap.pop(other_first)
+            ctx.plan.wrap[block[min(a, c)]] = (block[max(b, d)], kept)
+            return
+    ctx.plan.wrap[first] = (last, item)
+
+
+def _is_store(ctx: ModuleContext, node: cst.CSTNode) -> bool:
+    current = node
+    parent = ctx.parent(current)
+    while isinstance(parent, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
+        current, parent = parent, ctx.parent(parent)
+    if isinstance(parent, cst.AssignTarget):
+        return True
+    if isinstance(parent, (cst.AugAssign, cst.AnnAssign, cst.NamedExpr)) and parent.target is current:
+        return True
+    if isinstance(parent, cst.For) and parent.target is current:
+        return True
+    if isinstance(parent, cst.AsName):
+        return True
+    return isinstance(parent, cst.Del)
+
+
+def _fused_adam_of(ctx: ModuleContext, construction: cst.Call) -> cst.Call | None:
+    """The ``FusedAdam(...)`` call that built the optimizer an apex.optimizers FP16_Optimizer wraps."""
+    bound = syntax.bind_arguments(construction, _PARAMETERS, partial=True)
+    if "init_optimizer" not in bound:
+        return None
+    inner = bound["init_optimizer"].value
+    scope = ctx.scope_of(construction)
+    if isinstance(inner, cst.Call):
+        found = ctx.apex_path(inner.func)
+        return inner if found is not None and found[0] == _FUSED_ADAM else None
+    if not isinstance(inner, cst.Name):
+        return None
+    line = ctx.position(construction)[0]
+    latest: cst.Call | None = None
+    for call in ctx.nodes_of(cst.Call):
+        found = ctx.apex_path(call.func)
+        if found is None or found[0] != _FUSED_ADAM or ctx.scope_of(call) is not scope:
+            continue
+        statement = ctx.statement_of(call)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and statement.body else None
+        if not (
+            isinstance(small, cst.Assign)
+            and small.value is call
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and small.targets[0].target.value == inner.value
+        ):
+            continue
+        if ctx.position(call)[0] < line:
+            latest = call
+    return latest
+
+
+def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int) -> None:
+    """Undo the FusedAdam migration of an apex.optimizers FP16_Optimizer that stays."""
+    for call in calls:
+        if call not in ctx.plan.replace:
+            continue
+        del ctx.plan.replace[call]
+        line, column = ctx.position(call)
+        ctx.findings[:] = [f for f in ctx.findings if not (f.code == "AMP041" and (f.line, f.column) == (line, column))]
+        found = ctx.apex_path(call.func)
+        if found is not None:
+            ctx.consumed.discard(found[1])
+        ctx.report(
+            "AMP042",
+            call,
+            f"apex.optimizers.FusedAdam kept: the apex.optimizers.FP16_Optimizer at line {at} wraps it and calls its "
+            "old step(grads=..., scale=...) API, so the two are migrated together or not at all: replace both with "
+            '`torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)` and a `torch.amp.GradScaler("cuda")`',
+        )
+
+
+def _wrapped_fused(ctx: ModuleContext, construction: cst.Call) -> list[cst.Call]:
+    found = _flavor(ctx, construction)
+    if found is None or found[1] not in ("optimizers", "contrib"):
+        return []
+    fused = _fused_adam_of(ctx, construction)
+    return [fused] if fused is not None else []
+
+
+def _report_blocked(ctx: ModuleContext, error: _Blocked, construction: cst.Call) -> None:
+    """AMP040 at the construction: everything FP16_Optimizer touches stays as it was."""
+    path = (_flavor(ctx, construction) or ("FP16_Optimizer",))[0]
+    if error.node is not construction:
+        line = ctx.position(error.node)[0]
+        message = f"{path} left as it was, with the code it touches (line {line}: {error.message})"
+    else:
+        message = f"{path} left as it was, with the code it touches: {error.message}"
+    ctx.report("AMP040", construction, message)
+
+
+# what ``from apex.fp16_utils import *`` binds (the package's public names and its submodules)
+_STAR_NAMES = frozenset(
+    "FP16_Optimizer FP16Model network_to_half BN_convert_float tofp16 prep_param_lists "
+    "model_grads_to_master_grads master_params_to_model_params to_python_float clip_grad_norm convert_module "
+    "convert_network LossScaler DynamicLossScaler fp16util fp16_optimizer loss_scaler".split()
+)
+
+
+def _star_binding(ctx: ModuleContext) -> cst.Name | None:
+    """The synthetic alias name of a module-level ``from apex.fp16_utils import *``, if any."""
+    for binding in ctx.imports.get(ctx.module, {}).get("*", []):
+        if binding.target == "apex.fp16_utils.*":
+            return binding.alias.name if isinstance(binding.alias.name, cst.Name) else None
+    return None
+
+
+def _star_uses(ctx: ModuleContext) -> list[cst.Name]:
+    """Names that can only come from ``from apex.fp16_utils import *``."""
+    found = []
+    for node in ctx.nodes_of(cst.Name):
+        if node.value not in _STAR_NAMES:
+            continue
+        parent = ctx.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            continue
+        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or ctx.resolve(node.value, node) is not None:
+            continue
+        scope: cst.CSTNode | None = ctx.scope_of(node)
+        bound_here = False
+        while scope is not None:
+            if node.value in ctx.locals.get(scope, set()):  # type: ignore[call-overload]
+                bound_here = True
+                break
+            scope = ctx.scope_parent.get(scope)  # type: ignore[call-overload]
+        if not bound_here:
+            found.append(node)
+    return found
+
+
+def _helper_path(ctx: ModuleContext, func: cst.BaseExpression, star: set[cst.CSTNode]) -> tuple[str, cst.Name] | None:
+    found = ctx.apex_path(func)
+    if found is not None:
+        return found
+    if func in star:
+        assert isinstance(func, cst.Name)
+        return f"apex.fp16_utils.{func.value}", func
+    return None
+
+
+def _plan_helpers(ctx: ModuleContext) -> None:
+    """``to_python_float(t)`` -> ``t.item()``; fp16_utils' ``clip_grad_norm`` -> torch's; a star
+    import of apex.fp16_utils goes once nothing it binds is used any more."""
+    star_alias = _star_binding(ctx)
+    star_uses = _star_uses(ctx) if star_alias is not None else []
+    star = set[cst.CSTNode](star_uses)
+    for call in ctx.nodes_of(cst.Call):
+        found = _helper_path(ctx, call.func, star)
+        if found is None:
+            continue
+        path, root = found
+        if ctx.skipped(call):
+            continue
+        if path == "apex.fp16_utils.to_python_float" and len(call.args) == 1 and call.args[0].keyword is None:
+            if call.args[0].star:
+                continue
+            value = call.args[0].value
+            if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+                value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            ctx.plan.substitute(call, syntax.attribute_call(value, "item"))
+            ctx.consumed.add(root)
+        elif path in ("apex.fp16_utils.clip_grad_norm", "apex.fp16_utils.fp16util.clip_grad_norm"):
+            ctx.plan.substitute(call, call.with_changes(func=syntax.dotted("torch.nn.utils.clip_grad_norm_")))
+            ctx.plan.needs_torch_import = True
+            ctx.consumed.add(root)
+    if star_alias is not None and all(name in ctx.consumed for name in star_uses):
+        ctx.consumed.add(star_alias)  # amp_import drops the star import
+
+
+def plan(ctx: ModuleContext) -> None:
+    _plan_helpers(ctx)
+    setups, blocked = _collect(ctx)
+    for error, call in blocked:
+        _report_blocked(ctx, error, call)
+        _keep_fused_adam(ctx, _wrapped_fused(ctx, call), ctx.position(call)[0])
+    for setup in setups:
+        planner = _Planner(ctx, setup)
+        try:
+            planner.model_names_from_setup()
+            planner.plan_scaler()
+            planner.plan_model()
+            planner.plan_uses()
+        except _Blocked as error:
+            _report_blocked(ctx, error, setup.first.call)
+            at = ctx.position(setup.first.call)[0]
+            for construction in setup.constructions:
+                _keep_fused_adam(ctx, _wrapped_fused(ctx, construction.call), at)
+            continue
+        planner.commit()
