@@ -21,6 +21,7 @@ from migrate.rules import _setup as setup
 from migrate.rules import (
     amp_disable_casts,
     amp_import,
+    amp_init,
     amp_initialize,
     amp_master_params,
     amp_private_state,
@@ -39,6 +40,7 @@ from migrate.rules._context import ModuleContext
 
 RULES = (
     amp_initialize,
+    amp_init,
     amp_scale_loss,
     amp_master_params,
     amp_state_dict,

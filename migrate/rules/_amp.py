@@ -42,7 +42,7 @@ class AmpCall:
 
     api: str  # "initialize", "scale_loss", ...
     call: cst.Call
-    base: cst.Name  # the Name that refers to apex (consumed when the call is rewritten)
+    base: cst.CSTNode  # the Name that refers to apex, or the old API's handle (consumed when rewritten)
 
 
 @dataclass
@@ -149,6 +149,12 @@ class AmpModel:
             expression = self._direct_access(scaler, function)
             if expression is not None:
                 return ScalerAccess(scaler, expression)
+        received = self.ctx.handles.received_in(function) if self.ctx.handles.any else None
+        if received is not None:
+            # the old API's handle came in as a parameter: the scaler now comes in its place
+            for scaler in candidates:
+                if scaler.initialize is received.handle.call:
+                    return ScalerAccess(scaler, cst.Name(scaler.name))
         for scaler in candidates:
             if function is not None and self._thread_parameter(scaler, function):
                 return ScalerAccess(scaler, cst.Name(scaler.name))
@@ -158,7 +164,7 @@ class AmpModel:
         """``scaler_access``, reporting AMP023 (no initialize) or AMP022 (out of reach) on failure."""
         found = self.scaler_access(node)
         if found is None:
-            migrated_nothing = not self.scalers and any(call.api == "initialize" for call in self.calls)
+            migrated_nothing = not self.scalers and any(call.api in ("initialize", "init") for call in self.calls)
             self.ctx.report("AMP023" if not self.scalers and not migrated_nothing else "AMP022", node)
         return found
 

@@ -19,6 +19,7 @@ from migrate.findings import Finding, make_finding
 from migrate.options import Options
 from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, Indexer, Scope, dotted_name, target_names
+from migrate.rules._handles import Handles
 from migrate.rules._plan import Block, Plan, Statement
 from migrate.rules._positions import Positions
 from migrate.skip import SKIP_COMMENT
@@ -61,6 +62,11 @@ class ModuleContext:
     def amp(self) -> AmpModel:
         """The module's Apex amp model: its amp calls and the scalers the rules create."""
         return AmpModel(self)
+
+    @cached_property
+    def handles(self) -> Handles:
+        """The old API's ``amp.init`` handles and the optimizers wrapped by them."""
+        return Handles(self, self._apex_amp_api)
 
     # positions and findings
     def _locate(self, node: cst.CSTNode) -> tuple[int, int, int]:
@@ -198,8 +204,15 @@ class ModuleContext:
             scope = self.scope_parent.get(scope)
         return None
 
-    def amp_api(self, func: cst.BaseExpression) -> tuple[str, cst.Name] | None:
-        """For ``amp.X`` / ``apex.amp.X`` / a name from ``apex.amp``: (X, the base Name)."""
+    def amp_api(self, func: cst.BaseExpression) -> tuple[str, cst.CSTNode] | None:
+        """For ``amp.X`` / ``apex.amp.X`` / a name from ``apex.amp``: (X, the base Name); for
+        ``handle.scale_loss`` and the like of the old API: (X, the handle expression)."""
+        found = self._apex_amp_api(func)
+        if found is None and isinstance(func, cst.Attribute) and self.handles.any:
+            return self.handles.api(func)
+        return found
+
+    def _apex_amp_api(self, func: cst.BaseExpression) -> tuple[str, cst.Name] | None:
         if isinstance(func, cst.Attribute):
             base = func.value
             if isinstance(base, cst.Name):

@@ -26,6 +26,7 @@ from migrate.rules._context import ModuleContext, dotted_name
 AMP_SETUP_RULES = frozenset(
     {
         "amp_initialize",
+        "amp_init",
         "amp_scale_loss",
         "amp_master_params",
         "amp_state_dict",
@@ -94,13 +95,16 @@ def unsupported_shapes(ctx: ModuleContext) -> str | None:
     return reason
 
 
-def leftovers(ctx: ModuleContext) -> list[cst.Name]:
-    """Uses of the amp module that the plan does not rewrite away.
+def leftovers(ctx: ModuleContext) -> list[cst.CSTNode]:
+    """Uses of the amp module (and of the old API's handles) that the plan does not rewrite away.
 
     "Is Apex installed?" checks (``assert amp is not None``) are not counted: they keep
     working beside torch.amp and change nothing in training.
     """
-    return [name for name in amp_references(ctx) if name not in ctx.consumed and not checks_presence(ctx, name)]
+    left: list[cst.CSTNode] = [
+        name for name in amp_references(ctx) if name not in ctx.consumed and not checks_presence(ctx, name)
+    ]
+    return left + ctx.handles.leftovers() if ctx.handles.any else left
 
 
 def checks_presence(ctx: ModuleContext, name: cst.Name) -> bool:
@@ -122,10 +126,12 @@ def migrated_any(ctx: ModuleContext) -> bool:
     return any(name in ctx.consumed for name in amp_references(ctx))
 
 
-def why_left(ctx: ModuleContext, names: list[cst.Name]) -> str:
+def why_left(ctx: ModuleContext, names: list[cst.CSTNode]) -> str:
     """A phrase naming the first use that could not be migrated, for AMP025."""
     first = min(names, key=lambda name: ctx.position(name))
     line = ctx.position(first)[0]
+    if not isinstance(first, cst.Name) or ctx.resolve(first.value, first) is None:
+        return f"{ctx.handles.describe(first)} could not be migrated (see its finding)"
     parent = ctx.parent(first)
     binding = ctx.resolve(first.value, first)
     if binding is not None and binding.target in ("_amp_state", "apex.amp._amp_state._amp_state"):
@@ -147,7 +153,7 @@ def report_frozen(ctx: ModuleContext, reason: str) -> None:
         parent = ctx.parent(name)
         call = ctx.parent(parent) if isinstance(parent, cst.Attribute) else parent
         api = ctx.amp_api(call.func) if isinstance(call, cst.Call) else None
-        if api is not None and api[0] == "initialize" and call is not None:
+        if api is not None and api[0] in ("initialize", "init") and call is not None:
             anchors.append(call)
     if not anchors:
         anchors.extend(sorted(amp_references(ctx), key=ctx.position)[:1])

@@ -43,7 +43,7 @@ from migrate.rules._context import ModuleContext
 RULE = "amp_import"
 
 _MIGRATED_APIS = frozenset(
-    {"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"}
+    {"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts", "wrap_optimizer"}
 )
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 
@@ -140,9 +140,11 @@ _CAST_DECORATOR = (
     '`@torch.amp.custom_bwd(device_type="cuda")` on the backward) of an autograd Function'
 )
 AMP_APIS = {
-    "init": 'delete the handle it returns; create `scaler = torch.amp.GradScaler("cuda")`, run the forward pass '
-    'and loss under `with torch.autocast("cuda", dtype=torch.float16):` and write `scaler.scale(loss).backward()`, '
-    "`scaler.step(optimizer)`, `scaler.update()` where the handle scaled the loss",
+    "init": 'the amp_init rule (left out of --select) migrates it: `scaler = torch.amp.GradScaler("cuda", '
+    "enabled=<amp.init's enabled>)` where the handle was created, the forward pass and loss under "
+    '`with torch.autocast("cuda", dtype=torch.float16):`, and for each `with handle.scale_loss(loss, optimizer)` '
+    "or wrapper `optimizer.scale_loss(loss)`: `scaler.scale(loss).backward()`, then `scaler.step(optimizer)` and "
+    "`scaler.update()` instead of `optimizer.step()`",
     "half_function": _CAST_DECORATOR.format(dtype="float16"),
     "float_function": _CAST_DECORATOR.format(dtype="float32"),
     "promote_function": "delete `@amp.promote_function`: under torch.autocast, torch ops promote mixed "
@@ -305,8 +307,10 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
         if id(attribute) not in roots:
             ctx.report("AMP032", attribute, _amp_api(attribute.attr.value))
     for use in model.calls:
-        if use.api not in _MIGRATED_APIS:
+        if use.api not in _MIGRATED_APIS and (use.api != "init" or not ctx.options.rule_enabled("amp_init")):
             ctx.report("AMP032", use.call, _amp_api(use.api))
+    if ctx.handles.any:
+        _report_handle_leftovers(ctx)
     reported: set[int] = set()
     for scope_imports in ctx.imports.values():
         for bindings in scope_imports.values():
@@ -330,6 +334,35 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
                         _report_apex_package_uses(ctx, binding, references)
                     else:
                         ctx.report("AMP043", binding.alias)
+
+
+def _report_handle_leftovers(ctx: ModuleContext) -> None:
+    """What keeps an old-API handle (``amp_handle = amp.init()``) from being migrated."""
+    for node in ctx.handles.leftovers():
+        what = ctx.handles.describe(node)
+        parent = ctx.parent(node)
+        if node in ctx.handles.foreign:
+            ctx.report(
+                "AMP030",
+                node,
+                f"{what}: keep the handle where it is used, or pass the GradScaler that replaces it (`scaler`) "
+                "there, then run ampmigrate again",
+            )
+        elif isinstance(parent, cst.Attribute) and parent.value is node:
+            ctx.report(
+                "AMP032",
+                node,
+                f"{what}: the handle has no such native counterpart; only `.scale_loss(loss, optimizer)` and "
+                "`.wrap_optimizer(optimizer)` are migrated: delete this use, then run ampmigrate again",
+            )
+        else:
+            ctx.report(
+                "AMP030",
+                node,
+                f"{what}: pass the GradScaler that replaces the handle (`scaler`) instead, and use "
+                "`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()` where it scaled a "
+                "loss (`scaler.is_enabled()` for a test), then run ampmigrate again",
+            )
 
 
 def _report_apex_package_uses(

@@ -341,7 +341,7 @@ def _exclusive_branches(ctx: ModuleContext, statements: list[cst.CSTNode]) -> bo
 
 
 @dataclass
-class _Call:
+class SetupCall:
     """One ``amp.initialize`` call as written, and the assignment that survives it."""
 
     use: AmpCall
@@ -386,7 +386,7 @@ class _LossScale:
     notes: list[tuple[str, cst.CSTNode, str | None]] = field(default_factory=list)
 
 
-def _read_call(ctx: ModuleContext, use: AmpCall) -> _Call | None:
+def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
     """The call's statement, arguments and targets; None (reported) when it is no plain assignment."""
     call = use.call
     statement = ctx.statement_of(call)
@@ -426,7 +426,7 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> _Call | None:
         or (isinstance(optimizers, (cst.List, cst.Tuple)) and not optimizers.elements)
     )
     alias = _result_alias(target, models, optimizers) if target is not None else None
-    return _Call(use, statement, bound, models, inference_only, alias)
+    return SetupCall(use, statement, bound, models, inference_only, alias)
 
 
 def _result_alias(
@@ -487,7 +487,7 @@ def _enabled_flag(
     return [], not value
 
 
-def _read_settings(ctx: ModuleContext, model: AmpModel, found: _Call) -> _Settings | None:
+def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Settings | None:
     """When amp is on (opt level, ``enabled=``, guarding ifs) and where the scaler is created."""
     level_read = _opt_level(ctx, found.bound)
     if level_read is None:
@@ -556,7 +556,7 @@ def _loss_scale(bound: dict[str, cst.Arg]) -> _LossScale:
     return scale
 
 
-def _drop_call(ctx: ModuleContext, found: _Call, then: Sequence[Statement] = ()) -> None:
+def _drop_call(ctx: ModuleContext, found: SetupCall, then: Sequence[Statement] = ()) -> None:
     """The call's statement goes, leaving its alias assignment (if any) and ``then``."""
     replacement = [*found.replacement(), *then]
     if replacement:
@@ -599,7 +599,7 @@ def _home(
     return function, klass
 
 
-def _report_numerics(ctx: ModuleContext, found: _Call, settings: _Settings) -> None:
+def _report_numerics(ctx: ModuleContext, found: SetupCall, settings: _Settings) -> None:
     """AMP001 (O2/O3 became autocast, the nearest recipe) or AMP012 (O1, an exact match)."""
     if settings.disabled:
         return
@@ -621,7 +621,7 @@ def _report_numerics(ctx: ModuleContext, found: _Call, settings: _Settings) -> N
 
 
 def _join_local_scaler(
-    ctx: ModuleContext, found: _Call, settings: _Settings, scale: _LossScale, same_scope: list[Scaler]
+    ctx: ModuleContext, found: SetupCall, settings: _Settings, scale: _LossScale, same_scope: list[Scaler]
 ) -> None:
     """A second initialize in a function that already has a scaler: it shares that one."""
     call, first = found.call, same_scope[0]
@@ -676,7 +676,7 @@ def _enabled_arguments(
 def _create_scaler(
     ctx: ModuleContext,
     model: AmpModel,
-    found: _Call,
+    found: SetupCall,
     settings: _Settings,
     scale: _LossScale,
     home: tuple[cst.FunctionDef | None, cst.ClassDef | None],
@@ -726,7 +726,7 @@ def _create_scaler(
 
 
 def _scale_written_after(
-    ctx: ModuleContext, found: _Call, settings: _Settings, scale: _LossScale
+    ctx: ModuleContext, found: SetupCall, settings: _Settings, scale: _LossScale
 ) -> tuple[cst.SimpleStatementLine, float] | None:
     """The loss scale set on Apex's first loss scaler right after this call, where the
     GradScaler's ``init_scale`` reproduces it exactly."""
@@ -755,8 +755,14 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
     if ctx.skipped(use.call):
         return
     found = _read_call(ctx, use)
-    if found is None:
-        return
+    if found is not None:
+        plan_setup(ctx, model, found)
+
+
+def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
+    """The GradScaler for one amp setup call (``amp.initialize``, or the old API's ``amp.init``);
+    the call's base is consumed when it is planned."""
+    use = found.use
     settings = _read_settings(ctx, model, found)
     if settings is None:
         return

@@ -267,8 +267,13 @@ def _plan_one(
         return
     arguments = syntax.bind_arguments(call, _PARAMETERS, partial=True)
     loss_arg = arguments.get("loss")
-    optimizers_arg = arguments.get("optimizers")
-    if loss_arg is None or optimizers_arg is None:
+    optimizers: cst.BaseExpression | None = arguments["optimizers"].value if "optimizers" in arguments else None
+    if optimizers is None and ctx.handles.any:
+        # the old API: `handle.scale_loss(loss, optimizer=...)`, or `wrapper.scale_loss(loss)`
+        # where the wrapper steps like the optimizer it wraps
+        keyword = next((arg for arg in call.args if arg.keyword and arg.keyword.value == "optimizer"), None)
+        optimizers = keyword.value if keyword is not None else ctx.handles.wrapped_optimizer(call)
+    if loss_arg is None or optimizers is None:
         ctx.report("AMP021", call)
         return
     found = model.scaler_access_or_report(call)
@@ -296,7 +301,7 @@ def _plan_one(
     ctx.plan.unwrap.add(with_node)
     ctx.consumed.add(use.base)
     model.sites.append(call)
-    managed[id(scaler)] |= _managed_optimizers(ctx, model, call, optimizers_arg.value)
+    managed[id(scaler)] |= _managed_optimizers(ctx, model, call, optimizers)
     sites[id(scaler)].append(call)
     _plan_autocast(ctx, model, scaler, access, with_node, loss, call)
 

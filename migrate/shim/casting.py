@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional
 
 from migrate.shim import lists
+from migrate.shim.scaler import LossScaler
 
 CastFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -46,12 +47,17 @@ def maybe_float(value: torch.Tensor) -> torch.Tensor:
 class AmpHandle:
     """The O1 state: on/off switch, weight-cast cache, and what to restore on deactivation."""
 
-    def __init__(self, enable_caching: bool = True, verbose: bool = False) -> None:
+    def __init__(self, enable_caching: bool = True, verbose: bool = False, loss_scale: float | str = "dynamic") -> None:
         self._enable_caching = enable_caching
         self._verbose = verbose
         self._cache: dict[torch.Tensor, torch.Tensor] = {}
         self._is_active = True
         self._patched: list[tuple[Any, str, Any]] = []
+        # the old API's scaler (``handle.scale_loss``), made when first used: under
+        # amp.initialize it never is, and a scaler nobody uses must not show in a verify record
+        self._loss_scale = loss_scale
+        self._scaler: LossScaler | None = None
+        self._wrapped = False
 
     @property
     def verbose(self) -> bool:
@@ -88,8 +94,29 @@ class AmpHandle:
         self._patched.clear()
         self._is_active = False
 
-    def scale_loss(self, *_args: Any, **_kwargs: Any) -> None:
-        raise RuntimeError("the old handle.scale_loss API is gone from Apex: use amp.initialize and " "amp.scale_loss")
+    def remove_cache(self, param: torch.Tensor) -> None:
+        if self.has_cache:
+            self._cache.pop(param, None)
+
+    def _default_scaler(self) -> LossScaler | None:
+        """The handle's loss scaler; None once ``wrap_optimizer`` was called (Apex dropped it)."""
+        if self._wrapped:
+            return None
+        if self._scaler is None:
+            self._scaler = LossScaler(self._loss_scale)
+        return self._scaler
+
+    def scale_loss(self, loss: torch.Tensor, optimizer: Any) -> contextlib.AbstractContextManager[torch.Tensor]:
+        """The old API (Apex before April 2019): see ``migrate.shim.handle``."""
+        from migrate.shim.handle import handle_scale_loss
+
+        return handle_scale_loss(self, loss, optimizer)
+
+    def wrap_optimizer(self, optimizer: Any, num_loss: int = 1) -> Any:
+        from migrate.shim.handle import OptimWrapper
+
+        self._wrapped = True
+        return OptimWrapper(optimizer, self, num_loss)
 
 
 class NoOpHandle:
@@ -110,6 +137,15 @@ class NoOpHandle:
 
     def _deactivate(self) -> None:
         pass
+
+    @contextlib.contextmanager
+    def scale_loss(self, loss: torch.Tensor, optimizer: Any) -> Iterator[torch.Tensor]:
+        yield loss
+
+    def wrap_optimizer(self, optimizer: Any, num_loss: int = 1) -> Any:
+        from migrate.shim.handle import OptimWrapper
+
+        return OptimWrapper(optimizer, self, num_loss)
 
 
 def _cast_value(value: Any, cast: CastFn) -> Any:
@@ -301,13 +337,13 @@ def init(
     verbose: bool = False,
     allow_banned: bool = False,
 ) -> AmpHandle | NoOpHandle:
-    """Patch torch for O1 and return the handle (``amp.init``; ``loss_scale`` is unused here)."""
+    """Patch torch for O1 and return the handle (``amp.init``; ``loss_scale`` serves the old
+    API's ``handle.scale_loss``)."""
     global _decorator_handle
-    del loss_scale
     if not enabled:
         _decorator_handle = NoOpHandle()
         return _decorator_handle
-    handle = AmpHandle(enable_caching, verbose)
+    handle = AmpHandle(enable_caching, verbose, loss_scale)
     functional = torch.nn.functional
     tensor = torch.Tensor
 

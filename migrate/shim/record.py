@@ -499,7 +499,7 @@ def _force_fp32(recorder: Recorder, apex: bool) -> None:
     def init_disabled(*args: Any, **kwargs: Any) -> Any:
         recorder.forced_fp32 += 1
         kwargs["enabled"] = False
-        return original_init(*args, **kwargs)
+        return original_init(*args[1:], **kwargs)  # `amp.init(args.fp16)`: enabled comes first
 
     amp.init = casting.init = init_disabled  # type: ignore[assignment]
 
