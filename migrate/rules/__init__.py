@@ -19,6 +19,7 @@ from migrate.options import Options, ScalerInfo
 from migrate.rules import _project_scaler as project_scaler
 from migrate.rules import _setup as setup
 from migrate.rules import (
+    amp_cast_functions,
     amp_disable_casts,
     amp_import,
     amp_initialize,
@@ -41,6 +42,7 @@ RULES = (
     amp_master_params,
     amp_state_dict,
     amp_disable_casts,
+    amp_cast_functions,
     apex_optimizers,
     apex_normalization,
     apex_syncbn,

@@ -24,7 +24,14 @@ from migrate.rules._context import ModuleContext, dotted_name
 
 # the rules that migrate the amp setup (the others, e.g. FusedAdam, run even when frozen)
 AMP_SETUP_RULES = frozenset(
-    {"amp_initialize", "amp_scale_loss", "amp_master_params", "amp_state_dict", "amp_disable_casts"}
+    {
+        "amp_initialize",
+        "amp_scale_loss",
+        "amp_master_params",
+        "amp_state_dict",
+        "amp_disable_casts",
+        "amp_cast_functions",
+    }
 )
 
 
@@ -117,13 +124,21 @@ def why_left(ctx: ModuleContext, names: list[cst.Name]) -> str:
     """A phrase naming the first use that could not be migrated, for AMP025."""
     first = min(names, key=lambda name: ctx.position(name))
     line = ctx.position(first)[0]
+    # the amp function it names: `amp.f`, `apex.amp.f`, or `f` imported from apex.amp
+    expression: cst.BaseExpression = first
+    found = ctx.amp_api(first)
     parent = ctx.parent(first)
-    if isinstance(parent, cst.Attribute) and parent.value is first:
-        call = ctx.parent(parent)
-        if isinstance(call, cst.Call) and call.func is parent:
+    while found is None and isinstance(parent, cst.Attribute) and parent.value is expression:
+        found = ctx.amp_api(parent)
+        expression, parent = parent, ctx.parent(parent)
+    if found is not None:
+        api = found[0]
+        if (isinstance(parent, cst.Call) and parent.func is expression) or isinstance(parent, cst.Decorator):
             if any(f.code == "AMP050" and f.line == line for f in ctx.findings):
-                return f"amp.{parent.attr.value} at line {line} is kept by `# ampmigrate: skip`"
-            return f"amp.{parent.attr.value} at line {line} could not be migrated (see its finding)"
+                return f"amp.{api} at line {line} is kept by `# ampmigrate: skip`"
+            return f"amp.{api} at line {line} could not be migrated (see its finding)"
+        return f"amp.{api} at line {line} has no native equivalent (see its finding)"
+    if isinstance(parent, cst.Attribute) and parent.value is first:
         return f"amp.{parent.attr.value} at line {line} has no native equivalent (see its finding)"
     return f"the amp module is stored or passed as a value at line {line} (see its finding)"
 

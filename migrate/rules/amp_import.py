@@ -37,11 +37,12 @@ import libcst as cst
 from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
+from migrate.rules.amp_cast_functions import APIS as CAST_APIS
 
 RULE = "amp_import"
 
 _MIGRATED_APIS = frozenset(
-    {"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"}
+    {"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts", *CAST_APIS}
 )
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 
@@ -124,24 +125,25 @@ REPLACEMENTS = {
 }
 
 # amp functions without an automatic rewrite (AMP032): what to write instead
-_CAST_DECORATOR = (
-    'write `@torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.{dtype})` on the forward (and '
-    '`@torch.amp.custom_bwd(device_type="cuda")` on the backward) of an autograd Function'
+_CAST_HELPER = (
+    'use it only as `@amp.{api}` on a def, `amp.{api}(fn)` or in `amp.register_{api}(module, "name")`, '
+    "the forms ampmigrate rewrites to its plain-torch `{api}` helper ({what})"
 )
+_CAST_WHAT = {
+    "half": "under torch.autocast, floating-point tensor arguments cast to float16",
+    "float": "under torch.autocast, floating-point tensor arguments cast to float32 and the function run with "
+    "autocast off",
+    "promote": "under torch.autocast, a float16/float32 mix of tensor arguments cast to float32",
+}
 AMP_APIS = {
     "init": 'delete the handle it returns; create `scaler = torch.amp.GradScaler("cuda")`, run the forward pass '
     'and loss under `with torch.autocast("cuda", dtype=torch.float16):` and write `scaler.scale(loss).backward()`, '
     "`scaler.step(optimizer)`, `scaler.update()` where the handle scaled the loss",
-    "half_function": _CAST_DECORATOR.format(dtype="float16"),
-    "float_function": _CAST_DECORATOR.format(dtype="float32"),
-    "promote_function": "delete `@amp.promote_function`: under torch.autocast, torch ops promote mixed "
-    "float16/float32 inputs themselves; a custom kernel can take `*(t.float() for t in tensors)`",
-    "register_half_function": 'write `module.name = torch.amp.custom_fwd(module.name, device_type="cuda", '
-    "cast_inputs=torch.float16)`",
-    "register_float_function": 'write `module.name = torch.amp.custom_fwd(module.name, device_type="cuda", '
-    "cast_inputs=torch.float32)`",
-    "register_promote_function": "delete the `amp.register_promote_function(module, name)` call: torch ops "
-    "promote mixed float16/float32 inputs under torch.autocast",
+    **{
+        f"{prefix}{kind}_function": _CAST_HELPER.format(api=f"{kind}_function", what=what)
+        for kind, what in _CAST_WHAT.items()
+        for prefix in ("", "register_")
+    },
     "scale_loss": "write `scaler.scale(loss)` with the GradScaler that replaces amp.initialize",
     "master_params": 'write `(p for group in optimizer.param_groups for p in group["params"])`',
     "state_dict": "write `scaler.state_dict()`",
@@ -217,8 +219,9 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
         if all(_is_simple(s) for s in remaining) and all(_catches_import_error(h) for h in owner.handlers):
             keep = [*remaining, *(owner.orelse.body.body if owner.orelse is not None else ())]  # type: ignore[union-attr]
             if keep:
-                keep[0] = keep[0].with_changes(leading_lines=[*owner.leading_lines, *keep[0].leading_lines])
-                ctx.plan.replace_statement[owner] = keep
+                # the try gives way to its body and else, with the other rules' edits made in them
+                ctx.plan.remove.add(line)
+                ctx.plan.unwrap.add(owner)
             else:
                 ctx.plan.remove.add(owner)
             return
@@ -271,6 +274,8 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
     for attribute in model.private_uses:
         ctx.report("AMP031", attribute)
     for attribute in model.other_attributes:
+        if attribute.attr.value in CAST_APIS and isinstance(ctx.parent(attribute), cst.Decorator):
+            continue  # the amp_cast_functions rule migrated it or said why not
         ctx.report("AMP032", attribute, _amp_api(attribute.attr.value))
     for use in model.calls:
         if use.api not in _MIGRATED_APIS:
