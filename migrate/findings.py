@@ -185,9 +185,9 @@ CODES: dict[str, Code] = {
     ),
     "AMP032": Code(
         "amp-api-not-migrated",
-        "An apex.amp function without an automatic rewrite (the old amp.init API, "
-        "register_*_function, half_function, ...).",
-        "See the README's table of mappings; custom autograd Functions take "
+        "An apex.amp function without an automatic rewrite here (the old amp.init API, a cast function "
+        "used as a value or in a shape the tool does not rewrite, ...).",
+        "Write the replacement code the message gives; custom autograd Functions take "
         '`@torch.amp.custom_fwd(device_type="cuda", cast_inputs=...)`.',
         False,
     ),

@@ -70,14 +70,14 @@ def test_review_findings_give_the_code_to_write(case: str, code: str, message: s
 def test_amp_functions_without_a_rewrite_say_what_to_write() -> None:
     source = (
         "import torch\nfrom apex import amp\n\n"
-        'amp.register_half_function(torch, "bmm")\n'
-        "handle = amp.init(enabled=True)\n\n\n"
-        "@amp.float_function\ndef f(x):\n    return x\n"
+        "handle = amp.init(enabled=True)\n"
+        "cast = amp.float_function\n"
+        "register = amp.register_half_function\n"
     )
     found = messages(source, "AMP032")
-    assert any("`module.name = torch.amp.custom_fwd(module.name" in m for m in found)
     assert any("amp.init has no automatic rewrite" in m and "torch.amp.GradScaler" in m for m in found)
-    assert any("cast_inputs=torch.float32" in m for m in found)
+    assert any("`@amp.float_function` on a def" in m and "cast to float32" in m for m in found)
+    assert any("amp.register_half_function has no automatic rewrite" in m and "float16" in m for m in found)
 
 
 # --------------------------------------------------------------------------- DDP
