@@ -89,8 +89,10 @@ Not rewritten (reported instead)
     The decorator on an autograd Function's ``backward`` (autograd runs it outside autocast,
     where Apex still cast the gradients: write ``torch.amp.custom_fwd``/``custom_bwd``);
     ``register_*_function`` after ``amp.initialize`` in the same function (Apex ignored it:
-    delete the call), or with a module or name that is not written out; the functions used as
-    values (AMP032, from amp_import).
+    delete the call), inside an expression, or with a module that is not a name or an
+    attribute chain (``importlib.import_module(...)``); a call with other than one function;
+    the functions used as values (AMP032, the last from amp_import). A computed name is
+    rewritten with ``setattr``/``getattr``.
 
 Safety
     A float_function body written in Python now runs in float32 throughout (AMP013 notes it):
