@@ -96,6 +96,15 @@ CODES: dict[str, Code] = {
         "If evaluation or inference code relied on running in fp16, wrap it in " "`torch.autocast` too.",
         True,
     ),
+    "AMP013": Code(
+        "float-function-body-in-float32",
+        "A function decorated with amp.float_function now runs with autocast off: its whole body "
+        "computes in float32.",
+        "Nothing, usually: that is what the decorator asks for, and a custom kernel behind it sees the "
+        "float32 inputs it saw under Apex. Under Apex O1 the float16-list ops the body called itself "
+        "(matmul, conv, linear) still ran in float16; the body is now slower and more precise there.",
+        True,
+    ),
     "AMP020": Code(
         "forward-pass-not-found",
         "The forward pass feeding this amp.scale_loss could not be found, so no " "torch.autocast was added.",
@@ -188,9 +197,9 @@ CODES: dict[str, Code] = {
     ),
     "AMP032": Code(
         "amp-api-not-migrated",
-        "An apex.amp function without an automatic rewrite (the old amp.init API, "
-        "register_*_function, half_function, ...).",
-        "See the README's table of mappings; custom autograd Functions take "
+        "An apex.amp function without an automatic rewrite here (the old amp.init API, a cast function "
+        "used as a value or in a shape the tool does not rewrite, ...).",
+        "Write the replacement code the message gives; custom autograd Functions take "
         '`@torch.amp.custom_fwd(device_type="cuda", cast_inputs=...)`.',
         False,
     ),

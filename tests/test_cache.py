@@ -37,7 +37,7 @@ NOTEBOOK = {
 TREE = {
     "train.py": AUTOCAST,
     "crlf.py": "from apex import amp\r\n\r\nmodel, opt = amp.initialize(model, opt, opt_level='O2')\r\n",
-    "review.py": 'import torch\nfrom apex import amp\n\namp.register_half_function(torch, "mm")\n',
+    "review.py": "import torch\nfrom apex import amp\n\namp.half_function(torch.mm, torch.bmm)\n",
     "skipped.py": "# ampmigrate: skip\n" + AUTOCAST,
     "broken.py": "from apex import amp\ndef f(:\n",
     "latin.py": "# -*- coding: latin-1 -*-\n# Entraîné\n" + AUTOCAST,

@@ -19,7 +19,7 @@ from migrate.cli import main
 AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
 AUTOCAST_MIGRATED = 'import torch\n\nwith torch.autocast("cuda"):\n    y = 1\n'
 # ...leaves this as it is, asking for review (AMP032)...
-NEEDS_REVIEW = 'import torch\nfrom apex import amp\n\namp.register_half_function(torch, "mm")\n'
+NEEDS_REVIEW = "import torch\nfrom apex import amp\n\namp.half_function(torch.mm, torch.bmm)\n"
 # ...and never touches this.
 CLEAN = "import torch\n\nx = torch.ones(2)  # no apex here\n"
 

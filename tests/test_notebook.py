@@ -135,7 +135,7 @@ def test_diff_and_findings_point_at_cells(tmp_path: Path, monkeypatch: pytest.Mo
     cells = [
         code("import torch\nfrom apex import amp"),
         markdown("text"),
-        code('x = 1\namp.register_half_function(torch, "mm")'),
+        code("x = 1\namp.half_function"),
         code("with torch.cuda.amp.autocast():\n    pass"),
     ]
     (tmp_path / "nb.ipynb").write_text(notebook_json(cells), encoding="utf-8")

@@ -16,7 +16,7 @@ from migrate.report import Report
 from migrate.runner import Diagnostic, FileResult, Status
 
 AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
-NEEDS_REVIEW = 'import torch\nfrom apex import amp\n\namp.register_half_function(torch, "mm")\n'
+NEEDS_REVIEW = "import torch\nfrom apex import amp\n\namp.half_function(torch.mm, torch.bmm)\n"
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_sarif_validates_against_the_2_1_0_schema(project: Path) -> None:
                 "cells": [
                     {
                         "cell_type": "code",
-                        "source": "import torch\nfrom apex import amp\namp.register_half_function(torch, 'mm')",
+                        "source": "import torch\nfrom apex import amp\namp.half_function(torch.mm, torch.bmm)",
                         "metadata": {},
                         "outputs": [],
                         "execution_count": None,

@@ -19,6 +19,7 @@ from migrate.options import Options, ScalerInfo
 from migrate.rules import _project_scaler as project_scaler
 from migrate.rules import _setup as setup
 from migrate.rules import (
+    amp_cast_functions,
     amp_disable_casts,
     amp_import,
     amp_init,
@@ -46,6 +47,7 @@ RULES = (
     amp_state_dict,
     amp_private_state,
     amp_disable_casts,
+    amp_cast_functions,
     apex_optimizers,
     fp16_optimizer,
     apex_normalization,

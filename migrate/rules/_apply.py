@@ -203,6 +203,14 @@ class PlanApplier(cst.CSTTransformer):
         elif original in plan.remove or self._vacuous(updated):
             middle = []
             leading.extend(_orphaned_comments(updated, middle))
+        elif original in plan.unwrap and isinstance(updated, cst.Try):
+            # an optional-import `try` that lost its import: its (updated) body, then its `else`
+            middle = list(cast(Sequence[Statement], cast(cst.IndentedBlock, updated.body).body))
+            if updated.orelse is not None:
+                middle.extend(cast(Sequence[Statement], cast(cst.IndentedBlock, updated.orelse.body).body))
+            header = updated.body.header if isinstance(updated.body, cst.IndentedBlock) else None
+            if header is not None and header.comment is not None:
+                leading.append(cst.EmptyLine(comment=header.comment))
         elif original in plan.unwrap:
             assert isinstance(updated, cst.With)
             if isinstance(updated.body, cst.SimpleStatementSuite):

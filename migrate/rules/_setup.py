@@ -32,6 +32,7 @@ AMP_SETUP_RULES = frozenset(
         "amp_state_dict",
         "amp_private_state",
         "amp_disable_casts",
+        "amp_cast_functions",
     }
 )
 
@@ -132,16 +133,24 @@ def why_left(ctx: ModuleContext, names: list[cst.CSTNode]) -> str:
     line = ctx.position(first)[0]
     if not isinstance(first, cst.Name) or ctx.resolve(first.value, first) is None:
         return f"{ctx.handles.describe(first)} could not be migrated (see its finding)"
-    parent = ctx.parent(first)
     binding = ctx.resolve(first.value, first)
     if binding is not None and binding.target in ("_amp_state", "apex.amp._amp_state._amp_state"):
         return f"Apex's private _amp_state at line {line} has no native equivalent here (see its finding)"
-    if isinstance(parent, cst.Attribute) and parent.value is first:
-        call = ctx.parent(parent)
-        if isinstance(call, cst.Call) and call.func is parent:
+    # the amp function it names: `amp.f`, `apex.amp.f`, or `f` imported from apex.amp
+    expression: cst.BaseExpression = first
+    found = ctx.amp_api(first)
+    parent = ctx.parent(first)
+    while found is None and isinstance(parent, cst.Attribute) and parent.value is expression:
+        found = ctx.amp_api(parent)
+        expression, parent = parent, ctx.parent(parent)
+    if found is not None:
+        api = found[0]
+        if (isinstance(parent, cst.Call) and parent.func is expression) or isinstance(parent, cst.Decorator):
             if any(f.code == "AMP050" and f.line == line for f in ctx.findings):
-                return f"amp.{parent.attr.value} at line {line} is kept by `# ampmigrate: skip`"
-            return f"amp.{parent.attr.value} at line {line} could not be migrated (see its finding)"
+                return f"amp.{api} at line {line} is kept by `# ampmigrate: skip`"
+            return f"amp.{api} at line {line} could not be migrated (see its finding)"
+        return f"amp.{api} at line {line} has no native equivalent (see its finding)"
+    if isinstance(parent, cst.Attribute) and parent.value is first:
         return f"amp.{parent.attr.value} at line {line} has no native equivalent (see its finding)"
     return f"the amp module is stored or passed as a value at line {line} (see its finding)"
 

@@ -39,11 +39,21 @@ from migrate.rules import amp_private_state
 from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
+from migrate.rules.amp_cast_functions import APIS as CAST_APIS
 
 RULE = "amp_import"
 
 _MIGRATED_APIS = frozenset(
-    {"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts", "wrap_optimizer"}
+    {
+        "initialize",
+        "scale_loss",
+        "master_params",
+        "state_dict",
+        "load_state_dict",
+        "disable_casts",
+        "wrap_optimizer",
+        *CAST_APIS,
+    }
 )
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 
@@ -135,26 +145,27 @@ REPLACEMENTS = {
 }
 
 # amp functions without an automatic rewrite (AMP032): what to write instead
-_CAST_DECORATOR = (
-    'write `@torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.{dtype})` on the forward (and '
-    '`@torch.amp.custom_bwd(device_type="cuda")` on the backward) of an autograd Function'
+_CAST_HELPER = (
+    'use it only as `@amp.{api}` on a def, `amp.{api}(fn)` or in `amp.register_{api}(module, "name")`, '
+    "the forms ampmigrate rewrites to its plain-torch `{api}` helper ({what})"
 )
+_CAST_WHAT = {
+    "half": "under torch.autocast, floating-point tensor arguments cast to float16",
+    "float": "under torch.autocast, floating-point tensor arguments cast to float32 and the function run with "
+    "autocast off",
+    "promote": "under torch.autocast, a float16/float32 mix of tensor arguments cast to float32",
+}
 AMP_APIS = {
     "init": 'the amp_init rule (left out of --select) migrates it: `scaler = torch.amp.GradScaler("cuda", '
     "enabled=<amp.init's enabled>)` where the handle was created, the forward pass and loss under "
     '`with torch.autocast("cuda", dtype=torch.float16):`, and for each `with handle.scale_loss(loss, optimizer)` '
     "or wrapper `optimizer.scale_loss(loss)`: `scaler.scale(loss).backward()`, then `scaler.step(optimizer)` and "
     "`scaler.update()` instead of `optimizer.step()`",
-    "half_function": _CAST_DECORATOR.format(dtype="float16"),
-    "float_function": _CAST_DECORATOR.format(dtype="float32"),
-    "promote_function": "delete `@amp.promote_function`: under torch.autocast, torch ops promote mixed "
-    "float16/float32 inputs themselves; a custom kernel can take `*(t.float() for t in tensors)`",
-    "register_half_function": 'write `module.name = torch.amp.custom_fwd(module.name, device_type="cuda", '
-    "cast_inputs=torch.float16)`",
-    "register_float_function": 'write `module.name = torch.amp.custom_fwd(module.name, device_type="cuda", '
-    "cast_inputs=torch.float32)`",
-    "register_promote_function": "delete the `amp.register_promote_function(module, name)` call: torch ops "
-    "promote mixed float16/float32 inputs under torch.autocast",
+    **{
+        f"{prefix}{kind}_function": _CAST_HELPER.format(api=f"{kind}_function", what=what)
+        for kind, what in _CAST_WHAT.items()
+        for prefix in ("", "register_")
+    },
     "scale_loss": "write `scaler.scale(loss)` with the GradScaler that replaces amp.initialize",
     "master_params": 'write `(p for group in optimizer.param_groups for p in group["params"])`',
     "state_dict": "write `scaler.state_dict()`",
@@ -230,8 +241,9 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
         if all(_is_simple(s) for s in remaining) and all(_catches_import_error(h) for h in owner.handlers):
             keep = [*remaining, *(owner.orelse.body.body if owner.orelse is not None else ())]  # type: ignore[union-attr]
             if keep:
-                keep[0] = keep[0].with_changes(leading_lines=[*owner.leading_lines, *keep[0].leading_lines])
-                ctx.plan.replace_statement[owner] = keep
+                # the try gives way to its body and else, with the other rules' edits made in them
+                ctx.plan.remove.add(line)
+                ctx.plan.unwrap.add(owner)
             else:
                 ctx.plan.remove.add(owner)
             return
@@ -304,6 +316,8 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
         if id(attribute) not in roots:
             ctx.report("AMP031", attribute)
     for attribute in model.other_attributes:
+        if attribute.attr.value in CAST_APIS and isinstance(ctx.parent(attribute), cst.Decorator):
+            continue  # the amp_cast_functions rule migrated it or said why not
         if id(attribute) not in roots:
             ctx.report("AMP032", attribute, _amp_api(attribute.attr.value))
     for use in model.calls:

@@ -148,12 +148,20 @@ class NoOpHandle:
         return OptimWrapper(optimizer, self, num_loss)
 
 
+def _is_float_value(value: object) -> bool:
+    """A floating tensor, or a list or tuple of nothing else (Apex's ``is_fp_tensor``)."""
+    if isinstance(value, (list, tuple)):
+        return all(_is_float_value(item) for item in value)
+    return _is_float_tensor(value)
+
+
 def _cast_value(value: Any, cast: CastFn) -> Any:
-    if _is_float_tensor(value):
-        return cast(value)
+    """Apex casts a list or tuple only when every item is a floating tensor."""
+    if not _is_float_value(value):
+        return value
     if isinstance(value, (list, tuple)):
         return type(value)(_cast_value(item, cast) for item in value)
-    return value
+    return cast(value)
 
 
 def _cast_args(args: tuple[Any, ...], kwargs: dict[str, Any], cast: CastFn) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -225,7 +233,7 @@ def _float_dtypes(values: Any, found: set[torch.dtype]) -> set[torch.dtype]:
     for value in values:
         if _is_float_tensor(value):
             found.add(value.dtype)
-        elif isinstance(value, (list, tuple)):
+        elif isinstance(value, (list, tuple)) and _is_float_value(value):
             _float_dtypes(value, found)
     return found
 
