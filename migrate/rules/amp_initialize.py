@@ -147,6 +147,8 @@ def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseEx
     while True:
         block = ctx.parent(current)
         owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if isinstance(owner, cst.If) and _is_main_guard(owner.test):
+            break  # the script's entry point, not an amp switch: the scaler lives inside it
         if isinstance(owner, cst.If) and owner.body is block:
             reaching, top = _reaching(ctx, owner)
             conditions[:0] = [*reaching, owner.test]
@@ -159,6 +161,51 @@ def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseEx
             break
         outermost = current = top
     return conditions, outermost
+
+
+def _is_main_guard(test: cst.BaseExpression) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    return syntax.normalized(test) in ('__name__=="__main__"', "__name__=='__main__'", '"__main__"==__name__')
+
+
+def _bound_inside(statement: cst.CSTNode) -> set[str]:
+    """Names assigned anywhere inside ``statement`` (targets, loop variables, imports, ``as``)."""
+    names: set[str] = set()
+
+    class Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            names.update(n.value for n in _names_in(node.target))
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            names.update(n.value for n in _names_in(node.target))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            names.update(n.value for n in _names_in(node.target))
+
+        def visit_For(self, node: cst.For) -> None:
+            names.update(n.value for n in _names_in(node.target))
+
+        def visit_AsName(self, node: cst.AsName) -> None:
+            names.update(n.value for n in _names_in(node.name))
+
+        def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+            bound = node.evaluated_alias or node.evaluated_name
+            names.add(bound.split(".")[0])
+
+    statement.visit(Targets())
+    return names
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+    """The plain names ``node`` reads or binds (not attribute names: ``args.fp16`` gives ``args``)."""
+    if isinstance(node, cst.Name):
+        return [node]
+    if isinstance(node, cst.Attribute):
+        return _names_in(node.value)
+    found: list[cst.Name] = []
+    for child in node.children:
+        found += _names_in(child)
+    return found
 
 
 def _apex_free_conjuncts(ctx: ModuleContext, guard: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -518,6 +565,17 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
                 comparisons=[cst.ComparisonTarget(cst.NotEqual(), syntax.string("O0"))],
             )
         )
+    if outermost is not statement:
+        late = {n.value for part in enabled_parts for n in _names_in(part)} & _bound_inside(outermost)
+        if late:
+            ctx.report(
+                "AMP010",
+                found.call,
+                f"the scaler must be created before the `if` around this call (so every path has one), but its "
+                f"`enabled=` reads {', '.join(sorted(late))}, assigned inside that `if`: compute the flag before the "
+                "`if`, then run ampmigrate again",
+            )
+            return None
     return _Settings(level, level_expression, disabled, enabled_parts, outermost, in_branch, shared_above)
 
 
