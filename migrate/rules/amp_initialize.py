@@ -174,19 +174,19 @@ def _bound_inside(statement: cst.CSTNode) -> set[str]:
 
     class Targets(cst.CSTVisitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            names.update(n.value for n in _names_in(node.target))
+            names.update(_target_names(node.target))
 
         def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            names.update(n.value for n in _names_in(node.target))
+            names.update(_target_names(node.target))
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            names.update(n.value for n in _names_in(node.target))
+            names.update(_target_names(node.target))
 
         def visit_For(self, node: cst.For) -> None:
-            names.update(n.value for n in _names_in(node.target))
+            names.update(_target_names(node.target))
 
         def visit_AsName(self, node: cst.AsName) -> None:
-            names.update(n.value for n in _names_in(node.name))
+            names.update(_target_names(node.name))
 
         def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
             bound = node.evaluated_alias or node.evaluated_name
@@ -194,6 +194,17 @@ def _bound_inside(statement: cst.CSTNode) -> set[str]:
 
     statement.visit(Targets())
     return names
+
+
+def _target_names(target: cst.CSTNode) -> set[str]:
+    """The names an assignment target rebinds (``self.x = ...`` and ``d[k] = ...`` rebind none)."""
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return {name for element in target.elements for name in _target_names(element.value)}
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return set()
 
 
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:
