@@ -238,6 +238,12 @@ class Cache:
         name = hashlib.sha256(self.salt + os.fsencode(os.path.realpath(project))).hexdigest()[:32]
         return StatIndex(self, self.folder / "index" / name)
 
+    def summaries(self, project: Path) -> SummaryStore:
+        """The project summaries of the modules under ``project`` (see SummaryStore)."""
+        # No options in the name: a summary is what the module's text says, whatever the options.
+        name = hashlib.sha256(f"{self.fingerprint}\0".encode() + os.fsencode(os.path.realpath(project))).hexdigest()
+        return SummaryStore(self, self.folder / "summaries" / name[:32])
+
     def _prune_others(self) -> None:
         """Remove the folders of other tool versions nobody has written to in a month."""
         import shutil
@@ -301,6 +307,75 @@ class StatIndex:
                 self.dirty = True
             return
         row = [*self._signature(info), verdict]
+        if self.rows.get(path) != row:
+            self.rows[path] = row
+            self.dirty = True
+
+    def save(self) -> None:
+        if self.dirty:
+            self.cache._store(self.path, self.rows)
+            self.dirty = False
+
+
+# A module whose project summary is "none": it does not decode or parse.
+NO_SUMMARY = "none"
+
+
+class SummaryStore:
+    """Each module's project summary (``migrate.project``), kept with its path, its stat and
+    the digest of its bytes, all in one document per project (a warm run opens one file).
+
+    A module given to the run, whose bytes are in hand, is answered when the digest of its
+    bytes matches; a module only imported (context), when its stat is unchanged (as in
+    StatIndex: written, its change time moves), else when the digest of its bytes does.
+    A summary depends on the module's bytes and path only (relative imports resolve against
+    its folders); the tool's fingerprint names the folder, so a new tool starts afresh.
+    """
+
+    def __init__(self, cache: Cache, path: Path) -> None:
+        self.cache = cache
+        self.path = path
+        self._rows: dict[str, list[Any]] | None = None
+        self.dirty = False
+
+    @property
+    def rows(self) -> dict[str, list[Any]]:
+        # Read at first use: a run whose files all pass over the pre-filter never needs it.
+        if self._rows is None:
+            self._rows = {}
+            try:
+                with open(self.path, "rb") as stream:
+                    rows = json.loads(stream.read())
+                if isinstance(rows, dict):
+                    self._rows = rows
+            except (OSError, ValueError):
+                pass
+        return self._rows
+
+    @staticmethod
+    def digest(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()[:32]
+
+    def by_digest(self, path: str, digest: str) -> Any:
+        """The summary stored for ``path`` with these bytes (NO_SUMMARY included), else None."""
+        row = self.rows.get(path)
+        if isinstance(row, list) and len(row) == 3 and row[1] == digest:
+            return row[2]
+        return None
+
+    def by_stat(self, path: str, info: os.stat_result) -> Any:
+        """The summary stored for ``path`` if its stat is as recorded, else None."""
+        row = self.rows.get(path)
+        if isinstance(row, list) and len(row) == 3 and row[0] == StatIndex._signature(info):
+            return row[2]
+        return None
+
+    def record(self, path: str, info: os.stat_result | None, digest: str, summary: Any, looked_at: float) -> None:
+        """Keep ``summary`` of ``path`` (NO_SUMMARY: it does not parse); its stat only when
+        the file did not change within ``_RACY_S`` of ``looked_at`` (a time.time())."""
+        racy = info is None or looked_at - max(info.st_mtime, info.st_ctime) < _RACY_S
+        signature = None if info is None or racy else StatIndex._signature(info)
+        row = [signature, digest, summary]
         if self.rows.get(path) != row:
             self.rows[path] = row
             self.dirty = True

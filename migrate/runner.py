@@ -3,7 +3,9 @@
 The main process walks the tree, reads each file and drops those the byte pre-filter
 clears (with a result cache, a stat index answers such a file without reading it
 again). The files that pass are migrated as one project (``migrate.project``): once
-the walk is over, their text is indexed with ``ast``, each file gets its facts, and
+the walk is over, their text is indexed with ``ast`` (each module's summary comes from
+the summary store when its bytes, or for a module only imported, its stat, are as
+recorded), each file gets its facts, and
 each is answered from the result cache (keyed on its bytes and its full options,
 facts included) or sent to a worker process that parses it (see ``migrate.workers``).
 The groups that came out half migrated are settled by migrating some files again;
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from migrate.atomic import StaleFileError, leftover_state, write_atomic
-from migrate.cache import CLEAN, Cache, Entry, StatIndex
+from migrate.cache import CLEAN, NO_SUMMARY, Cache, Entry, StatIndex, SummaryStore
 from migrate.config import Config
 from migrate.discovery import Candidate, DiscoveryError, Leftover, Notice, iter_discover
 from migrate.options import ModuleFacts, Options, ScalerInfo
@@ -39,6 +41,7 @@ from migrate.prefilter import may_need_migration
 
 if TYPE_CHECKING:
     from migrate.findings import Finding
+    from migrate.project import ModuleSummary
     from migrate.workers import Pool
 
 # Modules only some runs need (worker pools, diffs, notebooks, the engine) are imported
@@ -123,11 +126,14 @@ class Settings:
 
 @dataclass(frozen=True)
 class _Task:
-    """A file that passed the pre-filter: its bytes as read, and its stat for the write."""
+    """A file that passed the pre-filter: its bytes as read, and its stat for the write
+    (``file_stat``) or as looked at before reading (``seen``, at time ``looked_at``)."""
 
     candidate: Candidate
     data: bytes
     file_stat: os.stat_result | None
+    seen: os.stat_result | None = None
+    looked_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,7 @@ def execute(
     """
     cache = Cache(config.cache_dir, config.options) if config.cache_dir is not None else None
     index = cache.index(config.project_root) if cache is not None else None
+    summaries = cache.summaries(config.project_root) if cache is not None else None
     settings = Settings(
         config.options,
         config.write,
@@ -200,7 +207,7 @@ def execute(
                 outcome.interrupted = True
                 interrupt.requested = False  # the files in hand are finished; a new Ctrl-C stops them
             if tasks:
-                project = _Project(tasks, settings, cache, pool, interrupt)
+                project = _Project(tasks, settings, cache, summaries, pool, interrupt)
                 results = project.migrate(progress)
                 if interrupt.requested:
                     # Nothing of the project is written (a group could be left half migrated):
@@ -219,6 +226,8 @@ def execute(
             pool.close()
             if index is not None:
                 index.save()
+            if summaries is not None:
+                summaries.save()
     outcome.results.sort(key=lambda result: result.path)
     outcome.notices.sort()
     return outcome
@@ -234,7 +243,13 @@ class _Project:
     """
 
     def __init__(
-        self, tasks: list[_Task], settings: Settings, cache: Cache | None, pool: _LazyPool, interrupt: _Interrupt
+        self,
+        tasks: list[_Task],
+        settings: Settings,
+        cache: Cache | None,
+        store: SummaryStore | None,
+        pool: _LazyPool,
+        interrupt: _Interrupt,
     ) -> None:
         from migrate.project import ProjectPlan
 
@@ -243,13 +258,15 @@ class _Project:
         self.pool = pool
         self.interrupt = interrupt
         self.by_path = {str(task.candidate.path): task for task in tasks}
-        sources = {
-            path: text
+        summaries = _Summaries(store)
+        given = [
+            summary
             for path, task in self.by_path.items()
-            if not task.candidate.is_notebook and (text := _decoded(task.data)) is not None
-        }
-        displays = {path: self.by_path[path].candidate.display for path in sources}
-        self.plan = ProjectPlan(sources, displays, _source_on_disk)
+            if not task.candidate.is_notebook
+            and (summary := summaries.of_bytes(path, task.data, task.seen, task.looked_at)) is not None
+        ]
+        displays = {summary.path: self.by_path[summary.path].candidate.display for summary in given}
+        self.plan = ProjectPlan(given, displays, summaries.of_file)
         self.results: dict[str, FileResult] = {}
 
     def migrate(self, progress: Callable[[int], Iterator[None]] | None) -> list[FileResult]:
@@ -409,7 +426,7 @@ def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) ->
         if index is not None and info is not None:
             index.record(candidate.path, info, CLEAN, looked_at)
         return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
-    return _Task(candidate, data, file_stat)
+    return _Task(candidate, data, file_stat, info, looked_at)
 
 
 def _usable(entry: Entry | None, settings: Settings) -> Entry | None:
@@ -429,15 +446,76 @@ def _decoded(data: bytes) -> str | None:
         return None
 
 
-def _source_on_disk(path: str) -> str | None:
-    """The text of a project module that was not given (read only to follow imports)."""
-    try:
-        if not os.path.isfile(path):
+class _Summaries:
+    """Project summaries of modules (``migrate.project.summarize``), from the summary store
+    when the module's bytes (or, for a module read only as context, its stat) are as
+    recorded; else from its text, then stored."""
+
+    def __init__(self, store: SummaryStore | None) -> None:
+        self.store = store
+        # Several modules import the same one, and look for it where it is not: once a path.
+        self.files: dict[str, ModuleSummary | None] = {}
+
+    def of_bytes(
+        self, path: str, data: bytes, info: os.stat_result | None = None, looked_at: float = 0.0
+    ) -> ModuleSummary | None:
+        from migrate.project import summarize, summary_to_json
+
+        digest = ""
+        if self.store is not None:
+            digest = self.store.digest(data)
+            stored = self.store.by_digest(path, digest)
+            if stored is not None:
+                loaded = self._load(path, stored)
+                if loaded is not _MISS:
+                    return loaded  # type: ignore[return-value]
+        text = _decoded(data)
+        summary = summarize(path, text) if text is not None else None
+        if self.store is not None:
+            document = summary_to_json(summary) if summary is not None else NO_SUMMARY
+            self.store.record(path, info, digest, document, looked_at)
+        return summary
+
+    def of_file(self, path: str) -> ModuleSummary | None:
+        """The summary of a module that was not given; None if it is no file or does not parse."""
+        if path not in self.files:
+            self.files[path] = self._of_file(path)
+        return self.files[path]
+
+    def _of_file(self, path: str) -> ModuleSummary | None:
+        looked_at = time.time()
+        try:
+            info = os.stat(path)
+        except OSError:
             return None
-        with open(path, "rb") as stream:
-            return _decoded(stream.read())
-    except OSError:
-        return None
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if self.store is not None:
+            stored = self.store.by_stat(path, info)
+            if stored is not None:
+                loaded = self._load(path, stored)
+                if loaded is not _MISS:
+                    return loaded  # type: ignore[return-value]
+        try:
+            with open(path, "rb") as stream:
+                data = stream.read()
+        except OSError:
+            return None
+        return self.of_bytes(path, data, info, looked_at)
+
+    @staticmethod
+    def _load(path: str, stored: object) -> ModuleSummary | None | object:
+        from migrate.project import summary_from_json
+
+        if stored == NO_SUMMARY:
+            return None
+        try:
+            return summary_from_json(path, stored)  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError):
+            return _MISS  # damaged: summarized again and stored anew
+
+
+_MISS = object()
 
 
 def _write(results: list[FileResult], tasks: list[_Task], write: bool) -> list[FileResult]:
