@@ -571,7 +571,7 @@ class ProjectPlan:
         for path, result in outcome.items():
             if not (result.scaler_unused and result.amp_migrated):
                 continue
-            related = [orphan for orphan in orphans if _project_root(orphan) == _project_root(path)]
+            related = [orphan for orphan in orphans if project_root(orphan) == project_root(path)]
             if related:
                 reason = (
                     f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "
@@ -669,17 +669,18 @@ class ProjectPlan:
 _ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", "requirements.txt", ".git")
 
 
-@functools.lru_cache(maxsize=4096)
-def _project_root(path: str) -> str:
+def project_root(path: str) -> str:
     """The nearest folder above ``path`` that looks like a project's root (setup.py, .git, ...)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    while True:
-        if any(os.path.exists(os.path.join(folder, marker)) for marker in _ROOT_MARKERS):
-            return folder
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            return folder
-        folder = parent
+    return _root_of(os.path.dirname(os.path.abspath(path)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _root_of(folder: str) -> str:
+    # by folder, so that the files of one folder (and the folders of one tree) share the walk up
+    if any(os.path.exists(os.path.join(folder, marker)) for marker in _ROOT_MARKERS):
+        return folder
+    parent = os.path.dirname(folder)
+    return folder if parent == folder else _root_of(parent)
 
 
 def _module_files(importer: str, module: str) -> tuple[str, ...]:

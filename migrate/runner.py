@@ -20,6 +20,7 @@ same code (``_finish``), so they print the same.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -32,6 +33,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from migrate import cache as cache_module
 from migrate.atomic import StaleFileError, leftover_state, write_atomic
 from migrate.cache import CLEAN, NO_SUMMARY, Cache, Entry, StatIndex, SummaryStore
 from migrate.config import Config
@@ -41,7 +43,7 @@ from migrate.prefilter import may_need_migration
 
 if TYPE_CHECKING:
     from migrate.findings import Finding
-    from migrate.project import ModuleSummary
+    from migrate.project import ModuleSummary, ProjectPlan
     from migrate.workers import Pool
 
 # Modules only some runs need (worker pools, diffs, notebooks, the engine) are imported
@@ -240,6 +242,13 @@ class _Project:
     A first pass migrates every file with what the project index knows (``ModuleFacts``);
     the modules of a group that came out half migrated are then migrated again with new
     facts (at most three more passes), and only then are changed files written.
+
+    With a cache, the run remembers its plan's outcome: which result entry each file
+    ended with, under a key of every input the plan had (each given file's path and bytes,
+    the options, the project roots above them), beside the stat of every other module the
+    plan looked for (found or not). A later run with the same inputs, where none of those
+    modules changed, appeared or went away, takes each file's entry as it is: no summaries,
+    no plan, no settling.
     """
 
     def __init__(
@@ -251,27 +260,35 @@ class _Project:
         pool: _LazyPool,
         interrupt: _Interrupt,
     ) -> None:
-        from migrate.project import ProjectPlan
-
         self.settings = settings
         self.cache = cache
+        self.store = store
         self.pool = pool
         self.interrupt = interrupt
         self.by_path = {str(task.candidate.path): task for task in tasks}
-        summaries = _Summaries(store)
+        self.summaries = _Summaries(store)
+        self.results: dict[str, FileResult] = {}
+        self.keys: dict[str, str] = {}  # the cache key of the entry each file's result came from
+
+    def _plan(self) -> ProjectPlan:
+        from migrate.project import ProjectPlan
+
         given = [
             summary
             for path, task in self.by_path.items()
             if not task.candidate.is_notebook
-            and (summary := summaries.of_bytes(path, task.data, task.seen, task.looked_at)) is not None
+            and (summary := self.summaries.of_bytes(path, task.data, task.seen, task.looked_at)) is not None
         ]
         displays = {summary.path: self.by_path[summary.path].candidate.display for summary in given}
-        self.plan = ProjectPlan(given, displays, summaries.of_file)
-        self.results: dict[str, FileResult] = {}
+        return ProjectPlan(given, displays, self.summaries.of_file)
 
     def migrate(self, progress: Callable[[int], Iterator[None]] | None) -> list[FileResult]:
         from migrate.project import Outcome as AmpOutcome
 
+        record = self._record_key()
+        if record is not None and self._replay(record):
+            return list(self.results.values())
+        self.plan = self._plan()
         self._pass(list(self.by_path), progress)
         # a group settles in at most three passes: as found, with its scaler shared, frozen
         for _ in range(3):
@@ -286,7 +303,45 @@ class _Project:
             if not again:
                 break
             self._pass(sorted(again), None)
+        if record is not None and self.store is not None and not self.interrupt.requested:
+            if not self.summaries.racy and len(self.keys) == len(self.by_path):
+                self.store.record_plan(record, self.summaries.probes, self.keys)
         return list(self.results.values())
+
+    def _record_key(self) -> str | None:
+        """The key of all the plan depends on, but for the modules it looks for; None without a cache."""
+        if self.cache is None or self.store is None:
+            return None
+        from migrate.project import project_root
+
+        # the working folder too: findings name modules that were not given relative to it
+        digest = hashlib.sha256(self.cache.salt + os.fsencode(os.getcwd()))
+        for path in sorted(self.by_path):
+            task = self.by_path[path]
+            kind = "ipynb" if task.candidate.is_notebook else "py"
+            text = f"\0{path}\0{task.candidate.display}\0{kind}\0{project_root(path)}\0"
+            digest.update(text.encode("utf-8", "surrogateescape"))
+            digest.update(self.store.digest(task.data).encode())
+        return digest.hexdigest()
+
+    def _replay(self, record: str) -> bool:
+        """Take the results of the plan recorded under ``record``, if it still holds."""
+        assert self.store is not None and self.cache is not None
+        recorded = self.store.plan(record)
+        if recorded is None:
+            return False
+        probes, keys = recorded
+        if set(keys) != set(self.by_path) or any(_signature(path) != signature for path, signature in probes):
+            return False
+        results = {}
+        for path, key in keys.items():
+            task = self.by_path[path]
+            entry = _usable(self.cache.get(key), self.settings)
+            if entry is None:
+                return False
+            results[task.candidate.display] = _finish(entry, task.candidate, self.settings)
+        self.results = results
+        return True
 
     def _options(self, path: str) -> Options:
         found: ModuleFacts | None = self.plan.facts.get(path)
@@ -299,9 +354,8 @@ class _Project:
             task = self.by_path[path]
             options = self._options(path)
             if self.cache is not None:
-                entry = _usable(
-                    self.cache.get(self.cache.key(task.data, task.candidate.is_notebook, options)), self.settings
-                )
+                key = self.keys[path] = self.cache.key(task.data, task.candidate.is_notebook, options)
+                entry = _usable(self.cache.get(key), self.settings)
                 if entry is not None:
                     self.results[task.candidate.display] = _finish(entry, task.candidate, self.settings)
                     continue
@@ -455,6 +509,10 @@ class _Summaries:
         self.store = store
         # Several modules import the same one, and look for it where it is not: once a path.
         self.files: dict[str, ModuleSummary | None] = {}
+        # the stat signature (None: no such file) of every module looked for, and whether one
+        # of them changed too recently for its stat to tell a later change
+        self.probes: dict[str, list[int] | None] = {}
+        self.racy = False
 
     def of_bytes(
         self, path: str, data: bytes, info: os.stat_result | None = None, looked_at: float = 0.0
@@ -487,9 +545,12 @@ class _Summaries:
         try:
             info = os.stat(path)
         except OSError:
+            info = None
+        if info is None or not stat.S_ISREG(info.st_mode):
+            self.probes[path] = None
             return None
-        if not stat.S_ISREG(info.st_mode):
-            return None
+        self.probes[path] = StatIndex.signature(info)
+        self.racy = self.racy or looked_at - max(info.st_mtime, info.st_ctime) < cache_module._RACY_S
         if self.store is not None:
             stored = self.store.by_stat(path, info)
             if stored is not None:
@@ -516,6 +577,15 @@ class _Summaries:
 
 
 _MISS = object()
+
+
+def _signature(path: str) -> list[int] | None:
+    """The stat signature of the regular file ``path``; None if there is none."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return StatIndex.signature(info) if stat.S_ISREG(info.st_mode) else None
 
 
 def _write(results: list[FileResult], tasks: list[_Task], write: bool) -> list[FileResult]:

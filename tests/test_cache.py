@@ -368,9 +368,16 @@ def test_a_warm_project_run_summarizes_no_module(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(project, "summarize", lambda path, text: summarized.append(path) or real(path, text))
     assert _check_main(tmp_path, monkeypatch) == cold
     assert summarized == []
-    # a damaged summary store is a miss: everything is summarized again, same output
-    [store] = Path(os.environ[ENV_VAR]).rglob("summaries/*")
-    store.write_text('{"x": [1, ')
+    # without the recorded plan, the project is planned again from the stored summaries
+    [plans] = Path(os.environ[ENV_VAR]).rglob("summaries/*.plans")
+    plans.unlink()
+    assert _check_main(tmp_path, monkeypatch) == cold
+    assert summarized == [] and plans.exists()
+    # a damaged summary store (and plan record) is a miss: everything is summarized again, same output
+    stores = sorted(Path(os.environ[ENV_VAR]).rglob("summaries/*"))
+    assert [store.suffix for store in stores] == ["", ".plans"]
+    for store in stores:
+        store.write_text('{"x": [1, ')
     assert _check_main(tmp_path, monkeypatch) == cold
     assert sorted(Path(path).name for path in summarized) == ["engine.py", "main.py", "trainer.py"]
 
@@ -383,3 +390,39 @@ def test_summaries_round_trip_through_json(tmp_path: Path) -> None:
         summary = summarize(path, (TRAINER / name).read_text())
         assert summary is not None
         assert summary_from_json(path, json.loads(json.dumps(summary_to_json(summary)))) == summary
+
+
+def test_a_module_that_appears_where_the_plan_looked_changes_the_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The recorded plan holds for modules that were looked for and not found, too.
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    _project(tmp_path)
+    (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace("from trainer", "from engine"))
+    before = _check_main(tmp_path, monkeypatch)
+    assert "scaler=scaler" not in before[1]
+    assert _check_main(tmp_path, monkeypatch) == before
+    (tmp_path / "engine.py").write_text("from trainer import train\n")
+    after = _check_main(tmp_path, monkeypatch)
+    assert "train(model, optimizer, loader, epoch, scaler=scaler)" in after[1]
+    assert after == _check_main(tmp_path, monkeypatch, "--no-cache")
+
+
+def test_a_warm_project_run_plans_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from migrate import project
+
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    _project(tmp_path, **{"engine.py": "from trainer import train\n"})
+    (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace("from trainer", "from engine"))
+    cold = _check_main(tmp_path, monkeypatch)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a warm run planned the project")
+
+    monkeypatch.setattr(project.ProjectPlan, "__init__", refuse)
+    no_parsing(monkeypatch)
+    assert _check_main(tmp_path, monkeypatch) == cold
+    # from another working folder, findings may name modules otherwise: planned again
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(AssertionError, match="planned the project"):
+        cli(tmp_path / "sub", monkeypatch, "--check", "..")
