@@ -13,7 +13,8 @@ Rows, for each tree:
     byte pre-filter is parsed; the results are stored);
   - ampmigrate warm: the same again (answered from the cache: no parsing, no libcst);
   - ampmigrate --no-cache -j1;
-  - before (with --baseline-ref REF): the ampmigrate of that git commit, cold;
+  - before (with --baseline-ref REF, repeatable): the ampmigrate of that git commit, cold
+    and warm (its own cache folder);
   - ruff check --select UP --no-cache (when ruff is installed): a fast linter's time to
     read and parse every file;
   - grep -rl apex: the floor of reading every file once;
@@ -147,7 +148,7 @@ def real_tree(given: Path | None) -> Path | None:
 
 def baseline_checkout(ref: str, workdir: Path) -> Path:
     """The ampmigrate package of git commit ``ref``, extracted for a side-by-side run."""
-    target = workdir / "baseline"
+    target = workdir / f"baseline-{ref.replace('/', '_')}"
     target.mkdir()
     archive = subprocess.run(["git", "archive", ref, "migrate"], cwd=ROOT, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
@@ -206,7 +207,7 @@ def environment(pythonpath: Path, cache: Path) -> dict[str, str]:
     return env
 
 
-def bench_tree(name: str, tree: Path, args: argparse.Namespace, workdir: Path, baseline: Path | None) -> None:
+def bench_tree(name: str, tree: Path, args: argparse.Namespace, workdir: Path, baselines: dict[str, Path]) -> None:
     cores = os.cpu_count() or 1
     cache = workdir / f"cache-{name}"
     ours = [sys.executable, "-m", "migrate", str(tree), "--check"]
@@ -218,8 +219,12 @@ def bench_tree(name: str, tree: Path, args: argparse.Namespace, workdir: Path, b
         "ampmigrate --check (warm)": (ours, check, environment(ROOT, cache), None),
         "ampmigrate --check --no-cache -j1": ([*ours, "--no-cache", "-j1"], check, environment(ROOT, cache), None),
     }
-    if baseline is not None:
-        runs[f"before ({args.baseline_ref}) --check"] = (ours, check, environment(baseline, cache), None)
+    for ref, baseline in baselines.items():
+        # its own cache folder, emptied for the cold row
+        before_cache = workdir / f"cache-{name}-{ref.replace('/', '_')}"
+        before_env = environment(baseline, before_cache)
+        runs[f"before ({ref}) --check (cold)"] = (ours, check, before_env, f"rm -rf '{before_cache}'")
+        runs[f"before ({ref}) --check (warm)"] = (ours, check, before_env, None)
     ruff = shutil.which("ruff")
     if ruff:
         runs["ruff check --select UP --no-cache"] = (
@@ -247,9 +252,9 @@ def bench_tree(name: str, tree: Path, args: argparse.Namespace, workdir: Path, b
     if ruff:
         print(f"; {cold / best['ruff check --select UP --no-cache'][0]:.2f}x ruff's time (target <= 3x)", end="")
     print(f"\n  warm: {warm / grep:.2f}x grep's time (target <= 2x)")
-    if baseline is not None:
-        before = best[f"before ({args.baseline_ref}) --check"][0]
-        print(f"  cold vs before: {before / cold:.2f}x faster; warm vs before: {before / warm:.1f}x faster")
+    for ref in baselines:
+        before_cold, before_warm = best[f"before ({ref}) --check (cold)"][0], best[f"before ({ref}) --check (warm)"][0]
+        print(f"  vs {ref}: cold {before_cold / cold:.2f}x faster, warm {before_warm / warm:.2f}x faster")
 
 
 def main() -> None:
@@ -262,22 +267,27 @@ def main() -> None:
     parser.add_argument("--real", type=Path, help="a checkout of NVIDIA/DeepLearningExamples at " + REAL_COMMIT[:8])
     parser.add_argument("--no-real", action="store_true", help="time the synthetic tree only")
     parser.add_argument("--no-synthetic", action="store_true", help="time the real tree only")
-    parser.add_argument("--baseline-ref", help="also time the ampmigrate of this git commit (e.g. HEAD~3)")
+    parser.add_argument(
+        "--baseline-ref",
+        action="append",
+        default=[],
+        help="also time the ampmigrate of this git commit (e.g. HEAD~3), cold and warm; may be repeated",
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="ampmigrate-bench-"))
     try:
-        baseline = baseline_checkout(args.baseline_ref, workdir) if args.baseline_ref else None
+        baselines = {ref: baseline_checkout(ref, workdir) for ref in args.baseline_ref}
         if not args.no_synthetic:
             tree = args.keep or workdir / "tree"
             files, lines, apex_files = generate(tree, args.files, args.lines, args.apex_share)
             print(f"synthetic tree: {files} files, {lines} lines, {apex_files} use Apex")
-            bench_tree("synthetic", tree, args, workdir, baseline)
+            bench_tree("synthetic", tree, args, workdir, baselines)
         real = None if args.no_real else real_tree(args.real)
         if real is not None:
             python_files = sum(1 for _ in real.rglob("*.py"))
             print(f"\nreal tree: DeepLearningExamples at {REAL_COMMIT[:8]} ({python_files} .py files), {real}")
-            bench_tree("DeepLearningExamples", real, args, workdir, baseline)
+            bench_tree("DeepLearningExamples", real, args, workdir, baselines)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

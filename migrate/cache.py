@@ -238,6 +238,12 @@ class Cache:
         name = hashlib.sha256(self.salt + os.fsencode(os.path.realpath(project))).hexdigest()[:32]
         return StatIndex(self, self.folder / "index" / name)
 
+    def summaries(self, project: Path) -> SummaryStore:
+        """The project summaries of the modules under ``project`` (see SummaryStore)."""
+        # No options in the name: a summary is what the module's text says, whatever the options.
+        name = hashlib.sha256(f"{self.fingerprint}\0".encode() + os.fsencode(os.path.realpath(project))).hexdigest()
+        return SummaryStore(self, self.folder / "summaries" / name[:32])
+
     def _prune_others(self) -> None:
         """Remove the folders of other tool versions nobody has written to in a month."""
         import shutil
@@ -283,13 +289,14 @@ class StatIndex:
             pass
 
     @staticmethod
-    def _signature(info: os.stat_result) -> list[int]:
+    def signature(info: os.stat_result) -> list[int]:
+        """What of a file's stat must stay the same for its recorded verdict to stand."""
         return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev]
 
     def lookup(self, path: str, info: os.stat_result) -> str | None:
         """The verdict recorded for ``path`` if its stat is unchanged, else None."""
         row = self.rows.get(path)
-        if row is None or len(row) != 6 or row[:5] != self._signature(info):
+        if row is None or len(row) != 6 or row[:5] != self.signature(info):
             return None
         verdict = row[5]
         return verdict if isinstance(verdict, str) else None
@@ -300,7 +307,7 @@ class StatIndex:
             if self.rows.pop(path, None) is not None:
                 self.dirty = True
             return
-        row = [*self._signature(info), verdict]
+        row = [*self.signature(info), verdict]
         if self.rows.get(path) != row:
             self.rows[path] = row
             self.dirty = True
@@ -309,3 +316,119 @@ class StatIndex:
         if self.dirty:
             self.cache._store(self.path, self.rows)
             self.dirty = False
+
+
+# How many recorded plans a project keeps.
+_PLANS_KEPT = 4
+
+
+def _load_dict(path: Path) -> dict[str, Any]:
+    """The JSON object stored at ``path``; empty if there is none or it is damaged."""
+    try:
+        with open(path, "rb") as stream:
+            document = json.loads(stream.read())
+    except (OSError, ValueError):
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+# A module whose project summary is "none": it does not decode or parse.
+NO_SUMMARY = "none"
+
+
+class SummaryStore:
+    """Each module's project summary (``migrate.project``), kept with its path, its stat and
+    the digest of its bytes, all in one document per project (a warm run opens one file).
+
+    A module given to the run, whose bytes are in hand, is answered when the digest of its
+    bytes matches; a module only imported (context), when its stat is unchanged (as in
+    StatIndex: written, its change time moves), else when the digest of its bytes does.
+    A summary depends on the module's bytes and path only (relative imports resolve against
+    its folders); the tool's fingerprint names the folder, so a new tool starts afresh.
+    """
+
+    def __init__(self, cache: Cache, path: Path) -> None:
+        self.cache = cache
+        self.path = path
+        self._rows: dict[str, list[Any]] | None = None
+        self._plans: dict[str, Any] | None = None
+        self.dirty = self.plans_dirty = False
+
+    @property
+    def rows(self) -> dict[str, list[Any]]:
+        # Read at first use: a run whose files all pass over the pre-filter never needs it.
+        if self._rows is None:
+            self._rows = _load_dict(self.path)
+        return self._rows
+
+    @property
+    def plans(self) -> dict[str, Any]:
+        # Apart from the summaries: a run that takes a recorded plan needs no summary.
+        if self._plans is None:
+            self._plans = _load_dict(self.path.with_suffix(".plans"))
+        return self._plans
+
+    @staticmethod
+    def digest(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()[:32]
+
+    def by_digest(self, path: str, digest: str) -> Any:
+        """The summary stored for ``path`` with these bytes (NO_SUMMARY included), else None."""
+        row = self.rows.get(path)
+        if isinstance(row, list) and len(row) == 3 and row[1] == digest:
+            return row[2]
+        return None
+
+    def by_stat(self, path: str, info: os.stat_result) -> Any:
+        """The summary stored for ``path`` if its stat is as recorded, else None."""
+        row = self.rows.get(path)
+        if isinstance(row, list) and len(row) == 3 and row[0] == StatIndex.signature(info):
+            return row[2]
+        return None
+
+    def record(self, path: str, info: os.stat_result | None, digest: str, summary: Any, looked_at: float) -> None:
+        """Keep ``summary`` of ``path`` (NO_SUMMARY: it does not parse); its stat only when
+        the file did not change within ``_RACY_S`` of ``looked_at`` (a time.time())."""
+        racy = info is None or looked_at - max(info.st_mtime, info.st_ctime) < _RACY_S
+        signature = None if info is None or racy else StatIndex.signature(info)
+        row = [signature, digest, summary]
+        if self.rows.get(path) != row:
+            self.rows[path] = row
+            self.dirty = True
+
+    def plan(self, key: str) -> tuple[list[tuple[str, list[int] | None]], dict[str, str]] | None:
+        """The plan recorded under ``key``: (module looked for, its stat signature or None when
+        there was no such file) pairs, and the cache key of each given file's final result."""
+        record: Any = self.plans.get(key)
+        try:
+            folders, keys = record
+            probes = [
+                (os.path.join(folder, name), signature)
+                for folder, names in folders.items()
+                for name, signature in names
+            ]
+            return probes, {str(path): str(entry) for path, entry in keys.items()}
+        except (TypeError, ValueError, AttributeError):
+            return None
+
+    def record_plan(self, key: str, probes: dict[str, list[int] | None], keys: dict[str, str]) -> None:
+        """Keep a plan (see ``plan``), with the few most recent others (runs on parts of a tree)."""
+        kept = self.plans
+        kept.pop(key, None)
+        while len(kept) >= _PLANS_KEPT:
+            kept.pop(next(iter(kept)))
+        # by folder: thousands of modules looked for in a few hundred folders
+        folders: dict[str, list[Any]] = {}
+        for path, signature in sorted(probes.items()):
+            folder, name = os.path.split(path)
+            folders.setdefault(folder, []).append([name, signature])
+        kept[key] = [folders, keys]
+        self.plans_dirty = True
+
+    def save(self) -> None:
+        if self.dirty:
+            self.cache._store(self.path, self.rows)
+            self.dirty = False
+        if self.plans_dirty:
+            self.cache._store(self.path.with_suffix(".plans"), self.plans)
+            self.plans_dirty = False

@@ -15,9 +15,10 @@ from __future__ import annotations
 import ast
 import functools
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from migrate.options import ModuleFacts, ScalerInfo
 
@@ -90,8 +91,32 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
     bound: set[str] = set()
     parameters: set[str] = set()
     calls: list[tuple[str, str, ast.Call]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+    # Per top-level statement: the plain names it calls, and the names whose attributes it
+    # calls (``amp.x(...)`` once the module's amp names are known): one walk for everything.
+    called: list[set[str]] = [set() for _ in tree.body]
+    called_on: list[set[str]] = [set() for _ in tree.body]
+    for node, top in _walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                called[top].add(func.id)
+            elif isinstance(func, ast.Attribute):
+                base = func.value
+                if isinstance(base, ast.Name):
+                    called_on[top].add(base.id)
+                    calls.append((base.id, func.attr, node))
+                elif isinstance(base, ast.Attribute):
+                    if base.attr == "amp" and isinstance(base.value, ast.Name) and base.value.id == "apex":
+                        summary.amp_apis.add(func.attr)  # apex.amp.X with `import apex`
+                    elif "amp" in base.attr.lower() and func.attr in _AMP_APIS:
+                        # `self.amp.scale_loss(...)`: the amp module stored on an object
+                        summary.unbound_uses.append(AmpUse(base.attr, func.attr, node.lineno, node.col_offset + 1))
+        elif isinstance(node, ast.Name):
+            if not isinstance(node.ctx, ast.Load):
+                bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            parameters.add(node.arg)
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 bound.add(alias.asname or alias.name.split(".")[0])
                 if alias.name == "apex.amp" or (alias.name == "apex" and alias.asname is None):
@@ -114,24 +139,6 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
                 summary.imports.append(ImportEdge(module, names, node.lineno, aliases))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            parameters.add(node.arg)
-        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            bound.add(node.id)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            base = node.func.value
-            if isinstance(base, ast.Name):
-                calls.append((base.id, node.func.attr, node))
-            elif (
-                isinstance(base, ast.Attribute)
-                and base.attr == "amp"
-                and isinstance(base.value, ast.Name)
-                and base.value.id == "apex"
-            ):
-                summary.amp_apis.add(node.func.attr)  # apex.amp.X with `import apex`
-            elif isinstance(base, ast.Attribute) and "amp" in base.attr.lower() and node.func.attr in _AMP_APIS:
-                # `self.amp.scale_loss(...)`: the amp module stored on an object
-                summary.unbound_uses.append(AmpUse(base.attr, node.func.attr, node.lineno, node.col_offset + 1))
     for name, api, call in calls:
         if name in summary.amp_names or name == "amp":
             summary.amp_apis.add(api)
@@ -145,35 +152,90 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
         elif name not in bound:
             summary.unbound_uses.append(use)
     summary.uses_amp = summary.uses_amp or bool(summary.unbound_uses or summary.parameter_uses)
-    _summarize_functions(tree, summary)
+    _summarize_functions(tree, summary, called, called_on)
     return summary
 
 
-def _summarize_functions(tree: ast.Module, summary: ModuleSummary) -> None:
+# Fields that hold only leaves no summary looks at (expression contexts, operators).
+_LEAF_FIELDS = frozenset({"ctx", "op", "ops"})
+_FOLLOWED: dict[type, tuple[str, ...]] = {}
+
+
+def _walk(tree: ast.Module) -> Iterator[tuple[ast.AST, int]]:
+    """Every node below the module, breadth first as ``ast.walk`` goes (so lists built from it
+    keep its order), each with the index of the top-level statement it belongs to; nodes that
+    hold nothing a summary uses (``Load``, ``Add``) are passed over."""
+    pending: deque[tuple[ast.AST, int]] = deque((statement, top) for top, statement in enumerate(tree.body))
+    popleft, append = pending.popleft, pending.append
+    ast_node = ast.AST
+    while pending:
+        node, top = popleft()
+        yield node, top
+        kind = type(node)
+        fields = _FOLLOWED.get(kind)
+        if fields is None:
+            fields = _FOLLOWED[kind] = tuple(name for name in kind._fields if name not in _LEAF_FIELDS)
+        for name in fields:
+            value = getattr(node, name, None)
+            if type(value) is list:
+                for item in value:
+                    if isinstance(item, ast_node):
+                        append((item, top))
+            elif isinstance(value, ast_node):
+                append((value, top))
+
+
+def _summarize_functions(
+    tree: ast.Module, summary: ModuleSummary, called: list[set[str]], called_on: list[set[str]]
+) -> None:
     """Which top-level functions call amp (on this module's amp names), and whom they call."""
     names = summary.amp_names | {"amp"}
-
-    def calls_in(node: ast.AST) -> tuple[bool, frozenset[str]]:
-        """(an amp function is called, the plain names called), in one walk."""
-        uses_amp = False
-        called: set[str] = set()
-        for sub in ast.walk(node):
-            if not isinstance(sub, ast.Call):
-                continue
-            func = sub.func
-            if isinstance(func, ast.Name):
-                called.add(func.id)
-            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in names:
-                uses_amp = True
-        return uses_amp, frozenset(called)
-
-    for statement in tree.body:
+    for top, statement in enumerate(tree.body):
+        uses_amp = not names.isdisjoint(called_on[top])
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            summary.functions[statement.name] = FunctionSummary(*calls_in(statement))
+            summary.functions[statement.name] = FunctionSummary(uses_amp, frozenset(called[top]))
         elif not isinstance(statement, (ast.Import, ast.ImportFrom)):
-            uses_amp, called = calls_in(statement)
             summary.amp_outside_functions = summary.amp_outside_functions or uses_amp
-            summary.calls_outside_functions |= called
+            summary.calls_outside_functions |= called[top]
+
+
+def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
+    """``summary`` as JSON data for the cache (its path and ``given`` are the caller's)."""
+    return {
+        "imports": [[edge.module, list(edge.names), edge.line, list(edge.aliases)] for edge in summary.imports],
+        "amp_names": sorted(summary.amp_names),
+        "uses_amp": summary.uses_amp,
+        "unbound_uses": [[use.name, use.api, use.line, use.column] for use in summary.unbound_uses],
+        "parameter_uses": [[use.name, use.api, use.line, use.column] for use in summary.parameter_uses],
+        "functions": [
+            [name, function.uses_amp, sorted(function.calls)] for name, function in summary.functions.items()
+        ],
+        "amp_apis": sorted(summary.amp_apis),
+        "amp_outside_functions": summary.amp_outside_functions,
+        "calls_outside_functions": sorted(summary.calls_outside_functions),
+    }
+
+
+def summary_from_json(path: str, data: dict[str, Any]) -> ModuleSummary:
+    """The summary ``summary_to_json`` stored, for the module at ``path``; raises on damaged data."""
+    return ModuleSummary(
+        path,
+        imports=[
+            ImportEdge(str(module), tuple(map(str, names)), int(line), tuple(map(str, aliases)))
+            for module, names, line, aliases in data["imports"]
+        ],
+        amp_names=set(map(str, data["amp_names"])),
+        uses_amp=bool(data["uses_amp"]),
+        unbound_uses=[AmpUse(str(n), str(a), int(line), int(col)) for n, a, line, col in data["unbound_uses"]],
+        parameter_uses=[AmpUse(str(n), str(a), int(line), int(col)) for n, a, line, col in data["parameter_uses"]],
+        functions={
+            str(name): FunctionSummary(bool(uses_amp), frozenset(map(str, calls)))
+            for name, uses_amp, calls in data["functions"]
+        },
+        amp_apis=set(map(str, data["amp_apis"])),
+        amp_outside_functions=bool(data["amp_outside_functions"]),
+        calls_outside_functions=frozenset(map(str, data["calls_outside_functions"])),
+    )
 
 
 def _at_module_level(tree: ast.Module, node: ast.stmt) -> bool:
@@ -385,13 +447,16 @@ class ProjectPlan:
 
     def __init__(
         self,
-        sources: Mapping[str, str],
+        summaries: Iterable[ModuleSummary],
         displays: Mapping[str, str] | None = None,
-        load: Callable[[str], str | None] | None = None,
+        context: Callable[[str], ModuleSummary | None] | None = None,
     ) -> None:
-        self.index = build_index(sources)
-        if load is not None:
-            self._add_context(load)
+        """Plan the project of the given modules' ``summaries``; ``context(path)``, when given,
+        summarizes a module that was not given (or returns None: no such file, or it does not
+        parse), so that imports can be followed into it."""
+        self.index = ProjectIndex(summaries)
+        if context is not None:
+            self._add_context(context)
         self.groups = amp_groups(self.index)
         self.facts = module_facts(self.index)
         self._display = dict(displays or {})
@@ -401,29 +466,28 @@ class ProjectPlan:
     def display(self, path: str) -> str:
         return self._display.get(path, os.path.relpath(path))
 
-    def _add_context(self, load: Callable[[str], str | None]) -> None:
-        """Read the project modules the given ones import, so imports can be followed."""
+    def _add_context(self, context: Callable[[str], ModuleSummary | None]) -> None:
+        """Summarize the project modules the given ones import, so imports can be followed."""
         frontier = list(self.index.modules)
         for _depth in range(self.CONTEXT_DEPTH):
-            found: list[ModuleSummary] = []
+            found: dict[str, ModuleSummary] = {}
             for path in frontier:
                 for edge in self.index.modules[path].imports:
                     if edge.module.split(".")[0] in ("apex", "torch") or self.index.resolve(path, edge.module):
                         continue
                     names = [edge.module, *(f"{edge.module}.{name}" for name in edge.names if name != "*")]
                     for candidate in (file for name in names for file in _module_files(path, name)):
-                        if candidate in self.index.modules or any(s.path == candidate for s in found):
+                        if candidate in self.index.modules or candidate in found:
                             continue
-                        source = load(candidate)
-                        summary = summarize(candidate, source) if source is not None else None
+                        summary = context(candidate)
                         if summary is not None:
                             summary.given = False
-                            found.append(summary)
+                            found[candidate] = summary
                             break
             if not found or len(self.index.modules) + len(found) > self.CONTEXT_FILES:
                 break
-            self.index = ProjectIndex([*self.index.modules.values(), *found])
-            frontier = [summary.path for summary in found]
+            self.index = ProjectIndex([*self.index.modules.values(), *found.values()])
+            frontier = list(found)
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""
@@ -507,7 +571,7 @@ class ProjectPlan:
         for path, result in outcome.items():
             if not (result.scaler_unused and result.amp_migrated):
                 continue
-            related = [orphan for orphan in orphans if _project_root(orphan) == _project_root(path)]
+            related = [orphan for orphan in orphans if project_root(orphan) == project_root(path)]
             if related:
                 reason = (
                     f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "
@@ -605,24 +669,30 @@ class ProjectPlan:
 _ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", "requirements.txt", ".git")
 
 
-@functools.lru_cache(maxsize=4096)
-def _project_root(path: str) -> str:
+def project_root(path: str) -> str:
     """The nearest folder above ``path`` that looks like a project's root (setup.py, .git, ...)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    while True:
-        if any(os.path.exists(os.path.join(folder, marker)) for marker in _ROOT_MARKERS):
-            return folder
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            return folder
-        folder = parent
+    return _root_of(os.path.dirname(os.path.abspath(path)))
 
 
-def _module_files(importer: str, module: str) -> list[str]:
+@functools.lru_cache(maxsize=4096)
+def _root_of(folder: str) -> str:
+    # by folder, so that the files of one folder (and the folders of one tree) share the walk up
+    if any(os.path.exists(os.path.join(folder, marker)) for marker in _ROOT_MARKERS):
+        return folder
+    parent = os.path.dirname(folder)
+    return folder if parent == folder else _root_of(parent)
+
+
+def _module_files(importer: str, module: str) -> tuple[str, ...]:
     """Where ``import module`` could find a project file: from the importer's folder (a
     script's own folder is on ``sys.path``) or from one of the folders above it (a package
     root); for relative imports ``module`` is already the absolute path of folders."""
-    folder = os.path.dirname(os.path.abspath(importer))
+    return _module_files_from(os.path.dirname(os.path.abspath(importer)), module)
+
+
+@functools.lru_cache(maxsize=16384)
+def _module_files_from(folder: str, module: str) -> tuple[str, ...]:
+    # the modules of one folder import the same names: computed once per folder and name
     parts = module.split(".")
     found = []
     for _level in range(3):
@@ -632,4 +702,4 @@ def _module_files(importer: str, module: str) -> list[str]:
     if os.path.isabs(os.sep + os.path.join(*parts)):  # relative import, resolved to folders
         base = os.sep + os.path.join(*parts)
         found += [base + ".py", os.path.join(base, "__init__.py")]
-    return found
+    return tuple(found)

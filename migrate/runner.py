@@ -3,7 +3,9 @@
 The main process walks the tree, reads each file and drops those the byte pre-filter
 clears (with a result cache, a stat index answers such a file without reading it
 again). The files that pass are migrated as one project (``migrate.project``): once
-the walk is over, their text is indexed with ``ast``, each file gets its facts, and
+the walk is over, their text is indexed with ``ast`` (each module's summary comes from
+the summary store when its bytes, or for a module only imported, its stat, are as
+recorded), each file gets its facts, and
 each is answered from the result cache (keyed on its bytes and its full options,
 facts included) or sent to a worker process that parses it (see ``migrate.workers``).
 The groups that came out half migrated are settled by migrating some files again;
@@ -18,6 +20,7 @@ same code (``_finish``), so they print the same.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -30,8 +33,9 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from migrate import cache as cache_module
 from migrate.atomic import StaleFileError, leftover_state, write_atomic
-from migrate.cache import CLEAN, Cache, Entry, StatIndex
+from migrate.cache import CLEAN, NO_SUMMARY, Cache, Entry, StatIndex, SummaryStore
 from migrate.config import Config
 from migrate.discovery import Candidate, DiscoveryError, Leftover, Notice, iter_discover
 from migrate.options import ModuleFacts, Options, ScalerInfo
@@ -39,6 +43,7 @@ from migrate.prefilter import may_need_migration
 
 if TYPE_CHECKING:
     from migrate.findings import Finding
+    from migrate.project import ModuleSummary, ProjectPlan
     from migrate.workers import Pool
 
 # Modules only some runs need (worker pools, diffs, notebooks, the engine) are imported
@@ -123,11 +128,14 @@ class Settings:
 
 @dataclass(frozen=True)
 class _Task:
-    """A file that passed the pre-filter: its bytes as read, and its stat for the write."""
+    """A file that passed the pre-filter: its bytes as read, and its stat for the write
+    (``file_stat``) or as looked at before reading (``seen``, at time ``looked_at``)."""
 
     candidate: Candidate
     data: bytes
     file_stat: os.stat_result | None
+    seen: os.stat_result | None = None
+    looked_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,7 @@ def execute(
     """
     cache = Cache(config.cache_dir, config.options) if config.cache_dir is not None else None
     index = cache.index(config.project_root) if cache is not None else None
+    summaries = cache.summaries(config.project_root) if cache is not None else None
     settings = Settings(
         config.options,
         config.write,
@@ -200,7 +209,7 @@ def execute(
                 outcome.interrupted = True
                 interrupt.requested = False  # the files in hand are finished; a new Ctrl-C stops them
             if tasks:
-                project = _Project(tasks, settings, cache, pool, interrupt)
+                project = _Project(tasks, settings, cache, summaries, pool, interrupt)
                 results = project.migrate(progress)
                 if interrupt.requested:
                     # Nothing of the project is written (a group could be left half migrated):
@@ -219,6 +228,8 @@ def execute(
             pool.close()
             if index is not None:
                 index.save()
+            if summaries is not None:
+                summaries.save()
     outcome.results.sort(key=lambda result: result.path)
     outcome.notices.sort()
     return outcome
@@ -231,30 +242,53 @@ class _Project:
     A first pass migrates every file with what the project index knows (``ModuleFacts``);
     the modules of a group that came out half migrated are then migrated again with new
     facts (at most three more passes), and only then are changed files written.
+
+    With a cache, the run remembers its plan's outcome: which result entry each file
+    ended with, under a key of every input the plan had (each given file's path and bytes,
+    the options, the project roots above them), beside the stat of every other module the
+    plan looked for (found or not). A later run with the same inputs, where none of those
+    modules changed, appeared or went away, takes each file's entry as it is: no summaries,
+    no plan, no settling.
     """
 
     def __init__(
-        self, tasks: list[_Task], settings: Settings, cache: Cache | None, pool: _LazyPool, interrupt: _Interrupt
+        self,
+        tasks: list[_Task],
+        settings: Settings,
+        cache: Cache | None,
+        store: SummaryStore | None,
+        pool: _LazyPool,
+        interrupt: _Interrupt,
     ) -> None:
-        from migrate.project import ProjectPlan
-
         self.settings = settings
         self.cache = cache
+        self.store = store
         self.pool = pool
         self.interrupt = interrupt
         self.by_path = {str(task.candidate.path): task for task in tasks}
-        sources = {
-            path: text
-            for path, task in self.by_path.items()
-            if not task.candidate.is_notebook and (text := _decoded(task.data)) is not None
-        }
-        displays = {path: self.by_path[path].candidate.display for path in sources}
-        self.plan = ProjectPlan(sources, displays, _source_on_disk)
+        self.summaries = _Summaries(store)
         self.results: dict[str, FileResult] = {}
+        self.keys: dict[str, str] = {}  # the cache key of the entry each file's result came from
+
+    def _plan(self) -> ProjectPlan:
+        from migrate.project import ProjectPlan
+
+        given = [
+            summary
+            for path, task in self.by_path.items()
+            if not task.candidate.is_notebook
+            and (summary := self.summaries.of_bytes(path, task.data, task.seen, task.looked_at)) is not None
+        ]
+        displays = {summary.path: self.by_path[summary.path].candidate.display for summary in given}
+        return ProjectPlan(given, displays, self.summaries.of_file)
 
     def migrate(self, progress: Callable[[int], Iterator[None]] | None) -> list[FileResult]:
         from migrate.project import Outcome as AmpOutcome
 
+        record = self._record_key()
+        if record is not None and self._replay(record):
+            return list(self.results.values())
+        self.plan = self._plan()
         self._pass(list(self.by_path), progress)
         # a group settles in at most three passes: as found, with its scaler shared, frozen
         for _ in range(3):
@@ -269,7 +303,45 @@ class _Project:
             if not again:
                 break
             self._pass(sorted(again), None)
+        if record is not None and self.store is not None and not self.interrupt.requested:
+            if not self.summaries.racy and len(self.keys) == len(self.by_path):
+                self.store.record_plan(record, self.summaries.probes, self.keys)
         return list(self.results.values())
+
+    def _record_key(self) -> str | None:
+        """The key of all the plan depends on, but for the modules it looks for; None without a cache."""
+        if self.cache is None or self.store is None:
+            return None
+        from migrate.project import project_root
+
+        # the working folder too: findings name modules that were not given relative to it
+        digest = hashlib.sha256(self.cache.salt + os.fsencode(os.getcwd()))
+        for path in sorted(self.by_path):
+            task = self.by_path[path]
+            kind = "ipynb" if task.candidate.is_notebook else "py"
+            text = f"\0{path}\0{task.candidate.display}\0{kind}\0{project_root(path)}\0"
+            digest.update(text.encode("utf-8", "surrogateescape"))
+            digest.update(self.store.digest(task.data).encode())
+        return digest.hexdigest()
+
+    def _replay(self, record: str) -> bool:
+        """Take the results of the plan recorded under ``record``, if it still holds."""
+        assert self.store is not None and self.cache is not None
+        recorded = self.store.plan(record)
+        if recorded is None:
+            return False
+        probes, keys = recorded
+        if set(keys) != set(self.by_path) or any(_signature(path) != signature for path, signature in probes):
+            return False
+        results = {}
+        for path, key in keys.items():
+            task = self.by_path[path]
+            entry = _usable(self.cache.get(key), self.settings)
+            if entry is None:
+                return False
+            results[task.candidate.display] = _finish(entry, task.candidate, self.settings)
+        self.results = results
+        return True
 
     def _options(self, path: str) -> Options:
         found: ModuleFacts | None = self.plan.facts.get(path)
@@ -282,9 +354,8 @@ class _Project:
             task = self.by_path[path]
             options = self._options(path)
             if self.cache is not None:
-                entry = _usable(
-                    self.cache.get(self.cache.key(task.data, task.candidate.is_notebook, options)), self.settings
-                )
+                key = self.keys[path] = self.cache.key(task.data, task.candidate.is_notebook, options)
+                entry = _usable(self.cache.get(key), self.settings)
                 if entry is not None:
                     self.results[task.candidate.display] = _finish(entry, task.candidate, self.settings)
                     continue
@@ -409,7 +480,7 @@ def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) ->
         if index is not None and info is not None:
             index.record(candidate.path, info, CLEAN, looked_at)
         return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
-    return _Task(candidate, data, file_stat)
+    return _Task(candidate, data, file_stat, info, looked_at)
 
 
 def _usable(entry: Entry | None, settings: Settings) -> Entry | None:
@@ -429,15 +500,92 @@ def _decoded(data: bytes) -> str | None:
         return None
 
 
-def _source_on_disk(path: str) -> str | None:
-    """The text of a project module that was not given (read only to follow imports)."""
-    try:
-        if not os.path.isfile(path):
+class _Summaries:
+    """Project summaries of modules (``migrate.project.summarize``), from the summary store
+    when the module's bytes (or, for a module read only as context, its stat) are as
+    recorded; else from its text, then stored."""
+
+    def __init__(self, store: SummaryStore | None) -> None:
+        self.store = store
+        # Several modules import the same one, and look for it where it is not: once a path.
+        self.files: dict[str, ModuleSummary | None] = {}
+        # the stat signature (None: no such file) of every module looked for, and whether one
+        # of them changed too recently for its stat to tell a later change
+        self.probes: dict[str, list[int] | None] = {}
+        self.racy = False
+
+    def of_bytes(
+        self, path: str, data: bytes, info: os.stat_result | None = None, looked_at: float = 0.0
+    ) -> ModuleSummary | None:
+        from migrate.project import summarize, summary_to_json
+
+        digest = ""
+        if self.store is not None:
+            digest = self.store.digest(data)
+            stored = self.store.by_digest(path, digest)
+            if stored is not None:
+                loaded = self._load(path, stored)
+                if loaded is not _MISS:
+                    return loaded  # type: ignore[return-value]
+        text = _decoded(data)
+        summary = summarize(path, text) if text is not None else None
+        if self.store is not None:
+            document = summary_to_json(summary) if summary is not None else NO_SUMMARY
+            self.store.record(path, info, digest, document, looked_at)
+        return summary
+
+    def of_file(self, path: str) -> ModuleSummary | None:
+        """The summary of a module that was not given; None if it is no file or does not parse."""
+        if path not in self.files:
+            self.files[path] = self._of_file(path)
+        return self.files[path]
+
+    def _of_file(self, path: str) -> ModuleSummary | None:
+        looked_at = time.time()
+        try:
+            info = os.stat(path)
+        except OSError:
+            info = None
+        if info is None or not stat.S_ISREG(info.st_mode):
+            self.probes[path] = None
             return None
-        with open(path, "rb") as stream:
-            return _decoded(stream.read())
+        self.probes[path] = StatIndex.signature(info)
+        self.racy = self.racy or looked_at - max(info.st_mtime, info.st_ctime) < cache_module._RACY_S
+        if self.store is not None:
+            stored = self.store.by_stat(path, info)
+            if stored is not None:
+                loaded = self._load(path, stored)
+                if loaded is not _MISS:
+                    return loaded  # type: ignore[return-value]
+        try:
+            with open(path, "rb") as stream:
+                data = stream.read()
+        except OSError:
+            return None
+        return self.of_bytes(path, data, info, looked_at)
+
+    @staticmethod
+    def _load(path: str, stored: object) -> ModuleSummary | None | object:
+        from migrate.project import summary_from_json
+
+        if stored == NO_SUMMARY:
+            return None
+        try:
+            return summary_from_json(path, stored)  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError):
+            return _MISS  # damaged: summarized again and stored anew
+
+
+_MISS = object()
+
+
+def _signature(path: str) -> list[int] | None:
+    """The stat signature of the regular file ``path``; None if there is none."""
+    try:
+        info = os.stat(path)
     except OSError:
         return None
+    return StatIndex.signature(info) if stat.S_ISREG(info.st_mode) else None
 
 
 def _write(results: list[FileResult], tasks: list[_Task], write: bool) -> list[FileResult]:

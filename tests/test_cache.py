@@ -127,7 +127,11 @@ def test_other_options_are_other_entries(tmp_path: Path, monkeypatch: pytest.Mon
 def test_a_damaged_entry_is_a_miss_and_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make(tmp_path, {"train.py": AUTOCAST})
     cold = cli(tmp_path, monkeypatch, ".")
-    [entry] = [path for path in Path(os.environ[ENV_VAR]).rglob("*") if path.is_file() and path.parent.name != "index"]
+    [entry] = [
+        path
+        for path in Path(os.environ[ENV_VAR]).rglob("*")
+        if path.is_file() and path.parent.name not in ("index", "summaries")
+    ]
     entry.write_text('{"status": "chan')
     again = cli(tmp_path, monkeypatch, ".")
     assert again.stdout == cold.stdout
@@ -305,3 +309,120 @@ def test_the_key_covers_every_option_facts_included(tmp_path: Path) -> None:
         for seed in ("1", "2", "3")
     }
     assert texts == {options_key(options)}
+
+
+TRAINER = (ROOT / "fixtures" / "project" / "initialize_in_main_loop_in_trainer" / "in").resolve()
+
+
+def _project(root: Path, **extra: str) -> None:
+    make(root, {name: (TRAINER / name).read_text() for name in ("main.py", "trainer.py")})
+    make(root, extra)
+
+
+def _check_main(root: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str]:
+    result = cli(root, monkeypatch, "--diff", *args, ".")
+    return result.exit_code, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # trainer.py (Apex) gets a module-level call of train: the scaler cannot be passed to it,
+        # so main.py's setup stays as it was
+        ("trainer.py", lambda text: text + "\ntrain(None, None, [], 0)\n"),
+        # the loop reached through a module without Apex (read only as context) moves away
+        ("engine.py", lambda text: "def train(*args, **kwargs):\n    pass\n"),
+    ],
+    ids=["apex-module", "context-module"],
+)
+def test_an_edit_that_changes_the_plan_changes_the_other_modules_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: tuple[str, object]
+) -> None:
+    # Each file's entry is keyed on its bytes and its facts, and the facts come from the
+    # project summaries: an edit of one module must reach the results of the others, also
+    # when the module edited is only read as context (its summary stored, found by its stat).
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)  # files written just now may be indexed
+    _project(tmp_path, **{"engine.py": '"""Re-exports the loop."""\nfrom trainer import train\n'})
+    (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace("from trainer", "from engine"))
+    before = _check_main(tmp_path, monkeypatch)
+    assert "train(model, optimizer, loader, epoch, scaler=scaler)" in before[1]
+    assert _check_main(tmp_path, monkeypatch) == before  # warm
+    name, change = edit
+    path = tmp_path / name
+    path.write_text(change(path.read_text()))  # type: ignore[operator]
+    after = _check_main(tmp_path, monkeypatch)
+    assert after == _check_main(tmp_path, monkeypatch, "--no-cache")
+    assert "scaler=scaler" not in after[1]
+    assert after != before
+
+
+def test_a_warm_project_run_summarizes_no_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from migrate import project
+
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    _project(tmp_path, **{"engine.py": "from trainer import train\n"})
+    (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace("from trainer", "from engine"))
+    cold = _check_main(tmp_path, monkeypatch)
+    summarized: list[str] = []
+    real = project.summarize
+    monkeypatch.setattr(project, "summarize", lambda path, text: summarized.append(path) or real(path, text))
+    assert _check_main(tmp_path, monkeypatch) == cold
+    assert summarized == []
+    # without the recorded plan, the project is planned again from the stored summaries
+    [plans] = Path(os.environ[ENV_VAR]).rglob("summaries/*.plans")
+    plans.unlink()
+    assert _check_main(tmp_path, monkeypatch) == cold
+    assert summarized == [] and plans.exists()
+    # a damaged summary store (and plan record) is a miss: everything is summarized again, same output
+    stores = sorted(Path(os.environ[ENV_VAR]).rglob("summaries/*"))
+    assert [store.suffix for store in stores] == ["", ".plans"]
+    for store in stores:
+        store.write_text('{"x": [1, ')
+    assert _check_main(tmp_path, monkeypatch) == cold
+    assert sorted(Path(path).name for path in summarized) == ["engine.py", "main.py", "trainer.py"]
+
+
+def test_summaries_round_trip_through_json(tmp_path: Path) -> None:
+    from migrate.project import summarize, summary_from_json, summary_to_json
+
+    for name in ("main.py", "trainer.py"):
+        path = str(TRAINER / name)
+        summary = summarize(path, (TRAINER / name).read_text())
+        assert summary is not None
+        assert summary_from_json(path, json.loads(json.dumps(summary_to_json(summary)))) == summary
+
+
+def test_a_module_that_appears_where_the_plan_looked_changes_the_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The recorded plan holds for modules that were looked for and not found, too.
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    _project(tmp_path)
+    (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace("from trainer", "from engine"))
+    before = _check_main(tmp_path, monkeypatch)
+    assert "scaler=scaler" not in before[1]
+    assert _check_main(tmp_path, monkeypatch) == before
+    (tmp_path / "engine.py").write_text("from trainer import train\n")
+    after = _check_main(tmp_path, monkeypatch)
+    assert "train(model, optimizer, loader, epoch, scaler=scaler)" in after[1]
+    assert after == _check_main(tmp_path, monkeypatch, "--no-cache")
+
+
+def test_a_warm_project_run_plans_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from migrate import project
+
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    _project(tmp_path, **{"engine.py": "from trainer import train\n"})
+    (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace("from trainer", "from engine"))
+    cold = _check_main(tmp_path, monkeypatch)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a warm run planned the project")
+
+    monkeypatch.setattr(project.ProjectPlan, "__init__", refuse)
+    no_parsing(monkeypatch)
+    assert _check_main(tmp_path, monkeypatch) == cold
+    # from another working folder, findings may name modules otherwise: planned again
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(AssertionError, match="planned the project"):
+        cli(tmp_path / "sub", monkeypatch, "--check", "..")
