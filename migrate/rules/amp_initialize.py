@@ -576,7 +576,7 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
                 comparisons=[cst.ComparisonTarget(cst.NotEqual(), syntax.string("O0"))],
             )
         )
-    if outermost is not statement:
+    if outermost is not statement and not found.inference_only:  # inference: no scaler is created
         late = {n.value for part in enabled_parts for n in _names_in(part)} & _bound_inside(outermost)
         if late:
             ctx.report(
