@@ -166,7 +166,7 @@ CODES: dict[str, Code] = {
         "Gradients are clipped after every micro-batch while the optimizer steps only on some "
         "(gradient accumulation): the clip now acts on the still-scaled gradients with its "
         "threshold times `scaler.get_scale()` (and the norm it returns divided by it), which "
-        "clips exactly as Apex did on the unscaled ones.",
+        "clips as Apex did on the unscaled ones (up to clip_grad_norm_'s eps of 1e-6, now compared with the scaled norm).",
         "Nothing. If you prefer to clip once per step, move the clip under the step's condition "
         "after `scaler.unscale_(optimizer)` (that changes training: Apex clipped every micro-batch).",
         True,
