@@ -11,14 +11,12 @@ mixed precision (O1) within the gap between Apex's O1 casting lists and autocast
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from shim_runs import POISON, REPO, run_shim, shim_env, shim_metrics, write_migration
 
 from migrate import verify
 from migrate.engine import migrate_source
@@ -27,10 +25,7 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "fixtures" / "e2e" / "ddp_gloo.in.py"
-RUN_TIMEOUT_S = 180
-POISON = "apex is not installed here (ampmigrate test)"
 
 # O0 runs do the same float32 arithmetic; measured differences were below 2e-6 (loss) and
 # 3e-7 (weight norm): fused AdamW against the shim's FusedAdam rounds differently.
@@ -46,62 +41,33 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _poison(folder: Path) -> None:
-    """An ``apex`` package and an ``amp_C`` module that fail on import."""
-    (folder / "apex").mkdir()
-    (folder / "apex" / "__init__.py").write_text(f"raise ImportError({POISON!r})\n", encoding="utf-8")
-    (folder / "amp_C.py").write_text(f"raise ImportError({POISON!r})\n", encoding="utf-8")
-
-
-def _run(script: Path, args: list[str], out: Path, *, original: bool) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
-        WORLD_SIZE="1",
-        RANK="0",
-        LOCAL_RANK="0",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
-    mode = [] if original else ["--native"]
-    return subprocess.run(
-        [sys.executable, "-m", "migrate.shim", *mode, str(script), *args, "--out", str(out)],
-        cwd=out.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
+def _env() -> dict[str, str]:
+    """A one-process gloo group on a free port."""
+    return shim_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("apex_ddp")
-    migrated = folder / "migrated"
-    migrated.mkdir()
-    (migrated / "train.py").write_text(migrate_source(SCRIPT.read_text(encoding="utf-8")).source, encoding="utf-8")
-    _poison(migrated)
+    write_migration(SCRIPT, folder, None, "amp_C")
     return folder
 
 
 def _metrics(workdir: Path, args: list[str], *, original: bool) -> dict[str, Any]:
     name = ("original" if original else "migrated") + "-" + "-".join(args).replace("--", "")
     out = workdir / f"{name}.json"
-    if not out.exists():
-        script = SCRIPT if original else workdir / "migrated" / "train.py"
-        done = _run(script, args, out, original=original)
-        assert done.returncode == 0, f"{name} failed:\n{done.stderr[-4000:]}"
-    metrics: dict[str, Any] = json.loads(out.read_text())
-    return metrics
+    if out.exists():
+        metrics: dict[str, Any] = json.loads(out.read_text())
+        return metrics
+    script = SCRIPT if original else workdir / "migrated" / "train.py"
+    return shim_metrics(script, args, out, original=original, env=_env())
 
 
 def test_the_poisoned_apex_is_what_a_native_run_finds(workdir: Path) -> None:
     """The check below means something: unmigrated, the script fails on the poisoned apex."""
     copy = workdir / "migrated" / "unmigrated.py"
     copy.write_text(SCRIPT.read_text(encoding="utf-8"), encoding="utf-8")
-    done = _run(copy, ["--steps", "1"], workdir / "unmigrated.json", original=False)
+    done = run_shim(copy, ["--steps", "1"], workdir / "unmigrated.json", original=False, env=_env())
     assert done.returncode != 0
     assert POISON in done.stderr
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from shim_runs import REPO, shim_env
 
 from migrate.engine import migrate_source
 from migrate.options import Options
@@ -28,7 +28,6 @@ pytest.importorskip("torch", reason="the e2e script trains with torch")
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "fixtures" / "e2e" / "cast_functions.in.py"
 BATCH_RUN = Path(__file__).resolve().parent / "batch_run.py"
 RUN_TIMEOUT_S = 120
@@ -70,11 +69,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict
         for index, (_, _, argv) in enumerate(plan)
     ]
     (workdir / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
+    env = shim_env()
     command = [sys.executable, str(BATCH_RUN), str(workdir / "jobs.json"), str(workdir / "results.json"), "2"]
     started = subprocess.run(
         [*command, str(RUN_TIMEOUT_S)], check=False, cwd=workdir, env=env, capture_output=True, text=True

@@ -15,13 +15,11 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from shim_runs import REPO, RUN_TIMEOUT_S, shim_command, shim_env, write_migration
 
 from migrate.engine import migrate_source
 
@@ -29,10 +27,7 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "fixtures" / "e2e" / "fp16_optimizer_loop.in.py"
-RUN_TIMEOUT_S = 180
-POISON = "apex is not installed here (ampmigrate test)"
 STEPS = 40
 RUNS = {"dynamic": ("--fp16",), "static": ("--fp16", "--loss_scale", "128"), "fp32": ()}
 # float32 runs do the same arithmetic: only the order of reductions may differ
@@ -52,26 +47,16 @@ MIXED_NORM_REL_TOL = 5e-2
 def metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], dict[str, Any]]:
     """Every run, two at a time: (run name, original?) -> the metrics it wrote."""
     folder = tmp_path_factory.mktemp("fp16_optimizer")
-    migrated = folder / "migrated"
-    migrated.mkdir()
-    (migrated / "train.py").write_text(migrate_source(SCRIPT.read_text(encoding="utf-8")).source, encoding="utf-8")
-    (migrated / "apex").mkdir()
-    (migrated / "apex" / "__init__.py").write_text(f"raise ImportError({POISON!r})\n", encoding="utf-8")
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
+    migrated = write_migration(SCRIPT, folder)
+    env = shim_env()
     jobs = [(name, original) for name in RUNS for original in (True, False)]
     results: dict[tuple[str, bool], dict[str, Any]] = {}
     for start in range(0, len(jobs), 2):
         running = []
         for name, original in jobs[start : start + 2]:
             out = folder / f"{name}-{'original' if original else 'migrated'}.json"
-            script = SCRIPT if original else migrated / "train.py"
-            mode = [] if original else ["--native"]
-            command = [sys.executable, "-m", "migrate.shim", *mode, str(script), *RUNS[name]]
-            command += ["--steps", str(STEPS), "--out", str(out)]
+            script = SCRIPT if original else migrated
+            command = shim_command(script, [*RUNS[name], "--steps", str(STEPS)], out, original=original)
             process = subprocess.Popen(
                 command, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
             )

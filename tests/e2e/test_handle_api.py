@@ -12,25 +12,19 @@ migration, overflows planted included (the wrapper's per-loss scalers against on
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from shim_runs import POISON, REPO, run_shim, shim_metrics, write_migration
 
 from migrate import verify
-from migrate.engine import migrate_source
 
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "fixtures" / "e2e" / "handle_api.in.py"
-RUN_TIMEOUT_S = 180
-POISON = "apex is not installed here (ampmigrate test)"
 # float32: the same arithmetic in both runs; only the order of a few reductions may differ.
 FP32_REL_TOL = 1e-4
 # float16: Apex's O1 lists (the shim) against autocast's CPU lists, and per-loss scales against
@@ -39,44 +33,21 @@ MIXED_LOSS_REL_TOL = 2e-2
 MIXED_NORM_REL_TOL = 2e-3
 
 
-def _run(script: Path, args: list[str], out: Path, *, original: bool) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
-    mode = [] if original else ["--native"]
-    return subprocess.run(
-        [sys.executable, "-m", "migrate.shim", *mode, str(script), *args, "--out", str(out)],
-        cwd=out.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("handle_api")
-    migrated = folder / "migrated"
-    migrated.mkdir()
-    (migrated / "train.py").write_text(migrate_source(SCRIPT.read_text(encoding="utf-8")).source, encoding="utf-8")
-    (migrated / "apex").mkdir()
-    (migrated / "apex" / "__init__.py").write_text(f"raise ImportError({POISON!r})\n", encoding="utf-8")
+    write_migration(SCRIPT, folder)
     return folder
 
 
 def _metrics(workdir: Path, args: list[str], *, original: bool) -> dict[str, Any]:
     name = ("original" if original else "migrated") + "-" + ("-".join(args).replace("--", "") or "fp32")
     out = workdir / f"{name}.json"
-    if not out.exists():
-        script = SCRIPT if original else workdir / "migrated" / "train.py"
-        done = _run(script, args, out, original=original)
-        assert done.returncode == 0, f"{name} failed:\n{done.stderr[-4000:]}"
-    metrics: dict[str, Any] = json.loads(out.read_text())
-    return metrics
+    if out.exists():
+        metrics: dict[str, Any] = json.loads(out.read_text())
+        return metrics
+    script = SCRIPT if original else workdir / "migrated" / "train.py"
+    return shim_metrics(script, args, out, original=original)
 
 
 def test_the_migration_no_longer_needs_apex(workdir: Path) -> None:
@@ -85,7 +56,7 @@ def test_the_migration_no_longer_needs_apex(workdir: Path) -> None:
     assert "apex" not in source and "amp_handle" not in source and "wrap_optimizer" not in source
     copy = workdir / "migrated" / "unmigrated.py"
     copy.write_text(SCRIPT.read_text(encoding="utf-8"), encoding="utf-8")
-    done = _run(copy, ["--steps", "1"], workdir / "unmigrated.json", original=False)
+    done = run_shim(copy, ["--steps", "1"], workdir / "unmigrated.json", original=False)
     assert done.returncode != 0 and POISON in done.stderr
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shim_runs import poison
 
 from migrate.config import Config
 from migrate.runner import Status, run
@@ -60,8 +61,7 @@ def _run(tree: Path, args: list[str], *, native: bool, blocked_apex: Path | None
 def blocked_apex(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder whose ``apex`` package raises on import: the migration must not need it."""
     folder = tmp_path_factory.mktemp("no-apex")
-    (folder / "apex").mkdir()
-    (folder / "apex" / "__init__.py").write_text("raise ImportError('apex is not installed here')\n")
+    poison(folder)
     return folder
 
 

@@ -1,0 +1,95 @@
+"""Running an Apex original under the shim and its migration natively, for the e2e tests.
+
+The original runs unmodified under ``python -m migrate.shim`` (Apex emulated in plain torch);
+the migration runs with ``--native`` next to an ``apex`` package that raises on import, so a
+migration that still needs Apex fails loudly instead of borrowing the shim's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from migrate.engine import migrate_source
+from migrate.options import Options
+
+REPO = Path(__file__).resolve().parents[2]
+POISON = "apex is not installed here (ampmigrate test)"
+RUN_TIMEOUT_S = 180
+
+
+def poison(folder: Path, *modules: str) -> None:
+    """An ``apex`` package (and the top-level ``modules``, e.g. ``amp_C``) that fail on import."""
+    (folder / "apex").mkdir()
+    (folder / "apex" / "__init__.py").write_text(f"raise ImportError({POISON!r})\n", encoding="utf-8")
+    for module in modules:
+        (folder / f"{module}.py").write_text(f"raise ImportError({POISON!r})\n", encoding="utf-8")
+
+
+def write_migration(script: Path, folder: Path, options: Options | None = None, *poisoned: str) -> Path:
+    """The tool's migration of ``script`` as ``folder/migrated/train.py``, beside a poisoned apex."""
+    migrated = folder / "migrated"
+    migrated.mkdir()
+    target = migrated / "train.py"
+    result = migrate_source(script.read_text(encoding="utf-8"), options or Options())
+    target.write_text(result.source, encoding="utf-8")
+    poison(migrated, *poisoned)
+    return target
+
+
+def shim_env(**extra: str) -> dict[str, str]:
+    """The environment of a shim run: one thread per process, this checkout importable."""
+    return dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        **extra,
+    )
+
+
+def shim_command(script: Path, args: Sequence[str], out: Path, *, original: bool) -> list[str]:
+    mode = [] if original else ["--native"]
+    return [sys.executable, "-m", "migrate.shim", *mode, str(script), *args, "--out", str(out)]
+
+
+def run_shim(
+    script: Path,
+    args: Sequence[str],
+    out: Path,
+    *,
+    original: bool,
+    env: dict[str, str] | None = None,
+    timeout: float = RUN_TIMEOUT_S,
+) -> subprocess.CompletedProcess[str]:
+    """One run, in the folder of its metrics file."""
+    return subprocess.run(
+        shim_command(script, args, out, original=original),
+        cwd=out.parent,
+        env=env or shim_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def shim_metrics(
+    script: Path,
+    args: Sequence[str],
+    out: Path,
+    *,
+    original: bool,
+    env: dict[str, str] | None = None,
+    timeout: float = RUN_TIMEOUT_S,
+) -> dict[str, Any]:
+    """The metrics one run writes; the run must succeed."""
+    done = run_shim(script, args, out, original=original, env=env, timeout=timeout)
+    which = "original" if original else "migrated"
+    assert done.returncode == 0, f"{which} {script.name} {' '.join(args)} failed:\n{done.stderr[-4000:]}"
+    metrics: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return metrics
