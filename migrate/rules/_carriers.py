@@ -9,11 +9,12 @@ migrated like the module's own calls, through ``self.scaler``.
 That is exact only where the attribute says "amp.initialize ran" and nothing more, so a
 carrier is recognised in one shape only: one class of this module; one store
 ``self.<attr> = amp`` in the block of that class's ``amp.initialize``, after it; and every
-other use of ``<anything>.<attr>`` in the module is, in a method of that class on its own
-``self``, one of those calls, a presence check, or ``self.<attr> = None`` that runs before
-the store (earlier in the same method, or in ``__init__``). Any other shape (the attribute
-read elsewhere, passed out, set on another object, several classes) is no carrier: its
-calls stay unseen (AMP026), the store stays a value use (AMP030), and the setup is frozen.
+other use of ``<anything>.<attr>`` in the module is a presence check (of any object: the
+scaler answers it as the module did) or, in a method of that class on its own ``self``, one
+of those calls or ``self.<attr> = None`` that runs before the store (earlier in the same
+method, or in ``__init__``). Any other shape (the attribute read elsewhere, passed out, set
+on another object, several classes) is no carrier: its calls stay unseen (AMP026), the store
+stays a value use (AMP030), and the setup is frozen.
 """
 
 from __future__ import annotations
@@ -154,6 +155,8 @@ class Carriers:
             ):
                 continue
             if self._owner(attribute) is not carrier.klass:
+                if checks_presence(ctx, attribute):
+                    continue  # `if args.amp:`: another object's flag, or a check the scaler answers alike
                 return None
             parent = ctx.parent(attribute)
             if isinstance(parent, cst.AssignTarget):
