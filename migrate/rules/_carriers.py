@@ -177,8 +177,9 @@ class Carriers:
 
     def _reset_before(self, assign: cst.Assign, carrier: Carrier, store_statement: cst.CSTNode) -> bool:
         """``self.<attr> = None`` that runs before the store: earlier in its method, or in
-        ``__init__`` when the store is in another method. (Set to None after the store, the
-        attribute would say "no amp" while the scaler is on.)"""
+        ``__init__`` (before it calls anything on ``self``) when the store is in another
+        method. (Set to None after the store, the attribute would say "no amp" while the
+        scaler is on.)"""
         ctx = self.ctx
         if len(assign.targets) != 1 or not (isinstance(assign.value, cst.Name) and assign.value.value == "None"):
             return False
@@ -187,4 +188,19 @@ class Carriers:
             return ctx.position(assign) < ctx.position(store_statement) and not any(
                 isinstance(a, (cst.For, cst.While)) for a in ctx.ancestors(assign)
             )
-        return function is not None and function.name.value == "__init__" and carrier.method.name.value != "__init__"
+        if function is None or function.name.value != "__init__" or carrier.method.name.value == "__init__":
+            return False
+        # before any call on `self` or `super()` there, which could reach the store first
+        owner, here = ctx.self_name(function), ctx.position(assign)
+        return not any(
+            ctx.position(call) < here and _root_name(call.func) in (owner, "super")
+            for call in ctx.nodes_of(cst.Call)
+            if ctx.function_of(call) is function
+        )
+
+
+def _root_name(expression: cst.BaseExpression) -> str | None:
+    """``self`` for ``self.a.b``, ``super`` for ``super().f``: the name a chain starts from."""
+    while isinstance(expression, (cst.Attribute, cst.Call)):
+        expression = expression.value if isinstance(expression, cst.Attribute) else expression.func
+    return expression.value if isinstance(expression, cst.Name) else None
