@@ -70,6 +70,19 @@ def is_import_fallback(ctx: ModuleContext, name: cst.Name) -> bool:
     return False
 
 
+def checks_presence(ctx: ModuleContext, node: cst.CSTNode) -> bool:
+    """``amp is None`` / ``amp is not None`` / ``not amp`` / ``if amp:`` / ``assert amp``."""
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.Comparison) and len(parent.comparisons) == 1:
+        target = parent.comparisons[0]
+        if isinstance(target.operator, (cst.Is, cst.IsNot)) and isinstance(target.comparator, cst.Name):
+            if target.comparator.value == "None":
+                return True
+    while isinstance(parent, (cst.UnaryOperation, cst.BooleanOperation)):
+        node, parent = parent, ctx.parent(parent)
+    return isinstance(parent, (cst.If, cst.While, cst.Assert, cst.IfExp)) and getattr(parent, "test", None) is node
+
+
 def _classify_import(module_path: str, name: str) -> tuple[str, str] | None:
     """Binding kind and target for ``from module_path import name``."""
     full = f"{module_path}.{name}"

@@ -19,6 +19,7 @@ from migrate.findings import Finding, make_finding
 from migrate.options import Options
 from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, Indexer, Scope, dotted_name, target_names
+from migrate.rules._carriers import Carriers
 from migrate.rules._handles import Handles
 from migrate.rules._plan import Block, Plan, Statement
 from migrate.rules._positions import Positions
@@ -62,6 +63,11 @@ class ModuleContext:
     def amp(self) -> AmpModel:
         """The module's Apex amp model: its amp calls and the scalers the rules create."""
         return AmpModel(self)
+
+    @cached_property
+    def carriers(self) -> Carriers:
+        """The attributes of ``self`` that store the amp module (``self.amp = amp``)."""
+        return Carriers(self, self._apex_amp_api)
 
     @cached_property
     def handles(self) -> Handles:
@@ -206,10 +212,14 @@ class ModuleContext:
 
     def amp_api(self, func: cst.BaseExpression) -> tuple[str, cst.CSTNode] | None:
         """For ``amp.X`` / ``apex.amp.X`` / a name from ``apex.amp``: (X, the base Name); for
-        ``handle.scale_loss`` and the like of the old API: (X, the handle expression)."""
-        found = self._apex_amp_api(func)
-        if found is None and isinstance(func, cst.Attribute) and self.handles.any:
-            return self.handles.api(func)
+        ``handle.scale_loss`` and the like of the old API: (X, the handle expression); for
+        ``self.amp.scale_loss`` where ``self.amp`` stores the amp module: (X, ``self.amp``)."""
+        found: tuple[str, cst.CSTNode] | None = self._apex_amp_api(func)
+        if found is None and isinstance(func, cst.Attribute):
+            if self.handles.any:
+                found = self.handles.api(func)
+            if found is None and self.carriers.any:
+                found = self.carriers.api(func)
         return found
 
     def _apex_amp_api(self, func: cst.BaseExpression) -> tuple[str, cst.Name] | None:

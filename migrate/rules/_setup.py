@@ -19,7 +19,7 @@ import libcst as cst
 
 from migrate import pytree
 from migrate.project import looks_like_amp_call
-from migrate.rules._bindings import Binding, is_import_fallback
+from migrate.rules._bindings import Binding, checks_presence, is_import_fallback
 from migrate.rules._context import ModuleContext, dotted_name
 
 # the rules that migrate the amp setup (the others, e.g. FusedAdam, run even when frozen)
@@ -105,21 +105,9 @@ def leftovers(ctx: ModuleContext) -> list[cst.CSTNode]:
     left: list[cst.CSTNode] = [
         name for name in amp_references(ctx) if name not in ctx.consumed and not checks_presence(ctx, name)
     ]
+    if ctx.carriers.any:
+        left += ctx.carriers.leftovers()
     return left + ctx.handles.leftovers() if ctx.handles.any else left
-
-
-def checks_presence(ctx: ModuleContext, name: cst.Name) -> bool:
-    """``amp is None`` / ``amp is not None`` / ``not amp`` / ``if amp:`` / ``assert amp``."""
-    node: cst.CSTNode = name
-    parent = ctx.parent(node)
-    if isinstance(parent, cst.Comparison) and len(parent.comparisons) == 1:
-        target = parent.comparisons[0]
-        if isinstance(target.operator, (cst.Is, cst.IsNot)) and isinstance(target.comparator, cst.Name):
-            if target.comparator.value == "None":
-                return True
-    while isinstance(parent, (cst.UnaryOperation, cst.BooleanOperation)):
-        node, parent = parent, ctx.parent(parent)
-    return isinstance(parent, (cst.If, cst.While, cst.Assert, cst.IfExp)) and getattr(parent, "test", None) is node
 
 
 def migrated_any(ctx: ModuleContext) -> bool:

@@ -884,3 +884,6 @@ def plan(ctx: ModuleContext) -> None:
     model = ctx.amp
     for use in model.of("initialize"):
         _plan_one(ctx, model, use)
+    if ctx.carriers.any:
+        # `self.amp = amp` now stores the scaler that amp.initialize became
+        ctx.carriers.plan_stores({s.initialize: s.name for s in model.scalers if s.klass and s.initialize})
