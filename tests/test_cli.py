@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -287,6 +288,8 @@ def test_codemod_imports_neither_torch_nor_libcst_for_clean_files(
     # Nor what only a file to migrate, or another output format, needs: a pre-commit run
     # on a file without Apex has a budget of 0.1 s, most of it Python's and click's start.
     (tmp_path / "clean.py").write_text("import numpy as np\n\nx = np.ones(2)\n")
+    # older than the stat index's racy window, so that the run records it (and saves the index)
+    time.sleep(2.1)
     probe = (
         "import sys\n"
         "from migrate.cli import main\n"
@@ -296,7 +299,7 @@ def test_codemod_imports_neither_torch_nor_libcst_for_clean_files(
         "    assert exit.code == 0, exit.code\n"
         "loaded = {name.split('.')[0] for name in sys.modules} | set(sys.modules)\n"
         "unwanted = {'torch', 'libcst', 'multiprocessing', 'difflib', 'migrate.engine', 'migrate.project',\n"
-        "            'migrate.workers', 'migrate.findings', 'migrate.rules', 'migrate.notebook'}\n"
+        "            'migrate.workers', 'migrate.findings', 'migrate.rules', 'migrate.notebook', 'tempfile', 'shutil'}\n"
         "print(sorted(loaded & unwanted))\n"
     )
     output = subprocess.run(
