@@ -26,7 +26,6 @@ import os
 import re
 import stat
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -850,7 +849,7 @@ def _migrate_notebook(data: bytes, options: Options, want_diff: bool) -> Entry:
     )
 
 
-_API_USE = re.compile(r"\btorch\.(?:cuda|cpu)\.amp\.\w+|\bamp\.\w+|\bfrom apex(?:\.\w+)* import")
+_API_USE = r"\btorch\.(?:cuda|cpu)\.amp\.\w+|\bamp\.\w+|\bfrom apex(?:\.\w+)* import"
 
 
 def migrated_apis(old: str, new: str) -> tuple[str, ...]:
@@ -859,8 +858,11 @@ def migrated_apis(old: str, new: str) -> tuple[str, ...]:
     A reader's summary of what changed, for the Markdown report; findings remain the
     authority on what needs review.
     """
-    before = Counter(match.group(0) for match in _API_USE.finditer(old))
-    after = Counter(match.group(0) for match in _API_USE.finditer(new))
+    from collections import Counter
+
+    # compiled here (re caches it): a run with nothing to migrate never needs it
+    before = Counter(match.group(0) for match in re.finditer(_API_USE, old))
+    after = Counter(match.group(0) for match in re.finditer(_API_USE, new))
     return tuple(sorted(name for name, count in before.items() if after[name] < count))
 
 

@@ -79,10 +79,12 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
     """Apply every enabled rule to ``module``; the amp setup is migrated whole or not at all."""
     frozen = options.facts.frozen
     blocked: list[Finding] = []
+    probe = None
     if frozen is None and options.rule_enabled("amp_initialize"):
         probe = ModuleContext(module, source, options)
         frozen, blocked = setup.unsupported_shapes(probe), probe.findings
-    ctx, unshared = _plan(module, source, options, frozen=frozen is not None)
+    # the probe binds nothing: its index is handed to the plan's context
+    ctx, unshared = _plan(module, source, options, frozen=frozen is not None, handed_over=probe)
     ctx.findings.extend(blocked)
     left = setup.leftovers(ctx)
     if frozen is None and (left or unshared) and setup.migrated_any(ctx):
@@ -107,9 +109,11 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
     )
 
 
-def _plan(module: cst.Module, source: str, options: Options, frozen: bool) -> tuple[ModuleContext, int]:
+def _plan(
+    module: cst.Module, source: str, options: Options, frozen: bool, handed_over: ModuleContext | None = None
+) -> tuple[ModuleContext, int]:
     """Plan every rule; returns the context and how many cross-module scaler hand-overs failed."""
-    ctx = ModuleContext(module, source, options)
+    ctx = ModuleContext(module, source, options, handed_over)
     setup.bind_project_amp(ctx, options.facts.amp_from)  # before the amp model resolves names
     model = ctx.amp
     migrating = not frozen and options.rule_enabled("amp_initialize")

@@ -34,21 +34,38 @@ _N = TypeVar("_N", bound=cst.CSTNode)
 class ModuleContext:
     """The module, its analysis, the plan being built and the findings so far."""
 
-    def __init__(self, module: cst.Module, source: str, options: Options) -> None:
+    def __init__(
+        self, module: cst.Module, source: str, options: Options, handed_over: ModuleContext | None = None
+    ) -> None:
+        """``handed_over``: a context of this very module and text that is done with (its
+        index, a third of planning a file, is taken over rather than built again)."""
         self.source = source
         self.options = options
         self.module = module
-        index = Indexer()
-        index.index(module)
-        self.imports = index.imports
-        self.locals = index.locals
-        self.scope_parent = index.scope_parent
-        self._parents = index.parents
-        self._children = index.children
-        self._nodes = index.nodes
-        self._scope = index.scope
+        if handed_over is None:
+            index = Indexer()
+            index.index(module)
+            self.imports = index.imports
+            self.locals = index.locals
+            self.scope_parent = index.scope_parent
+            self._parents = index.parents
+            self._children = index.children
+            self._nodes = index.nodes
+            self._scope = index.scope
+            self._positions = Positions(module, source)
+        else:
+            # taken, not shared: bind() adds to the imports, which the old context must
+            # not have done (else its bindings would be here too)
+            assert handed_over.module is module and handed_over.source is source
+            self.imports = handed_over.imports
+            self.locals = handed_over.locals
+            self.scope_parent = handed_over.scope_parent
+            self._parents = handed_over._parents
+            self._children = handed_over._children
+            self._nodes = handed_over._nodes
+            self._scope = handed_over._scope
+            self._positions = handed_over._positions
         self._tracked = {name for bindings in self.imports.values() for name in bindings}
-        self._positions = Positions(module, source)
         self._call_order: dict[int, int] | None = None
         self.plan = Plan()
         self.findings: list[Finding] = []
