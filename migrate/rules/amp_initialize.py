@@ -450,6 +450,7 @@ class _LossScale:
     runtime: cst.BaseExpression | None = None
     # min_loss_scale == max_loss_scale == S: Apex's dynamic scale stays at S (skipping overflows)
     clamped: float | None = None
+    o3: bool = False  # at O3 a loss_scale of None kept the opt level's 1.0, not dynamic scaling
     invalid: bool = False  # neither a number nor "dynamic": Apex raised
     notes: list[tuple[str, cst.CSTNode, str | None]] = field(default_factory=list)
 
@@ -638,7 +639,7 @@ def _loss_scale(bound: dict[str, cst.Arg]) -> _LossScale:
                 scale.notes.append(("AMP002", loss_scale_arg, None))
     if dynamic and scale.clamped is not None:
         scale.static = scale.clamped  # held, and skipping like Apex: no AMP002, no AMP003
-    else:
+    elif scale.runtime is None or scale.clamped is None:  # (a run-time value is held either way)
         for name in ("min_loss_scale", "max_loss_scale"):
             if name in bound and syntax.literal(bound[name].value) is not None:
                 scale.notes.append(("AMP003", bound[name], None))
@@ -648,6 +649,10 @@ def _loss_scale(bound: dict[str, cst.Arg]) -> _LossScale:
     if "num_losses" in bound and syntax.literal(bound["num_losses"].value) != 1:
         scale.notes.append(("AMP004", bound["num_losses"], None))
     return scale
+
+
+def _scale_literal(value: float | None) -> cst.BaseExpression:
+    return cst.Float(repr(value)) if value is not None else cst.Name("None")
 
 
 def _as_number(value: object) -> float | None:
@@ -669,7 +674,7 @@ def _held_initial(name: str, scale: _LossScale) -> cst.BaseExpression:
 _RUNTIME_NOTE = (
     "loss_scale is computed at run time: a number (1.0 included, where Apex did not scale at all) is held "
     "with `scaler.update(new_scale=...)`, and GradScaler skips the inf/NaN steps Apex applied; "
-    '"dynamic" or None scale dynamically as before'
+    '"dynamic" (and None, where it meant dynamic) scale as Apex\'s dynamic scaler did'
 )
 
 
@@ -695,9 +700,16 @@ def _held_scale(scale: _LossScale, guard: cst.BaseExpression | None) -> cst.Base
         ):
             guard = guard.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         test = cst.BooleanOperation(guard.deep_clone(), cst.And(), test)
-    dynamic_value: cst.BaseExpression = (
-        cst.Float(repr(scale.clamped)) if scale.clamped is not None else cst.Name("None")
-    )
+    dynamic_value: cst.BaseExpression = _scale_literal(scale.clamped)
+    if scale.o3 and scale.clamped != 1.0:
+        # None kept O3's static 1.0; "dynamic" asked for dynamic scaling
+        dynamic_value = cst.IfExp(
+            test=cst.Comparison(expression.deep_clone(), [cst.ComparisonTarget(cst.Is(), cst.Name("None"))]),
+            body=_scale_literal(1.0),
+            orelse=dynamic_value,
+            lpar=[cst.LeftParen()],
+            rpar=[cst.RightParen()],
+        )
     return cst.IfExp(test=test, body=syntax.call("float", [cst.Arg(expression.deep_clone())]), orelse=dynamic_value)
 
 
@@ -1006,6 +1018,7 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
     if home is None:
         return
     if scale.runtime is not None:
+        scale.o3 = settings.level == "O3"
         blocked = _runtime_scale_blocked(ctx, model, found, settings, home)
         if blocked is not None:
             _report_runtime_blocked(ctx, found, scale, blocked)
@@ -1049,8 +1062,6 @@ def _runtime_scale_blocked(
     scaler itself is created (same function, or both at module level).
     """
     function, klass = home
-    if settings.level == "O3":
-        return "at O3 a loss_scale of None meant 1.0 (no scaling), not dynamic scaling"
     if klass is not None or (function is None and ctx.function_of(found.call) is not None):
         return "the GradScaler is shared beyond this function, where the held scale cannot follow it"
     same_scope = [s for s in model.scalers if s.function is function and s.klass is None]
