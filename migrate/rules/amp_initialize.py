@@ -21,15 +21,31 @@ After::
 
     scaler = torch.amp.GradScaler("cuda", enabled=args.fp16 and args.opt_level != "O0")
 
+A ``loss_scale`` computed at run time (``args.loss_scale``: a number, a numeric string,
+``"dynamic"`` or None) is read once where the scaler is created and held at each update::
+
+    static_loss_scale = float(args.loss_scale) if args.loss_scale not in (None, "dynamic") else None
+    scaler = torch.amp.GradScaler("cuda", init_scale=static_loss_scale or 2.0**16)
+    ...
+    scaler.update(new_scale=static_loss_scale)  # None: the plain dynamic update
+
+The name travels with the scaler (threaded parameters, project mode). Under a guard it is
+read only when amp is on (``args.fp16 and ...``), or, when the guard computes it, in the
+guarded clause, which builds its own scaler. At O3 None keeps O3's 1.0.
+
 Not rewritten (reported instead)
     A call that is not a plain assignment or expression statement (AMP010);
-    ``cast_model_outputs`` or a ``loss_scale`` computed at run time (AMP005).
+    ``cast_model_outputs``, a ``loss_scale`` that is no number, or a run-time ``loss_scale``
+    whose held value cannot reach every ``scaler.update`` (a scaler on ``self``, a step in a
+    closure) (AMP005; the setup stays as it was, AMP025).
 
 Safety
     O1 maps exactly onto autocast + GradScaler up to the op lists. O2/O3 have no native
-    form: autocast is the nearest recipe (AMP001). A static ``loss_scale`` is kept fixed,
-    but GradScaler skips overflowing steps that Apex applied (AMP002). ``min_loss_scale``,
-    ``max_loss_scale`` and per-loss scalers are gone (AMP003, AMP004).
+    form: autocast is the nearest recipe (AMP001). A static ``loss_scale`` (a run-time one
+    that is a number, 1.0 included) is kept fixed, but GradScaler skips overflowing steps
+    that Apex applied (AMP002). ``min_loss_scale``, ``max_loss_scale`` and per-loss scalers
+    are gone (AMP003, AMP004), except ``min_loss_scale == max_loss_scale == S`` under dynamic
+    scaling: Apex held S and skipped overflows, exactly a GradScaler held at S.
 
 References
     NVIDIA/apex@e13873d: apex/amp/frontend.py, apex/amp/_initialize.py, apex/amp/scaler.py;
