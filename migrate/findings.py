@@ -47,7 +47,7 @@ CODES: dict[str, Code] = {
     ),
     "AMP002": Code(
         "static-loss-scale",
-        "A static loss_scale (or one computed at run time) was migrated to a GradScaler held at that scale.",
+        "A static loss_scale was migrated to a GradScaler held at that scale.",
         "Nothing, usually. Apex applied inf/NaN gradients under a static scale; GradScaler "
         "skips such a step instead (the scale is reset to the static value after each update). "
         "A run-time value is held the same way when it is a number, 1.0 included (Apex did not "
