@@ -132,7 +132,8 @@ class Entry:
             "amp_left": self.amp_left,
             "amp_migrated": self.amp_migrated,
             "scalers": [
-                [scaler.function, scaler.static_scale, scaler.follows, list(scaler.models)] for scaler in self.scalers
+                [scaler.function, scaler.static_scale, scaler.follows, list(scaler.models), scaler.held_scale]
+                for scaler in self.scalers
             ],
             "scaler_unused": self.scaler_unused,
         }
@@ -156,8 +157,8 @@ class Entry:
             amp_left=bool(data["amp_left"]),
             amp_migrated=bool(data["amp_migrated"]),
             scalers=tuple(
-                ScalerInfo(function, static_scale, bool(follows), tuple(str(model) for model in models))
-                for function, static_scale, follows, models in data["scalers"]
+                ScalerInfo(function, static_scale, bool(follows), tuple(str(model) for model in models), held)
+                for function, static_scale, follows, models, held in data["scalers"]
             ),
             scaler_unused=bool(data["scaler_unused"]),
         )

@@ -49,7 +49,9 @@ CODES: dict[str, Code] = {
         "static-loss-scale",
         "A static loss_scale was migrated to a GradScaler held at that scale.",
         "Nothing, usually. Apex applied inf/NaN gradients under a static scale; GradScaler "
-        "skips such a step instead (the scale is reset to the static value after each update).",
+        "skips such a step instead (the scale is reset to the static value after each update). "
+        "A run-time value is held the same way when it is a number, 1.0 included (Apex did not "
+        'scale at all), and scales dynamically when it is "dynamic" (or None, at O1/O2).',
         True,
     ),
     "AMP003": Code(
@@ -69,7 +71,8 @@ CODES: dict[str, Code] = {
     "AMP005": Code(
         "initialize-argument-not-migrated",
         "An amp.initialize argument has no safe native form here (cast_model_outputs, a "
-        "loss_scale computed at run time, an unknown keyword).",
+        "loss_scale that is no number, a run-time loss_scale whose held value cannot reach "
+        "every scaler.update, an unknown keyword).",
         "Read the message: decide the scaler's settings by hand and remove the argument.",
         False,
     ),

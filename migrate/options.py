@@ -38,6 +38,8 @@ class ScalerInfo:
     static_scale: float | None  # a fixed loss scale (``update(new_scale=...)`` holds it)
     follows: bool  # autocast is on exactly when the scaler is (``scaler.is_enabled()``)
     models: tuple[str, ...] = ()  # names of the models given to amp.initialize
+    # the name holding a loss scale chosen at run time (passed on beside the scaler); None: no such name
+    held_scale: str | None = None
 
 
 @dataclass(frozen=True)

@@ -590,7 +590,7 @@ class ProjectPlan:
         if not creators or any(len(outcome[path].scalers) != 1 or path in left for path in creators):
             return {}
         infos = [outcome[path].scalers[0] for path in creators]
-        if len({(info.static_scale, info.follows) for info in infos}) != 1:
+        if len({(info.static_scale, info.follows, info.held_scale) for info in infos}) != 1:
             return {}
         models = tuple(sorted({name for info in infos for name in info.models}))
         shared = replace(infos[0], function=None, models=models)

@@ -58,6 +58,8 @@ class Scaler:
     # autocast's `enabled=` when it differs from the scaler's, "off" for no autocast
     autocast_enabled: cst.BaseExpression | None | str
     static_scale: float | None
+    # the local name holding the scale each update sets (None in it: dynamic), for a scale chosen at run time
+    held_scale: str | None = None
     # created in a method that may not run: a disabled default stands in until it does
     may_be_disabled: bool = False
     model_names: set[str] = field(default_factory=set)
@@ -258,8 +260,19 @@ class AmpModel:
             if expression is None:  # ruled out by _can_thread
                 raise AssertionError(f"{function.name.value}: a caller cannot pass the scaler")
             ctx.plan.new_keywords[call].append((scaler.name, expression))
+            if scaler.held_scale is not None:  # the scale its updates hold travels with it
+                ctx.plan.new_keywords[call].append((scaler.held_scale, cst.Name(scaler.held_scale)))
         has_defaults = any(param.default is not None for param in function.params.params)
         ctx.plan.new_params[function].append((scaler.name, cst.Name("None") if has_defaults else None))
+        if scaler.held_scale is not None:
+            ctx.plan.new_params[function].append((scaler.held_scale, cst.Name("None") if has_defaults else None))
+
+    def holds_scale_in(self, scaler: Scaler, function: cst.FunctionDef | None) -> bool:
+        """Whether ``scaler.held_scale`` is a name ``function`` sees: where the scaler is created,
+        or passed with the scaler as a parameter."""
+        return function is scaler.function or (
+            function is not None and self._threaded.get((id(scaler), function)) is True
+        )
 
     # ------------------------------------------------------------------ generated code
     def autocast_item(self, scaler: Scaler, access: cst.BaseExpression, at: cst.CSTNode) -> cst.WithItem | None:

@@ -52,12 +52,25 @@ def receive(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
                 enabled=None,
                 autocast_enabled=None if shared.follows else "off",
                 static_scale=shared.static_scale,
+                held_scale=shared.held_scale,
                 may_be_disabled=True,
                 model_names=set(shared.models),
             )
         )
+        held = shared.held_scale
+        if held is not None and held in ctx.all_names():
+            ctx.report(
+                "AMP022",
+                statement.name,
+                f"{statement.name.value}() should receive the loss scale held beside the GradScaler as `{held}`, "
+                "a name this module already uses",
+            )
+            failed += 1
+            continue
         has_defaults = any(param.default is not None for param in params.params)
         ctx.plan.new_params[statement].append((name, cst.Name("None") if has_defaults else None))
+        if held is not None:  # the scale the updates hold travels with the scaler
+            ctx.plan.new_params[statement].append((held, cst.Name("None") if has_defaults else None))
     return failed
 
 
@@ -81,7 +94,19 @@ def pass_on(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
             )
             failed += 1
             continue
+        held = found.scaler.held_scale
+        if held is not None and not model.holds_scale_in(found.scaler, ctx.function_of(call)):
+            ctx.report(
+                "AMP022",
+                call,
+                f"{dotted_name(call.func)}() needs the loss scale held beside the GradScaler (`{held}`), "
+                "but it cannot be reached from this call",
+            )
+            failed += 1
+            continue
         ctx.plan.new_keywords[call].append((keyword, found.expression))
+        if held is not None:  # the scale the updates hold travels with the scaler
+            ctx.plan.new_keywords[call].append((held, cst.Name(held)))
     return failed
 
 
@@ -99,6 +124,7 @@ def shared_scalers(model: AmpModel) -> tuple[ScalerInfo, ...]:
             static_scale=scaler.static_scale,
             follows=scaler.autocast_enabled is None or scaler.autocast_enabled == "off",
             models=tuple(sorted(scaler.model_names)),
+            held_scale=scaler.held_scale,
         )
         for scaler in model.scalers
         if scaler.initialize is not None and scaler.klass is None

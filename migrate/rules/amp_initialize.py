@@ -21,15 +21,31 @@ After::
 
     scaler = torch.amp.GradScaler("cuda", enabled=args.fp16 and args.opt_level != "O0")
 
+A ``loss_scale`` computed at run time (``args.loss_scale``: a number, a numeric string,
+``"dynamic"`` or None) is read once where the scaler is created and held at each update::
+
+    static_loss_scale = float(args.loss_scale) if args.loss_scale not in (None, "dynamic") else None
+    scaler = torch.amp.GradScaler("cuda", init_scale=static_loss_scale or 2.0**16)
+    ...
+    scaler.update(new_scale=static_loss_scale)  # None: the plain dynamic update
+
+The name travels with the scaler (threaded parameters, project mode). Under a guard it is
+read only when amp is on (``args.fp16 and ...``), or, when the guard computes it, in the
+guarded clause, which builds its own scaler. At O3 None keeps O3's 1.0.
+
 Not rewritten (reported instead)
     A call that is not a plain assignment or expression statement (AMP010);
-    ``cast_model_outputs`` or a ``loss_scale`` computed at run time (AMP005).
+    ``cast_model_outputs``, a ``loss_scale`` that is no number, or a run-time ``loss_scale``
+    whose held value cannot reach every ``scaler.update`` (a scaler on ``self``, a step in a
+    closure) (AMP005; the setup stays as it was, AMP025).
 
 Safety
     O1 maps exactly onto autocast + GradScaler up to the op lists. O2/O3 have no native
-    form: autocast is the nearest recipe (AMP001). A static ``loss_scale`` is kept fixed,
-    but GradScaler skips overflowing steps that Apex applied (AMP002). ``min_loss_scale``,
-    ``max_loss_scale`` and per-loss scalers are gone (AMP003, AMP004).
+    form: autocast is the nearest recipe (AMP001). A static ``loss_scale`` (a run-time one
+    that is a number, 1.0 included) is kept fixed, but GradScaler skips overflowing steps
+    that Apex applied (AMP002). ``min_loss_scale``, ``max_loss_scale`` and per-loss scalers
+    are gone (AMP003, AMP004), except ``min_loss_scale == max_loss_scale == S`` under dynamic
+    scaling: Apex held S and skipped overflows, exactly a GradScaler held at S.
 
 References
     NVIDIA/apex@e13873d: apex/amp/frontend.py, apex/amp/_initialize.py, apex/amp/scaler.py;
@@ -289,11 +305,16 @@ def _conjunction(parts: list[cst.BaseExpression], level_code: str | None) -> cst
 
 
 def _scaler_arguments(
-    ctx: ModuleContext, initial_scale: float | None, enabled: cst.BaseExpression | None
+    ctx: ModuleContext,
+    initial_scale: float | None,
+    enabled: cst.BaseExpression | None,
+    initial_expression: cst.BaseExpression | None = None,
 ) -> list[cst.Arg]:
     """The arguments of ``torch.amp.GradScaler("cuda", init_scale=..., enabled=...)``."""
     args = [cst.Arg(syntax.string(ctx.options.device))]
-    if initial_scale is not None:
+    if initial_expression is not None:
+        args.append(syntax.keyword("init_scale", initial_expression))
+    elif initial_scale is not None:
         args.append(syntax.keyword("init_scale", cst.Float(repr(float(initial_scale)))))
     if enabled is not None:
         args.append(syntax.keyword("enabled", enabled))
@@ -441,6 +462,12 @@ class _LossScale:
     static: float | None = None  # a fixed scale
     initial: float | None = None  # the GradScaler's init_scale
     off: bool = False  # loss_scale=1.0: no scaling at all
+    # a loss_scale computed at run time: a number is held, "dynamic" (or None) scales dynamically
+    runtime: cst.BaseExpression | None = None
+    # min_loss_scale == max_loss_scale == S: Apex's dynamic scale stays at S (skipping overflows)
+    clamped: float | None = None
+    o3: bool = False  # at O3 a loss_scale of None kept the opt level's 1.0, not dynamic scaling
+    invalid: bool = False  # neither a number nor "dynamic": Apex raised
     notes: list[tuple[str, cst.CSTNode, str | None]] = field(default_factory=list)
 
 
@@ -570,8 +597,14 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
             cst.Comparison(
                 left=(
                     syntax.strip_parens(level_expression)
-                    if not isinstance(level_expression, cst.BinaryOperation)
-                    else level_expression.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                    # a looser-binding expression keeps its parentheses: `("O2" if fp16 else "O0") != "O0"`
+                    if not isinstance(
+                        syntax.strip_parens(level_expression),
+                        (cst.BinaryOperation, cst.IfExp, cst.BooleanOperation, cst.Lambda, cst.NamedExpr),
+                    )
+                    else syntax.strip_parens(level_expression).with_changes(
+                        lpar=[cst.LeftParen()], rpar=[cst.RightParen()]
+                    )
                 ),
                 comparisons=[cst.ComparisonTarget(cst.NotEqual(), syntax.string("O0"))],
             )
@@ -593,36 +626,107 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
 def _loss_scale(bound: dict[str, cst.Arg]) -> _LossScale:
     """``loss_scale``, ``min/max_loss_scale`` and ``num_losses``, with what to report about them."""
     scale = _LossScale()
+    floor = syntax.literal(bound["min_loss_scale"].value) if "min_loss_scale" in bound else None
+    ceiling = syntax.literal(bound["max_loss_scale"].value) if "max_loss_scale" in bound else None
+    if isinstance(ceiling, (int, float)) and ceiling > 0 and floor == ceiling:
+        # every dynamic step clamps back to S (Apex skipped the overflowing ones, as GradScaler does)
+        scale.clamped = float(ceiling)
     loss_scale_arg = bound.get("loss_scale")
+    dynamic = True
     if loss_scale_arg is not None:
         value = syntax.literal(loss_scale_arg.value)
-        try:
-            number = None if value == "dynamic" else float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+        if value is not ... and value not in (None, "dynamic") and _as_number(value) is None:
+            scale.invalid = True
             scale.notes.append(
-                (
-                    "AMP005",
-                    loss_scale_arg,
-                    "loss_scale is computed at run time: migrated as dynamic scaling; if it can be a "
-                    "number, hold the scale with `scaler.update(new_scale=...)`",
-                )
+                ("AMP005", loss_scale_arg, f'loss_scale={value!r} is neither a number nor "dynamic" (Apex raised)')
             )
-            number = None
-        if number == 1.0:
-            scale.off = True
-        elif number is not None:
-            scale.static = number
-            scale.notes.append(("AMP002", loss_scale_arg, None))
+            return scale
+        if value is ...:
+            scale.runtime = loss_scale_arg.value
+            scale.notes.append(("AMP002", loss_scale_arg, _RUNTIME_NOTE))
+            dynamic = False
+        else:
+            number = None if value in (None, "dynamic") else _as_number(value)
+            dynamic = number is None
+            if number == 1.0:
+                scale.off = True
+            elif number is not None:
+                scale.static = number
+                scale.notes.append(("AMP002", loss_scale_arg, None))
+    if dynamic and scale.clamped is not None:
+        scale.static = scale.clamped  # held, and skipping like Apex: no AMP002, no AMP003
+    elif scale.runtime is None or scale.clamped is None:  # (a run-time value is held either way)
+        for name in ("min_loss_scale", "max_loss_scale"):
+            if name in bound and syntax.literal(bound[name].value) is not None:
+                scale.notes.append(("AMP003", bound[name], None))
     scale.initial = scale.static
-    for name in ("min_loss_scale", "max_loss_scale"):
-        if name in bound and syntax.literal(bound[name].value) is not None:
-            scale.notes.append(("AMP003", bound[name], None))
-    ceiling = syntax.literal(bound["max_loss_scale"].value) if "max_loss_scale" in bound else None
     if scale.static is None and isinstance(ceiling, (int, float)) and ceiling < 2.0**16:
         scale.initial = float(ceiling)  # Apex started at min(max_loss_scale, 2**16)
     if "num_losses" in bound and syntax.literal(bound["num_losses"].value) != 1:
         scale.notes.append(("AMP004", bound["num_losses"], None))
     return scale
+
+
+def _scale_literal(value: float | None) -> cst.BaseExpression:
+    return cst.Float(repr(value)) if value is not None else cst.Name("None")
+
+
+def _as_number(value: object) -> float | None:
+    """``float(value)`` as Apex's loss_scale setter takes it; None where that raises."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _held_initial(name: str, scale: _LossScale) -> cst.BaseExpression:
+    """``init_scale=``: the held scale, or the dynamic start where it is None."""
+    if scale.clamped is not None:
+        return cst.Name(name)  # never None: the dynamic case holds the clamp
+    start = cst.Float(repr(scale.initial)) if scale.initial is not None else cst.parse_expression("2.0**16")
+    return cst.BooleanOperation(cst.Name(name), cst.Or(), start)
+
+
+_RUNTIME_NOTE = (
+    "loss_scale is computed at run time: a number (1.0 included, where Apex did not scale at all) is held "
+    "with `scaler.update(new_scale=...)`, and GradScaler skips the inf/NaN steps Apex applied; "
+    '"dynamic" (and None, where it meant dynamic) scale as Apex\'s dynamic scaler did'
+)
+
+
+def _held_scale(scale: _LossScale, guard: cst.BaseExpression | None) -> cst.BaseExpression:
+    """``float(E) if E not in (None, "dynamic") else None``: the scale to hold (None: dynamic),
+    with ``guard and`` in front where amp may be off (Apex then never read E)."""
+    assert scale.runtime is not None
+    expression = syntax.strip_parens(scale.runtime)
+    if isinstance(expression, (cst.IfExp, cst.Lambda, cst.BooleanOperation, cst.NamedExpr)):
+        expression = expression.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    test: cst.BaseExpression = cst.Comparison(
+        expression,
+        [
+            cst.ComparisonTarget(
+                cst.NotIn(),
+                cst.Tuple([cst.Element(cst.Name("None")), cst.Element(syntax.string("dynamic"))]),
+            )
+        ],
+    )
+    if guard is not None:
+        if isinstance(guard, (cst.IfExp, cst.Lambda, cst.NamedExpr)) or (
+            isinstance(guard, cst.BooleanOperation) and isinstance(guard.operator, cst.Or)
+        ):
+            guard = guard.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        test = cst.BooleanOperation(guard.deep_clone(), cst.And(), test)
+    dynamic_value: cst.BaseExpression = _scale_literal(scale.clamped)
+    if scale.o3 and scale.clamped != 1.0:
+        # None kept O3's static 1.0; "dynamic" asked for dynamic scaling
+        dynamic_value = cst.IfExp(
+            test=cst.Comparison(expression.deep_clone(), [cst.ComparisonTarget(cst.Is(), cst.Name("None"))]),
+            body=_scale_literal(1.0),
+            orelse=dynamic_value,
+            lpar=[cst.LeftParen()],
+            rpar=[cst.RightParen()],
+        )
+    return cst.IfExp(test=test, body=syntax.call("float", [cst.Arg(expression.deep_clone())]), orelse=dynamic_value)
 
 
 def _drop_call(ctx: ModuleContext, found: SetupCall, then: Sequence[Statement] = ()) -> None:
@@ -694,32 +798,45 @@ def _join_local_scaler(
 ) -> None:
     """A second initialize in a function that already has a scaler: it shares that one."""
     call, first = found.call, same_scope[0]
-    if settings.in_branch and settings.shared_above:
-        if scale.static != first.static_scale:
+    branch_enabled = (
+        cst.Name("False")
+        if settings.disabled or scale.off
+        else _conjunction(settings.enabled_parts, settings.level_code) if settings.enabled_parts else None
+    )
+    args = _scaler_arguments(ctx, scale.initial, branch_enabled)
+    held: list[Statement] = []
+    if settings.in_branch and (
+        scale.runtime is not None
+        or scale.static is not None
+        or first.static_scale is not None
+        or first.held_scale is not None
+    ):
+        # each clause sets the scale its updates hold (None: dynamic)
+        name = _hold_beside(ctx, first, settings)
+        if name is None:
             ctx.report(
                 "AMP005",
                 call,
-                "this clause asks for a different loss scale than the one above it, "
-                "and both now share one GradScaler: set its scale by hand",
+                "the clauses of this if/else ask for different loss scales, and the first one's GradScaler "
+                "is created where a held scale cannot be set beside it: set the scale by hand",
             )
-        _drop_call(ctx, found)
+            ctx.consumed.discard(found.use.base)
+            return
+        value: cst.BaseExpression = (
+            _held_scale(scale, None)
+            if scale.runtime is not None
+            else cst.Float(repr(scale.static)) if scale.static is not None else cst.Name("None")
+        )
+        held.append(syntax.assign_statement(cst.Name(name), value))
+        if scale.runtime is not None:
+            args = _scaler_arguments(ctx, None, branch_enabled, _held_initial(name, scale))
+    creation = syntax.assign_statement(cst.Name(first.name), syntax.call("torch.amp.GradScaler", args))
+    if settings.in_branch and settings.shared_above:
+        # the scaler above the guards stands for this clause too, unless it asks for its own scale
+        _drop_call(ctx, found, then=[*held, creation] if held else [])
     elif settings.in_branch:
         # another clause of the same if/else: it builds the same scaler its own way
-        if scale.static is not None or first.static_scale is not None:
-            ctx.report(
-                "AMP005",
-                call,
-                "a static loss_scale in one branch only: GradScaler.update() "
-                "cannot hold it there; set the scale by hand after update()",
-            )
-        branch_enabled = (
-            cst.Name("False")
-            if settings.disabled or scale.off
-            else _conjunction(settings.enabled_parts, settings.level_code) if settings.enabled_parts else None
-        )
-        args = _scaler_arguments(ctx, scale.initial, branch_enabled)
-        creation = syntax.assign_statement(cst.Name(first.name), syntax.call("torch.amp.GradScaler", args))
-        ctx.plan.replace_statement[found.statement] = [*found.replacement(), creation]
+        ctx.plan.replace_statement[found.statement] = [*found.replacement(), *held, creation]
     else:
         ctx.report(
             "AMP010",
@@ -728,6 +845,38 @@ def _join_local_scaler(
             '(`scaler`); create another `torch.amp.GradScaler("cuda")` if its optimizer needs its own scale',
         )
         _drop_call(ctx, found)
+
+
+def _hold_beside(ctx: ModuleContext, first: Scaler, settings: _Settings) -> str | None:
+    """The name that holds ``first``'s loss scale, set just before ``first`` is created (in the
+    first clause, or above the guards); None where that creation cannot be found."""
+    if first.held_scale is not None:
+        return first.held_scale
+    if first.initialize is None:
+        return None
+    planned = (
+        ctx.plan.before.get(settings.outermost)
+        if settings.shared_above
+        else ctx.plan.replace_statement.get(ctx.statement_of(first.initialize))
+    )
+    at = next((i for i, line in enumerate(planned or []) if _assigns(line, first.name)), None)
+    if planned is None or at is None:
+        return None
+    name = ctx.fresh_name("static_loss_scale")
+    value = cst.Float(repr(first.static_scale)) if first.static_scale is not None else cst.Name("None")
+    planned.insert(at, syntax.assign_statement(cst.Name(name), value))
+    first.held_scale, first.static_scale = name, None
+    return name
+
+
+def _assigns(line: Statement, name: str) -> bool:
+    """Whether ``line`` is ``name = ...``."""
+    return (
+        isinstance(line, cst.SimpleStatementLine)
+        and isinstance(line.body[0], cst.Assign)
+        and isinstance(line.body[0].targets[0].target, cst.Name)
+        and line.body[0].targets[0].target.value == name
+    )
 
 
 def _enabled_arguments(
@@ -772,7 +921,27 @@ def _create_scaler(
             scaler.model_names.add(dotted.split(".")[-1])
     model.scalers.append(scaler)
 
-    constructor = syntax.call("torch.amp.GradScaler", _scaler_arguments(ctx, scale.initial, scaler_enabled))
+    arguments = _scaler_arguments(ctx, scale.initial, scaler_enabled)
+    held_above: list[Statement] = []  # before the scaler's creation
+    held_here: list[Statement] = []  # in place of the call
+    if scale.runtime is not None:
+        held = scaler.held_scale = ctx.fresh_name("static_loss_scale")
+        late = settings.outermost is not statement and bool(
+            {n.value for n in _names_in(scale.runtime)} & _bound_inside(settings.outermost)
+        )
+        if settings.shared_above or late:
+            # the scaler above the guards serves the paths where amp is off; this clause (which may
+            # compute the scale only here) makes its own
+            held_above.append(syntax.assign_statement(cst.Name(held), cst.Name("None")))
+            own = _scaler_arguments(ctx, None, scaler_enabled, _held_initial(held, scale))
+            held_here.append(syntax.assign_statement(cst.Name(held), _held_scale(scale, None)))
+            held_here.append(syntax.assign_statement(cst.Name(name), syntax.call("torch.amp.GradScaler", own)))
+        else:
+            # above the guards, read the value only where Apex did: when amp is on
+            guard = scaler_enabled if settings.outermost is not statement else None
+            held_above.append(syntax.assign_statement(cst.Name(held), _held_scale(scale, guard)))
+            arguments = _scaler_arguments(ctx, None, scaler_enabled, _held_initial(held, scale))
+    constructor = syntax.call("torch.amp.GradScaler", arguments)
     if klass is not None:
         assert function is not None
         owner_name = ctx.self_name(function) or "self"
@@ -788,10 +957,10 @@ def _create_scaler(
         ctx.plan.module_globals.append(creation)
         _drop_call(ctx, found)
     elif settings.outermost is statement:
-        _drop_call(ctx, found, then=[creation])
+        _drop_call(ctx, found, then=[*held_above, creation])
     else:
-        ctx.plan.before[settings.outermost].append(creation)
-        _drop_call(ctx, found)
+        ctx.plan.before[settings.outermost].extend([*held_above, creation])
+        _drop_call(ctx, found, then=held_here)
 
 
 def _scale_written_after(
@@ -803,6 +972,8 @@ def _scale_written_after(
     if written is None:
         return None
     value, bound = written[1], found.bound
+    if scale.runtime is not None:
+        return None  # held from a run-time value: the write stays, and the setup with it
     if scale.off or ("enabled" in bound and syntax.literal(bound["enabled"].value) is not True):
         return None  # loss_scale=1.0 had no scaler to set; disabled, Apex had none at all
     if "num_losses" in bound and syntax.literal(bound["num_losses"].value) != 1:
@@ -837,6 +1008,14 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         return
     scale = _loss_scale(found.bound)
     bound = found.bound
+    if scale.invalid:
+        for note in scale.notes:
+            ctx.report(*note)
+        return
+    if scale.runtime is not None and (settings.disabled or found.inference_only):
+        # nothing is scaled: the value no longer matters
+        scale.runtime = None
+        scale.notes = [note for note in scale.notes if note[2] is not _RUNTIME_NOTE]
     if "cast_model_outputs" in bound and syntax.literal(bound["cast_model_outputs"].value) is not None:
         ctx.report(
             "AMP005",
@@ -854,6 +1033,12 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
     home = _home(ctx, model, use.call, settings)
     if home is None:
         return
+    if scale.runtime is not None:
+        scale.o3 = settings.level == "O3"
+        blocked = _runtime_scale_blocked(ctx, model, found, settings, home)
+        if blocked is not None:
+            _report_runtime_blocked(ctx, found, scale, blocked)
+            return
     ctx.consumed.add(use.base)
     for note in scale.notes:
         ctx.report(*note)
@@ -878,6 +1063,40 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         if scale.static is not None:
             scale.static = value
     _create_scaler(ctx, model, found, settings, scale, home, name)
+
+
+def _runtime_scale_blocked(
+    ctx: ModuleContext,
+    model: AmpModel,
+    found: SetupCall,
+    settings: _Settings,
+    home: tuple[cst.FunctionDef | None, cst.ClassDef | None],
+) -> str | None:
+    """Why a run-time loss_scale cannot be held next to this scaler; None when it can.
+
+    The held scale is a plain local name, so every ``scaler.update`` must sit where the
+    scaler itself is created (same function, or both at module level).
+    """
+    function, klass = home
+    if klass is not None or (function is None and ctx.function_of(found.call) is not None):
+        return "the GradScaler is shared beyond this function, where the held scale cannot follow it"
+    same_scope = [s for s in model.scalers if s.function is function and s.klass is None]
+    if same_scope and not settings.in_branch:
+        return "another amp.initialize already set up this function's GradScaler"
+    return None
+
+
+def _report_runtime_blocked(ctx: ModuleContext, found: SetupCall, scale: _LossScale, why: str) -> None:
+    """AMP005 with the code that holds the scale by hand; the setup stays as it was."""
+    value = syntax.normalized(found.bound["loss_scale"].value)
+    ctx.report(
+        "AMP005",
+        found.bound["loss_scale"],
+        f"loss_scale is computed at run time and {why}: amp.initialize left as it was. By hand: "
+        f'`static_loss_scale = float({value}) if {value} not in (None, "dynamic") else None`, '
+        '`scaler = torch.amp.GradScaler("cuda", init_scale=static_loss_scale or 2.0**16)` and '
+        "`scaler.update(new_scale=static_loss_scale)` after each step",
+    )
 
 
 def plan(ctx: ModuleContext) -> None:

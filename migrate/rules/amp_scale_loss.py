@@ -439,10 +439,29 @@ def _plan_update(ctx: ModuleContext, model: AmpModel, scaler: Scaler, anchor: cs
     found = model.scaler_access(anchor)
     assert found is not None
     update_args = []
-    if scaler.static_scale is not None:
+    if scaler.held_scale is not None:
+        if found.scaler is not scaler or not model.holds_scale_in(scaler, ctx.function_of(anchor)):
+            _unhold(ctx, model, scaler, anchor)
+            return
+        update_args.append(syntax.keyword("new_scale", cst.Name(scaler.held_scale)))
+    elif scaler.static_scale is not None:
         update_args.append(syntax.keyword("new_scale", cst.Float(repr(float(scaler.static_scale)))))
     update = syntax.expression_statement(syntax.attribute_call(found.expression.deep_clone(), "update", update_args))
     ctx.plan.after[anchor].append(update)
+
+
+def _unhold(ctx: ModuleContext, model: AmpModel, scaler: Scaler, anchor: cst.CSTNode) -> None:
+    """The held run-time scale cannot reach this update: the amp setup stays as it was."""
+    ctx.report(
+        "AMP005",
+        scaler.initialize or anchor,
+        f"loss_scale is computed at run time, and the optimizer step at line {ctx.position(anchor)[0]} is where "
+        f"the scale held beside the GradScaler cannot reach: pass `{scaler.held_scale}` there with the scaler and call "
+        f"`{scaler.name}.update(new_scale={scaler.held_scale})` after the step",
+    )
+    for use in model.of("initialize"):
+        if use.call is scaler.initialize:
+            ctx.consumed.discard(use.base)  # an Apex use left over: the setup is frozen
 
 
 def _branch_path(ctx: ModuleContext, statement: cst.CSTNode) -> list[tuple[cst.If, bool]]:
