@@ -11,14 +11,10 @@ on the same steps), ``--loss-scale 128.0`` and ``--loss-scale 1.0`` never move.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from shim_runs import REPO, shim_metrics, write_migration
 
 from migrate.engine import migrate_source
 
@@ -26,10 +22,7 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "fixtures" / "e2e" / "runtime_loss_scale.in.py"
-RUN_TIMEOUT_S = 120
-POISON = "apex is not installed here (ampmigrate test)"
 STEPS = 30
 # Apex's O1 casting lists (the shim) against autocast's
 MIXED_LOSS_REL_TOL = 1e-2
@@ -41,39 +34,15 @@ COMMAND_LINES = {
 }
 
 
-def _run(script: Path, args: list[str], out: Path, *, original: bool) -> dict[str, Any]:
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
-    mode = [] if original else ["--native"]
-    done = subprocess.run(
-        [sys.executable, "-m", "migrate.shim", *mode, str(script), *args, "--steps", str(STEPS), "--out", str(out)],
-        cwd=script.parent if not original else out.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, f"{script.name} {' '.join(args)} failed:\n{done.stderr[-4000:]}"
-    metrics: dict[str, Any] = json.loads(out.read_text())
-    return metrics
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     folder = tmp_path_factory.mktemp("runtime_loss_scale")
-    migrated = folder / "migrated"
-    migrated.mkdir()
-    (migrated / "train.py").write_text(migrate_source(SCRIPT.read_text(encoding="utf-8")).source, encoding="utf-8")
-    (migrated / "apex").mkdir()
-    (migrated / "apex" / "__init__.py").write_text(f"raise ImportError({POISON!r})\n", encoding="utf-8")
+    migrated = write_migration(SCRIPT, folder)
     results = {}
     for key, args in COMMAND_LINES.items():
-        results[f"original-{key}"] = _run(SCRIPT, args, folder / f"original-{key}.json", original=True)
-        results[f"migrated-{key}"] = _run(migrated / "train.py", args, folder / f"migrated-{key}.json", original=False)
+        args = [*args, "--steps", str(STEPS)]
+        results[f"original-{key}"] = shim_metrics(SCRIPT, args, folder / f"original-{key}.json", original=True)
+        results[f"migrated-{key}"] = shim_metrics(migrated, args, folder / f"migrated-{key}.json", original=False)
     return results
 
 
