@@ -42,29 +42,26 @@ class ModuleContext:
         self.source = source
         self.options = options
         self.module = module
+        index: Indexer
+        positions: Positions
         if handed_over is None:
             index = Indexer()
             index.index(module)
-            self.imports = index.imports
-            self.locals = index.locals
-            self.scope_parent = index.scope_parent
-            self._parents = index.parents
-            self._children = index.children
-            self._nodes = index.nodes
-            self._scope = index.scope
-            self._positions = Positions(module, source)
+            positions = Positions(module, source)
         else:
             # taken, not shared: bind() adds to the imports, which the old context must
             # not have done (else its bindings would be here too)
             assert handed_over.module is module and handed_over.source is source
-            self.imports = handed_over.imports
-            self.locals = handed_over.locals
-            self.scope_parent = handed_over.scope_parent
-            self._parents = handed_over._parents
-            self._children = handed_over._children
-            self._nodes = handed_over._nodes
-            self._scope = handed_over._scope
-            self._positions = handed_over._positions
+            index, positions = handed_over._index, handed_over._positions
+        self._index: Indexer = index
+        self.imports = index.imports
+        self.locals = index.locals
+        self.scope_parent = index.scope_parent
+        self._parents = index.parents
+        self._children = index.children
+        self._nodes = index.nodes
+        self._scope = index.scope
+        self._positions: Positions = positions
         self._tracked = {name for bindings in self.imports.values() for name in bindings}
         self._call_order: dict[int, int] | None = None
         self.plan = Plan()
@@ -286,13 +283,19 @@ class ModuleContext:
         return self._all_names
 
     def fresh_name(self, preferred: str) -> str:
-        names = self.all_names()
-        for candidate in (preferred, f"grad_{preferred}", f"amp_{preferred}"):
-            if candidate not in names:
-                names.add(candidate)
-                return candidate
+        return fresh_identifier(self.all_names(), preferred, ("grad_", "amp_"))
+
+
+def fresh_identifier(taken: set[str], preferred: str, prefixes: tuple[str, ...]) -> str:
+    """``preferred``, else it with one of ``prefixes``, else ``<preferred>_1``, ``_2``...: the first
+    not in ``taken``, which is then added to it."""
+    for candidate in (preferred, *(f"{prefix}{preferred}" for prefix in prefixes)):
+        if candidate not in taken:
+            break
+    else:
         counter = 1
-        while f"{preferred}_{counter}" in names:
+        while f"{preferred}_{counter}" in taken:
             counter += 1
-        names.add(f"{preferred}_{counter}")
-        return f"{preferred}_{counter}"
+        candidate = f"{preferred}_{counter}"
+    taken.add(candidate)
+    return candidate

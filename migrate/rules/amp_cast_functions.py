@@ -117,7 +117,7 @@ import libcst as cst
 
 from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import dotted_name
-from migrate.rules._context import ModuleContext
+from migrate.rules._context import ModuleContext, fresh_identifier
 
 RULE = "amp_cast_functions"
 
@@ -218,9 +218,9 @@ class _Helpers:
         if kind not in self.names:
             if self._taken is None:
                 self._taken = _identifiers(self.ctx)
-            self.names[kind] = _fresh(self._taken, f"{kind}_function")
+            self.names[kind] = fresh_identifier(self._taken, f"{kind}_function", ("amp_",))
             if self.cast_name is None:
-                self.cast_name = _fresh(self._taken, "cast_floating_arguments")
+                self.cast_name = fresh_identifier(self._taken, "cast_floating_arguments", ("amp_",))
             self.ctx.all_names().update(self._taken)  # rules after this one avoid them too
             self._written.append((kind, self.names[kind]))
         return self.names[kind]
@@ -248,19 +248,6 @@ def _identifiers(ctx: ModuleContext) -> set[str]:
         if not (isinstance(parent, cst.Attribute) and parent.attr is node):
             found.add(node.value)
     return found | (ctx.all_names() - everywhere)
-
-
-def _fresh(taken: set[str], preferred: str) -> str:
-    """``preferred``, or ``amp_<preferred>``, ``<preferred>_1``... when the module uses that name."""
-    for candidate in (preferred, f"amp_{preferred}"):
-        if candidate not in taken:
-            taken.add(candidate)
-            return candidate
-    counter = 1
-    while f"{preferred}_{counter}" in taken:
-        counter += 1
-    taken.add(f"{preferred}_{counter}")
-    return f"{preferred}_{counter}"
 
 
 def _is_backward(ctx: ModuleContext, function: cst.FunctionDef) -> bool:
