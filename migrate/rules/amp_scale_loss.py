@@ -9,6 +9,8 @@ What it rewrites
     followed by one ``scaler.update()`` after the last step of the iteration.
     ``delay_unscale`` (gradient accumulation), ``loss_id`` and ``model`` go: the steps the
     code already guards are the accumulation boundary, and one scaler serves all losses.
+    A ``step()`` right after ``zero_grad()`` has no gradients to apply and stays as it was
+    (``scaler.step`` needs a scaled loss in the same iteration).
 
 Before::
 
@@ -391,8 +393,44 @@ def _steps_to_rewrite(
             continue  # a step before amp.initialize: no scaler exists yet
         if fp32_only(ctx, node, sites):
             continue
+        if _steps_without_gradients(ctx, node, func.value):
+            continue
         steps.append((node, func.value))
     return steps
+
+
+def _steps_without_gradients(ctx: ModuleContext, step: cst.Call, optimizer: cst.BaseExpression) -> bool:
+    """``optimizer.zero_grad()`` right before ``optimizer.step()``: a step with no gradients.
+
+    UNITER calls this pair once before its loop ("quick hack for amp delay_unscale bug"). It
+    does nothing, in Apex and in torch, but ``scaler.step`` would fail: it needs a
+    ``scaler.scale(...)`` in the same iteration. So it stays a plain ``optimizer.step()``.
+    """
+    statement = ctx.statement_of(step)
+    if _single_call(statement) is not step:
+        return False
+    block = ctx.block_of(statement)
+    index = block.body.index(statement)
+    if index == 0:
+        return False
+    previous = _single_call(block.body[index - 1])
+    if previous is None or not isinstance(previous.func, cst.Attribute) or previous.func.attr.value != "zero_grad":
+        return False
+    if any(
+        not (arg.keyword and arg.keyword.value == "set_to_none" and ctx.code(arg.value) == "True")
+        for arg in previous.args
+    ):
+        return False  # zero_grad(set_to_none=False) keeps zero gradients: Adam would still move
+    return ctx.code(previous.func.value) == ctx.code(optimizer)
+
+
+def _single_call(statement: cst.CSTNode) -> cst.Call | None:
+    """The call of a statement line that is only that call."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        expression = statement.body[0]
+        if isinstance(expression, cst.Expr) and isinstance(expression.value, cst.Call):
+            return expression.value
+    return None
 
 
 def _rewrite_steps(
