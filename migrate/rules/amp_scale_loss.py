@@ -402,7 +402,8 @@ def _steps_to_rewrite(
 def _steps_without_gradients(ctx: ModuleContext, step: cst.Call, optimizer: cst.BaseExpression) -> bool:
     """``optimizer.zero_grad()`` right before ``optimizer.step()``: a step with no gradients.
 
-    UNITER calls this pair once before its loop ("quick hack for amp delay_unscale bug"). It
+    UNITER calls this pair once before its loop ("quick hack for amp delay_unscale bug"),
+    sometimes with the step under ``if global_step == 0:``. It
     does nothing, in Apex and in torch, but ``scaler.step`` would fail: it needs a
     ``scaler.scale(...)`` in the same iteration. So it stays a plain ``optimizer.step()``.
     """
@@ -410,10 +411,14 @@ def _steps_without_gradients(ctx: ModuleContext, step: cst.Call, optimizer: cst.
     if _single_call(statement) is not step:
         return False
     block = ctx.block_of(statement)
-    index = block.body.index(statement)
-    if index == 0:
-        return False
-    previous = _single_call(block.body[index - 1])
+    while block.body.index(statement) == 0:
+        # `if global_step == 0: optimizer.step()` first in an `if` without calls in its test
+        owner = ctx.owner_of_block(block)
+        if not (isinstance(owner, cst.If) and not any(isinstance(n, cst.Call) for n in ctx.walk(owner.test))):
+            return False
+        statement = owner
+        block = ctx.block_of(statement)
+    previous = _single_call(block.body[block.body.index(statement) - 1])
     if previous is None or not isinstance(previous.func, cst.Attribute) or previous.func.attr.value != "zero_grad":
         return False
     if any(
