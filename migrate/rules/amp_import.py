@@ -259,7 +259,9 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
             for binding in bindings:
                 if binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
                     continue
-                uses = references.get(binding.alias, [])
+                # several imports of one name in a scope (one per `if` branch): a use may have
+                # resolved to any of them, so each counts every use of the name
+                uses = [use for other in bindings for use in references.get(other.alias, [])]
                 if scope is ctx.module and (bound in exported or "*" in exported):
                     continue  # other modules of the project import it from here
                 if bound == "*" and binding.kind == "other_apex":
