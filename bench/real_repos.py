@@ -14,6 +14,9 @@ measured file by file:
   silent     unchanged, no finding at all (Apex left without a word)
   failed     the tool reported the file as failed (unparsable, Python 2, ...)
   no-compile written files that do not compile (must be 0)
+  undefined  written files where the migration made a name undefined (ruff F821/F823 on the
+             output, for a name the original defined or took from a star import): a crash
+             waiting at run time (must be 0; needs ruff, -1 without it)
   2nd-pass   files ``--check`` on the written copy would change again (must be 0)
   left:*     files that still import Apex after --write, by construct (amp, parallel,
              fp16_utils, optimizers, normalization, other)
@@ -70,6 +73,7 @@ class RepoRow:
     silent: int = 0
     failed: int = 0
     no_compile: int = 0
+    undefined: int = 0
     second_pass: int = 0
     apex_free: int = 0
     left: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CONSTRUCTS, 0))
@@ -322,6 +326,7 @@ def measure(repo: Path, tool_path: Path, fake_root: Path) -> RepoRow:
             copy = Path(scratch) / repo.name
             shutil.copytree(repo, copy, symlinks=True, ignore=shutil.ignore_patterns(".git"))
             _measure_copy(row, copy, tool_path, fake_root)
+            _count_undefined(row, repo, copy)
     except Exception as error:
         row.error = f"{type(error).__name__}: {error}"[:400]
     row.seconds = round(time.perf_counter() - started, 1)
@@ -388,6 +393,43 @@ def _measure_copy(row: RepoRow, copy: Path, tool_path: Path, fake_root: Path) ->
             row.note("second_pass", str(Path(entry["path"]).resolve().relative_to(copy.resolve())))
 
 
+_UNDEFINED_NAME = re.compile(r"`([^`]+)`")
+
+
+def undefined_names(source: str) -> set[str] | None:
+    """Names ruff finds undefined in ``source`` (F821/F823, and F405: maybe from a star import);
+    None where ruff is not installed."""
+    command = [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select", "F821,F823,F405"]
+    command += ["--output-format", "json", "--stdin-filename", "file.py", "-"]
+    try:
+        result = subprocess.run(command, input=source, capture_output=True, text=True, timeout=60)
+    except OSError:
+        return None
+    if result.returncode not in (0, 1) or not result.stdout.startswith("["):
+        return None
+    names = set()
+    for finding in json.loads(result.stdout):
+        match = _UNDEFINED_NAME.search(finding["message"])
+        if match:
+            names.add(match.group(1))
+    return names
+
+
+def _count_undefined(row: RepoRow, original: Path, copy: Path) -> None:
+    """Written files whose migration uses a name nothing defines any more."""
+    for path in python_files(copy):
+        rel = path.relative_to(copy)
+        if not (original / rel).is_file() or read(original / rel) == read(path):
+            continue
+        after, before = undefined_names(read(path)), undefined_names(read(original / rel))
+        if after is None or before is None:
+            row.undefined = -1
+            return
+        if after - before:
+            row.undefined += 1
+            row.note("undefined", f"{rel}: {', '.join(sorted(after - before))}")
+
+
 # -- report ----------------------------------------------------------------------------
 
 COLUMNS = [
@@ -400,6 +442,7 @@ COLUMNS = [
     ("silent", "silent"),
     ("failed", "failed"),
     ("no_compile", "no-compile"),
+    ("undefined", "undefined"),
     ("second_pass", "2nd-pass"),
     ("apex_free", "apex-free"),
     *((f"left:{c}", f"left:{c}") for c in CONSTRUCTS),
@@ -431,7 +474,7 @@ def markdown(rows: list[RepoRow]) -> str:
         f"{len(rows)} repositories ({sum(1 for r in rows if r.error)} errors), {total['apex']} Apex files: "
         f"{total['full']} fully migrated ({share:.1f}%), {total['partly']} partly, {total['findings']} left with "
         f"findings, {total['silent']} left silently, {total['failed']} failed; {total['no_compile']} outputs do "
-        f"not compile, {total['second_pass']} change on a second pass; {total['apex_free']} import with Apex absent."
+        f"not compile, {total['undefined']} gained an undefined name, {total['second_pass']} change on a second pass; {total['apex_free']} import with Apex absent."
     )
     return "\n".join(lines)
 

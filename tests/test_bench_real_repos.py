@@ -72,3 +72,28 @@ UNGUARDED = {
 def test_apex_free_runs_the_guards(fake_root: Path) -> None:
     failures = real_repos.apex_free({**GUARDED, **UNGUARDED}, fake_root)
     assert set(failures) == set(UNGUARDED)
+
+
+def test_undefined_counts_names_the_migration_lost(tmp_path: Path) -> None:
+    """A written file that uses a name its original defined counts; one undefined before (or
+    maybe from a star import) does not, nor does an unchanged file."""
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    sources = {
+        "lost.py": (
+            "def f(x):\n    if x:\n        from apex import amp\n        amp.scale_loss(x)\n",
+            "def f(x):\n    if x:\n        amp.scale_loss(x)\n",
+        ),
+        "was_undefined.py": ("math.sqrt(2)\n", "math.sqrt(2)\nx = 1\n"),
+        "star.py": ("from apex.fp16_utils import *\nmath.sqrt(2)\n", "math.sqrt(2)\n"),
+        "same.py": ("y = z\n", None),
+    }
+    for name, (before, after) in sources.items():
+        for root, text in ((original, before), (copy, before if after is None else after)):
+            root.mkdir(exist_ok=True)
+            (root / name).write_text(text)
+    row = real_repos.RepoRow(repo="r")
+    real_repos._count_undefined(row, original, copy)
+    if row.undefined == -1:
+        pytest.skip("ruff is not installed")
+    assert row.undefined == 1
+    assert row.details["undefined"] == ["lost.py: amp"]
