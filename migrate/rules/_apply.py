@@ -9,7 +9,7 @@ attached to a statement that goes away move to the next statement emitted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import TypeVar, cast
 
 import libcst as cst
 
@@ -107,37 +107,44 @@ def _without_new_blank_top(original_first: cst.BaseStatement, first: cst.BaseSta
 def _with_new_keywords(call: cst.Call, keywords: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:
     """``f(a)`` -> ``f(a, name=value)``, laid out like the existing arguments."""
     extra = [syntax.keyword(name, value) for name, value in keywords]
-    args = list(call.args)
-    if args and isinstance(args[-1].comma, cst.Comma):
-        # keep a trailing comma style: new arguments go after it, laid out like the others
-        extra[-1] = extra[-1].with_changes(comma=args[-1].comma)
-        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=_separator(args)))
-    return call.with_changes(args=[*args, *extra])
+    return call.with_changes(args=_appended(list(call.args), extra, "whitespace_after_arg"))
 
 
 def _with_new_params(
     function: cst.FunctionDef, new: Sequence[tuple[str, cst.BaseExpression | None]]
 ) -> cst.FunctionDef:
     """``def f(a)`` -> ``def f(a, name)`` (or ``name=default``), laid out like the others."""
-    params = list(function.params.params)
-    for name, default in new:
-        params.append(
-            cst.Param(
-                cst.Name(name),
-                default=default,
-                equal=(
-                    cst.AssignEqual(whitespace_before=syntax.NO_SPACE, whitespace_after=syntax.NO_SPACE)
-                    if default is not None
-                    else cst.MaybeSentinel.DEFAULT
-                ),
-            )
+    extra = [
+        cst.Param(
+            cst.Name(name),
+            default=default,
+            equal=(
+                cst.AssignEqual(whitespace_before=syntax.NO_SPACE, whitespace_after=syntax.NO_SPACE)
+                if default is not None
+                else cst.MaybeSentinel.DEFAULT
+            ),
         )
-    if len(params) > 1 and isinstance(params[-2].comma, cst.Comma):
-        last_comma = params[-2].comma
-        separator = _separator(params[:-1])
-        params[-2] = params[-2].with_changes(comma=cst.Comma(whitespace_after=separator))
-        params[-1] = params[-1].with_changes(comma=last_comma)
+        for name, default in new
+    ]
+    params = _appended(list(function.params.params), extra, "whitespace_after_param")
     return function.with_changes(params=function.params.with_changes(params=params))
+
+
+_Item = TypeVar("_Item", cst.Arg, cst.Param)
+
+
+def _appended(items: list[_Item], extra: list[_Item], trailing: str) -> list[_Item]:
+    """``items`` then ``extra``, separated as the items are (a space, or one per line); the
+    last item's trailing comma and the whitespace before the closing parenthesis (the
+    ``trailing`` field) move to the new last one."""
+    if not items:
+        return extra
+    separator = _separator(items)
+    last = items[-1]
+    items[-1] = last.with_changes(comma=cst.Comma(whitespace_after=separator), **{trailing: syntax.NO_SPACE})
+    extra = [item.with_changes(comma=cst.Comma(whitespace_after=separator)) for item in extra]
+    extra[-1] = extra[-1].with_changes(comma=last.comma, **{trailing: getattr(last, trailing)})
+    return items + extra
 
 
 class PlanApplier(cst.CSTTransformer):
