@@ -156,6 +156,32 @@ def _reaching(ctx: ModuleContext, branch: cst.If) -> tuple[list[cst.BaseExpressi
     return [], branch
 
 
+def _clause_conditions(ctx: ModuleContext, branch: cst.If) -> tuple[list[cst.BaseExpression], cst.If]:
+    """What must hold to run ``branch``'s body, without the failed tests its own test implies
+    (``elif args.amp == "apex"`` after ``if args.amp == "pytorch"``)."""
+    reaching, top = _reaching(ctx, branch)
+    return [c for c in reaching if not _implied_by(branch.test, c)] + [branch.test], top
+
+
+def _implied_by(test: cst.BaseExpression, condition: cst.BaseExpression) -> bool:
+    """``x == "b"`` implies ``x != "a"``: the same name compared with two different literals."""
+    if not (isinstance(test, cst.Comparison) and isinstance(condition, cst.Comparison)):
+        return False
+    if len(test.comparisons) != 1 or len(condition.comparisons) != 1:
+        return False
+    equal, different = test.comparisons[0], condition.comparisons[0]
+    literals = (cst.SimpleString, cst.Integer)
+    return (
+        isinstance(equal.operator, cst.Equal)
+        and isinstance(different.operator, cst.NotEqual)
+        and syntax.normalized(test.left) == syntax.normalized(condition.left)
+        and isinstance(equal.comparator, literals)
+        and isinstance(different.comparator, literals)
+        and type(equal.comparator) is type(different.comparator)
+        and equal.comparator.evaluated_value != different.comparator.evaluated_value  # type: ignore[union-attr]
+    )
+
+
 def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseExpression], cst.CSTNode]:
     """Conditions of the `if`/`elif`/`else` clauses around ``statement``, and the outermost `if`."""
     conditions: list[cst.BaseExpression] = []
@@ -166,8 +192,8 @@ def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseEx
         if isinstance(owner, cst.If) and _is_main_guard(owner.test):
             break  # the script's entry point, not an amp switch: the scaler lives inside it
         if isinstance(owner, cst.If) and owner.body is block:
-            reaching, top = _reaching(ctx, owner)
-            conditions[:0] = [*reaching, owner.test]
+            clause, top = _clause_conditions(ctx, owner)
+            conditions[:0] = clause
         elif isinstance(owner, cst.Else) and isinstance(ctx.parent(owner), cst.If):
             branch = ctx.parent(owner)
             assert isinstance(branch, cst.If)
