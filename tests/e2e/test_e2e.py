@@ -76,6 +76,7 @@ class Case:
     optimizer_steps: int
     converges: bool = True  # a GAN's losses need not go down
     clips: bool = False  # records the norm returned by clip_grad_norm_
+    clipped_per_step: int = 1  # clip_grad_norm_ calls per optimizer step
     # Apex O2/O3 cast model outputs back to float32; autocast leaves them in float16.
     original_output_dtype: str = "torch.float16"
 
@@ -106,6 +107,8 @@ CASES = [
     ),
     # 192 examples / batch 8 = 24 micro-batches per epoch, 2 per optimizer step, 3 epochs.
     Case("hf_glue_accumulation", ("--fp16",), (), ("loss",), 36, clips=True),
+    # The same data, clipped after each of the 2 backward passes of every optimizer step.
+    Case("oscar_clip_every_microbatch", ("--fp16",), (), ("loss",), 36, clips=True, clipped_per_step=2),
     Case(
         "dcgan_two_optimizers",
         ("--opt_level", "O1"),
@@ -386,7 +389,7 @@ def test_fp32_switch_turns_scaling_off(case: Case, runner: Runner) -> None:
 def test_unscales_before_clipping(case: Case, runner: Runner) -> None:
     mixed = runner.run(case.name, case.mixed_args)["grad_norm"]
     fp32 = runner.run(case.name, case.fp32_args)["grad_norm"]
-    assert len(mixed) == len(fp32) == case.optimizer_steps
+    assert len(mixed) == len(fp32) == case.optimizer_steps * case.clipped_per_step
     assert mixed[0] == pytest.approx(
         fp32[0], rel=FIRST_GRAD_NORM_REL_TOL
     ), f"first clipped norm {mixed[0]:.4g} vs fp32 {fp32[0]:.4g}: gradients were clipped while still scaled"
@@ -429,3 +432,14 @@ def test_resume_from_checkpoints_written_by_apex(runner: Runner) -> None:
     restored = runner.run(CHECKPOINT, ("--steps", "2", "--resume", str(backed_off)))["restored_amp_state"]
     assert scaler_scale(restored) == 1024.0
     assert restored["_growth_tracker"] == 7
+
+
+def test_clips_every_micro_batch_as_apex_did(runner: Runner) -> None:
+    """Oscar's clip after each backward pass: Apex clipped the unscaled running sum of the
+    gradients each time. The migration clips the scaled sum at a scaled threshold; the norms it
+    reports (and so the clipping it does, which feeds the next norm) must match Apex's."""
+    migrated = runner.run("oscar_clip_every_microbatch", ("--fp16",))["grad_norm"]
+    original = runner.run("oscar_clip_every_microbatch", ("--fp16",), original=True)["grad_norm"]
+    threshold = 0.3  # the script's --max_grad_norm default
+    assert sum(norm > threshold for norm in original) > len(original) // 4, "too few clips to prove anything"
+    assert migrated == pytest.approx(original, rel=0.01)
