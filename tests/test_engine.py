@@ -175,3 +175,20 @@ def test_rendering_reuses_input_text_exactly() -> None:
         updated = run_rules(module, source, Options()).module
         if updated is not module:
             assert render(module, updated, source) == updated.code, case.name
+
+
+def test_a_substitute_never_drops_an_edit_made_inside_it() -> None:
+    """``Plan.substitute`` writes a node built from the original: if another rule edited
+    something inside it, applying it raises (the file fails, unchanged) instead of losing it."""
+    from migrate.rules._plan import LostEditError, Plan
+
+    original = cst.parse_expression("f(g(x))")
+    assert isinstance(original, cst.Call)
+    replacement = cst.parse_expression("h(g(x))")
+    plan = Plan()
+    plan.substitute(original, replacement)
+    assert plan.replace[original](original) is replacement
+    assert plan.replace[original](original.deep_clone()) is replacement  # equal, not edited
+    edited_inside = original.with_changes(args=[cst.Arg(cst.parse_expression("k(x)"))])
+    with pytest.raises(LostEditError):
+        plan.replace[original](edited_inside)

@@ -10,6 +10,7 @@ comments and layout inside the call survive.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -93,6 +94,15 @@ def _rewrite(call: cst.Call, replacement: Replacement) -> cst.Call | str:
     return call.with_changes(func=func, args=kept)
 
 
+def _rewritten(updated: cst.CSTNode, replacement: Replacement) -> cst.CSTNode:
+    """The torch call built from the call as the other edits left it (its arguments may hold
+    rewritten Apex calls: ``SyncBatchNorm(n, process_group=create_syncbn_process_group(k))``)."""
+    assert isinstance(updated, cst.Call)
+    result = _rewrite(updated, replacement)
+    assert not isinstance(result, str), result  # the arguments' names and count did not change
+    return result
+
+
 def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
     for call in ctx.nodes_of(cst.Call):
         found = ctx.apex_path(call.func)
@@ -106,7 +116,7 @@ def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...])
         if isinstance(result, str):
             ctx.report("AMP042", call, result)
             continue
-        ctx.plan.substitute(call, result)
+        ctx.plan.replace[call] = functools.partial(_rewritten, replacement=replacement)
         ctx.plan.needs_torch_import = True
         ctx.consumed.add(root)
         target = syntax.code(result.func).strip("()")

@@ -18,6 +18,10 @@ Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement
 Block = cst.Module | cst.IndentedBlock
 
 
+class LostEditError(RuntimeError):
+    """A rewrite built from an original node would drop an edit planned inside it."""
+
+
 @dataclass
 class Plan:
     """Edits keyed by original nodes; applied in one pass by ``_apply``."""
@@ -49,8 +53,15 @@ class Plan:
     needs_torch_import: bool = False
 
     def substitute(self, node: cst.CSTNode, replacement: cst.CSTNode) -> None:
-        """Replace ``node`` by a fixed new node (whatever happened inside it)."""
-        self.replace[node] = lambda _updated: replacement
+        """Replace ``node`` by a fixed new node, built from the original: an edit planned
+        inside ``node`` would be lost, so that is an error (the file is left as it was)."""
+
+        def replace(updated: cst.CSTNode) -> cst.CSTNode:
+            if updated is not node and not updated.deep_equals(node):
+                raise LostEditError(f"an edit inside `{cst.Module([]).code_for_node(node)[:80]}` would be lost")
+            return replacement
+
+        self.replace[node] = replace
 
     @property
     def empty(self) -> bool:
