@@ -60,10 +60,10 @@ def _reference(
 
 
 CASES = {
-    "bert": dict(bias_correction=False, max_grad_norm=1.0, eps_inside_sqrt=False, weight_decay=0.01),
-    "clip_inactive": dict(bias_correction=True, max_grad_norm=1e6, eps_inside_sqrt=False, weight_decay=0.0),
-    "no_clip": dict(bias_correction=True, max_grad_norm=0.0, eps_inside_sqrt=True, weight_decay=0.1),
-    "eps_inside": dict(bias_correction=False, max_grad_norm=0.5, eps_inside_sqrt=True, weight_decay=0.0),
+    "bert": {"bias_correction": False, "max_grad_norm": 1.0, "eps_inside_sqrt": False, "weight_decay": 0.01},
+    "clip_inactive": {"bias_correction": True, "max_grad_norm": 1e6, "eps_inside_sqrt": False, "weight_decay": 0.0},
+    "no_clip": {"bias_correction": True, "max_grad_norm": 0.0, "eps_inside_sqrt": True, "weight_decay": 0.1},
+    "eps_inside": {"bias_correction": False, "max_grad_norm": 0.5, "eps_inside_sqrt": True, "weight_decay": 0.0},
 }
 
 
