@@ -22,7 +22,21 @@ What it rewrites
     enabled autocast (exact), another S a scaler held at S (``init_scale=S``,
     ``update(new_scale=S)``; AMP002: it skips steps with inf/NaN gradients, which Apex applied).
     An ``if``/``else`` choosing dynamic or static at run time (``args.loss_scale == 0``) becomes
-    one scaler whose start and held scale follow the same test.
+    one scaler whose start and held scale follow the same test (a held scale is passed through
+    ``float()``: ``update(new_scale=)`` rejects an int, and configs often hold ``"loss_scale": 256``).
+
+    ``apex.optimizers.FP16_Optimizer`` (Dec 2018 to Aug 2019) wrapped only Apex's FusedAdam of that
+    time, built in the same function (``X = FusedAdam(...)`` or inline); the two migrate together.
+    The FusedAdam becomes ``LegacyFusedAdam``, a plain-torch class written into the module once that
+    reproduces the old update on the unscaled float32 gradients ``scaler.step`` hands it: per group,
+    ``clip = (norm + 1e-6) / max_grad_norm`` divides the gradients when above 1 (``max_grad_norm > 0``),
+    ``eps`` inside or outside the square root (``eps_inside_sqrt``), the bias correction folded into
+    the step size or not (``bias_correction``), ``weight_decay * p`` added to the update. The scale:
+    dynamic started at 2**16 and doubled once 1000 steps had passed since the last overflow (what
+    ``growth_interval=1000`` does), halving on overflow but never below 1 (after ``scaler.update()``
+    a scale under 1 is put back to 1); a static S skipped overflowing steps too, so every static
+    scale, 1.0 included, is a scaler held at S (no AMP002). ``optimizer.cur_scale`` reads
+    ``scaler.get_scale()``; ``zero_grad()`` already set the gradients to None and is left as is.
 
 Before::
 
@@ -62,11 +76,12 @@ touches stays as it was)
     and the fp32 master copies), ``.overflow``, ``update_master_grads``, a closure passed to
     ``step``, a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads``
     with no ``step()`` after it in its block, a model still halved elsewhere in the function.
-    ``apex.optimizers.FP16_Optimizer`` (and ``apex.contrib.optimizers``'): it only ran with
-    Apex's pre-2019 FusedAdam, through ``step(grads=, output_params=, scale=, grad_norms=)``,
-    and that FusedAdam's update is not torch's AdamW (weight decay times the bias-corrected step
-    size, eps added before the bias correction): no exact migration, so it stays, and the
-    FusedAdam it wraps stays with it (AMP042), since AdamW alone would crash on that step call.
+    ``apex.contrib.optimizers.FP16_Optimizer``. For ``apex.optimizers.FP16_Optimizer`` also:
+    ``dynamic_loss_args`` (Apex raised SystemError), an optimizer not built by a FusedAdam call in
+    the same function, FusedAdam arguments through ``*args``/``**kwargs`` or ``amsgrad=True``
+    (Apex raised), ``clip_master_grads`` / ``loss_scale`` (it had neither). The FusedAdam it wraps
+    stays with it (AMP042), since it drives that FusedAdam's old step API. A FusedAdam no
+    FP16_Optimizer wraps is apex_optimizers' business.
 
 Safety
     Apex updated the scale once per ``backward``, GradScaler once per ``update()``: with
@@ -75,11 +90,29 @@ Safety
     ``FP16Model`` prefixed state_dict keys with ``1.`` / ``network.``; the bare model's keys
     have no prefix. ``clip_master_grads`` returned -1 on an
     overflowing step, the clip returns an inf or NaN norm (the step is skipped either way).
+    apex.optimizers' FP16_Optimizer: overflow was an inf/NaN norm of the fp16 gradients of the
+    fp16 model, GradScaler's an inf/NaN among the gradients of the float32 model under autocast
+    (the fp16/fp32 split differs, so steps near the edge can skip differently); the clip norm is
+    taken on float32 instead of fp16 gradients; Apex versions before March 2019 (NVIDIA/apex
+    2f0bf59) started the dynamic scale at 2**32, later ones, followed here, at 2**16; every
+    parameter needed a gradient (Apex flattened them), LegacyFusedAdam skips those without one.
 
 References
     NVIDIA/apex@2f0bf59: apex/fp16_utils/fp16_optimizer.py, apex/fp16_utils/fp16util.py,
-    apex/optimizers/fp16_optimizer.py, apex/amp/scaler.py, csrc/fused_adam_cuda_kernel.cu
-    (2019); pytorch/pytorch: torch/amp/grad_scaler.py; ../shared/apex-semantics.md sections 3.3, 4 and 9.
+    apex/amp/scaler.py (2019). The apex.optimizers pair, read at NVIDIA/apex@37795aa (the last
+    commit before 690b1f7 of Aug 2019 replaced them; unchanged in substance since c8ca4bf of Dec
+    2018 but for the start scale): apex/optimizers/fp16_optimizer.py (per group a flat fp16 buffer
+    the model's parameters view and a flat fp32 master; backward scales ``loss.float()`` by the
+    current scale; step takes each group's fp16 gradient 2-norm in fp32, any inf/NaN skips the step;
+    the dynamic scale: 2**16, x2 when ``(iteration - last overflow) % 1000 == 0`` on a clean step,
+    /2 with a floor of 1 on an overflow; ``dynamic_loss_args`` raises; ``zero_grad`` defaults to
+    None), apex/optimizers/fused_adam.py (signature params, lr, bias_correction, betas, eps,
+    eps_inside_sqrt, weight_decay, max_grad_norm, amsgrad (raises); the per-group clip from the
+    passed norm, ``(norm / scale + 1e-6) / max_grad_norm``, multiplying the divisor when above 1;
+    the step count per parameter), csrc/fused_adam_cuda_kernel.cu (the element update: gradient
+    over the combined scale, both moments, ``sqrt(v + eps)`` or ``sqrt(v) + eps``, update
+    ``m / denom + decay * p``, step size ``lr * sqrt(1 - b2^t) / (1 - b1^t)`` or ``lr``).
+    pytorch/pytorch: torch/amp/grad_scaler.py; ../shared/apex-semantics.md sections 3.3, 4 and 9.
 """
 
 from __future__ import annotations
