@@ -444,7 +444,7 @@ def _read_legacy(ctx: ModuleContext, construction: _Construction, bound: dict[st
     kept = list(fused.args)
     if "amsgrad" in fused_bound:
         if syntax.literal(fused_bound["amsgrad"].value) is not False:
-            raise _Blocked(fused, "the old FusedAdam raised for amsgrad=True (it had no AMSGrad): remove it")
+            raise _Blocked(fused, "the old FusedAdam raised for amsgrad=True (it had no AMSGrad): remove `amsgrad=True`")
         kept.remove(fused_bound["amsgrad"])
         if kept and not isinstance(fused.args[-1].comma, cst.Comma):
             kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
@@ -985,6 +985,8 @@ class _Planner:
             statement = ctx.statement_of(call)
             if statement in self.edits.remove or statement in self.edits.replace_statement:
                 continue
+            if self._fresh_model(call, statement, halving):
+                continue  # a model loaded after training (fp16 inference): it stays as it was
             kept = self._without_half(statement)
             conditions, _ = _guards(ctx, statement)
             if kept is ... or [syntax.normalized(c) for c in conditions] != guard_codes:
@@ -998,6 +1000,34 @@ class _Planner:
             else:
                 assert isinstance(kept, cst.SimpleStatementLine)
                 self.edits.replace_statement[statement] = [kept]
+
+    def _fresh_model(self, call: cst.Call, statement: cst.CSTNode, name: str) -> bool:
+        """Whether ``name.half()`` halves a model bound anew after the optimizer's last use.
+
+        SpanBERT's scripts train, then load the saved model again for the test set and halve
+        that one: ``model = Bert...from_pretrained(out_dir)``, ``if args.fp16: model.half()``. The
+        optimizer never sees that object, so its ``.half()`` (fp16 inference, as before) stays.
+        Only a plain ``name = <expression not reading name>`` that surely runs before the call
+        (an earlier statement of a block around it) and after every use of the optimizer counts.
+        """
+        ctx = self.ctx
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "half") or "." in name:
+            return False
+        last = max([self.start_line, *(ctx.position(node)[0] for node in self.uses())])
+        current = statement
+        while True:
+            block = ctx.parent(current)
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                return False
+            body: list[cst.CSTNode] = list(block.body)
+            for earlier in reversed(body[: body.index(current)]):
+                if ctx.position(earlier)[0] <= last:
+                    return False
+                if _rebinds(earlier, name):
+                    return True
+            if isinstance(block, cst.Module) or ctx.parent(block) is self.setup.scope:
+                return False
+            current = ctx.statement_of(block)
 
     def _halving_call(self, call: cst.Call) -> str | None:
         """The model halved by this call (``m.half()``, ``network_to_half(m)``...), if it is one."""
@@ -1160,6 +1190,19 @@ def _wrap(ctx: ModuleContext, first: cst.CSTNode, last: cst.CSTNode, item: cst.W
             ctx.plan.wrap[block[min(a, c)]] = (block[max(b, d)], kept)
             return
     ctx.plan.wrap[first] = (last, item)
+
+
+def _rebinds(statement: cst.CSTNode, name: str) -> bool:
+    """``name = <expression>`` where the expression does not read ``name`` (a new object)."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return False
+    small = statement.body[0]
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        return False
+    target = small.targets[0].target
+    if not (isinstance(target, cst.Name) and target.value == name):
+        return False
+    return not any(isinstance(node, cst.Name) and node.value == name for node in _walk(small.value))
 
 
 def _exclusive(ctx: ModuleContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
