@@ -444,7 +444,9 @@ def _read_legacy(ctx: ModuleContext, construction: _Construction, bound: dict[st
     kept = list(fused.args)
     if "amsgrad" in fused_bound:
         if syntax.literal(fused_bound["amsgrad"].value) is not False:
-            raise _Blocked(fused, "the old FusedAdam raised for amsgrad=True (it had no AMSGrad): remove `amsgrad=True`")
+            raise _Blocked(
+                fused, "the old FusedAdam raised for amsgrad=True (it had no AMSGrad): remove `amsgrad=True`"
+            )
         kept.remove(fused_bound["amsgrad"])
         if kept and not isinstance(fused.args[-1].comma, cst.Comma):
             kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
