@@ -93,6 +93,10 @@ class FP16_Optimizer:
 
     def step(self, closure: Any = None) -> None:
         """One step; Apex took ``closure`` and ignored it."""
+        # ampmigrate verify plants its overflows here, as at the amp LossScaler's check
+        events.emit(
+            "check_overflow", scaler=self, tensors=[param.grad for group in self.fp16_groups for param in group]
+        )
         flat_grads, norms = [], []
         for group in self.fp16_groups:
             grads = [param.grad for param in group]
@@ -131,6 +135,11 @@ class FP16_Optimizer:
             print("\nGrad overflow on iteration", self.cur_iter)
             print("Using static loss scale of", self.cur_scale)
         self.cur_iter += 1
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the scale is dynamic (what ``check_overflow`` listeners read)."""
+        return self.dynamic_loss_scale
 
     @property
     def state(self) -> Any:
