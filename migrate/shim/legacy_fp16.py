@@ -109,12 +109,20 @@ class FP16_Optimizer:
             events.emit("step_skipped", optimizer=self.optimizer, loss_id=0)
             self._update_scale(True)
             return
-        self.optimizer.step(
-            grads=[[grad] for grad in flat_grads],
-            output_params=[[flat] for flat in self.fp16_groups_flat],
-            scale=self.cur_scale,
-            grad_norms=norms,
-        )
+        # Apex's masters never had a .grad (the grads go in as arguments); the unscaled copy lets
+        # ampmigrate verify measure the gradient this step used, as GradScaler's unscale_ shows it
+        for master, flat in zip(self.fp32_groups_flat, flat_grads):
+            master.grad = flat.float() / self.cur_scale
+        try:
+            self.optimizer.step(
+                grads=[[grad] for grad in flat_grads],
+                output_params=[[flat] for flat in self.fp16_groups_flat],
+                scale=self.cur_scale,
+                grad_norms=norms,
+            )
+        finally:
+            for master in self.fp32_groups_flat:
+                master.grad = None
         self._update_scale(False)
 
     def backward(self, loss: torch.Tensor) -> None:
