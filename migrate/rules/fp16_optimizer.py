@@ -705,8 +705,12 @@ class _Planner:
     def _plan_use(self, node: cst.Name) -> None:
         ctx, name = self.ctx, self.name
         if _is_store(ctx, node):
-            if all(_exclusive(ctx, node, c.statement) for c in self.setup.constructions):
-                return  # `if fp16: ...FP16_Optimizer... else: optimizer = BertAdam(...)`: the other path's optimizer
+            if self.flavor == "optimizers" and all(
+                _exclusive(ctx, node, c.statement) for c in self.setup.constructions
+            ):
+                # `if fp16: ...FP16_Optimizer... else: optimizer = BertAdam(...)`: the other path's optimizer
+                # (its zero_grad() is left as written, so any optimizer class takes the migrated calls)
+                return
             raise _Blocked(node, f"`{name}` is assigned again after FP16_Optimizer wrapped it")
         parent = ctx.parent(node)
         if not (isinstance(parent, cst.Attribute) and parent.value is node):
