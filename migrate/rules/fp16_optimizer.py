@@ -22,7 +22,21 @@ What it rewrites
     enabled autocast (exact), another S a scaler held at S (``init_scale=S``,
     ``update(new_scale=S)``; AMP002: it skips steps with inf/NaN gradients, which Apex applied).
     An ``if``/``else`` choosing dynamic or static at run time (``args.loss_scale == 0``) becomes
-    one scaler whose start and held scale follow the same test.
+    one scaler whose start and held scale follow the same test (a held scale is passed through
+    ``float()``: ``update(new_scale=)`` rejects an int, and configs often hold ``"loss_scale": 256``).
+
+    ``apex.optimizers.FP16_Optimizer`` (Dec 2018 to Aug 2019) wrapped only Apex's FusedAdam of that
+    time, built in the same function (``X = FusedAdam(...)`` or inline); the two migrate together.
+    The FusedAdam becomes ``LegacyFusedAdam``, a plain-torch class written into the module once that
+    reproduces the old update on the unscaled float32 gradients ``scaler.step`` hands it: per group,
+    ``clip = (norm + 1e-6) / max_grad_norm`` divides the gradients when above 1 (``max_grad_norm > 0``),
+    ``eps`` inside or outside the square root (``eps_inside_sqrt``), the bias correction folded into
+    the step size or not (``bias_correction``), ``weight_decay * p`` added to the update. The scale:
+    dynamic started at 2**16 and doubled once 1000 steps had passed since the last overflow (what
+    ``growth_interval=1000`` does), halving on overflow but never below 1 (after ``scaler.update()``
+    a scale under 1 is put back to 1); a static S skipped overflowing steps too, so every static
+    scale, 1.0 included, is a scaler held at S (no AMP002). ``optimizer.cur_scale`` reads
+    ``scaler.get_scale()``; ``zero_grad()`` already set the gradients to None and is left as is.
 
 Before::
 
@@ -62,11 +76,12 @@ touches stays as it was)
     and the fp32 master copies), ``.overflow``, ``update_master_grads``, a closure passed to
     ``step``, a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads``
     with no ``step()`` after it in its block, a model still halved elsewhere in the function.
-    ``apex.optimizers.FP16_Optimizer`` (and ``apex.contrib.optimizers``'): it only ran with
-    Apex's pre-2019 FusedAdam, through ``step(grads=, output_params=, scale=, grad_norms=)``,
-    and that FusedAdam's update is not torch's AdamW (weight decay times the bias-corrected step
-    size, eps added before the bias correction): no exact migration, so it stays, and the
-    FusedAdam it wraps stays with it (AMP042), since AdamW alone would crash on that step call.
+    ``apex.contrib.optimizers.FP16_Optimizer``. For ``apex.optimizers.FP16_Optimizer`` also:
+    ``dynamic_loss_args`` (Apex raised SystemError), an optimizer not built by a FusedAdam call in
+    the same function, FusedAdam arguments through ``*args``/``**kwargs`` or ``amsgrad=True``
+    (Apex raised), ``clip_master_grads`` / ``loss_scale`` (it had neither). The FusedAdam it wraps
+    stays with it (AMP042), since it drives that FusedAdam's old step API. A FusedAdam no
+    FP16_Optimizer wraps is apex_optimizers' business.
 
 Safety
     Apex updated the scale once per ``backward``, GradScaler once per ``update()``: with
@@ -75,11 +90,29 @@ Safety
     ``FP16Model`` prefixed state_dict keys with ``1.`` / ``network.``; the bare model's keys
     have no prefix. ``clip_master_grads`` returned -1 on an
     overflowing step, the clip returns an inf or NaN norm (the step is skipped either way).
+    apex.optimizers' FP16_Optimizer: overflow was an inf/NaN norm of the fp16 gradients of the
+    fp16 model, GradScaler's an inf/NaN among the gradients of the float32 model under autocast
+    (the fp16/fp32 split differs, so steps near the edge can skip differently); the clip norm is
+    taken on float32 instead of fp16 gradients; Apex versions before March 2019 (NVIDIA/apex
+    2f0bf59) started the dynamic scale at 2**32, later ones, followed here, at 2**16; every
+    parameter needed a gradient (Apex flattened them), LegacyFusedAdam skips those without one.
 
 References
     NVIDIA/apex@2f0bf59: apex/fp16_utils/fp16_optimizer.py, apex/fp16_utils/fp16util.py,
-    apex/optimizers/fp16_optimizer.py, apex/amp/scaler.py, csrc/fused_adam_cuda_kernel.cu
-    (2019); pytorch/pytorch: torch/amp/grad_scaler.py; ../shared/apex-semantics.md sections 3.3, 4 and 9.
+    apex/amp/scaler.py (2019). The apex.optimizers pair, read at NVIDIA/apex@37795aa (the last
+    commit before 690b1f7 of Aug 2019 replaced them; unchanged in substance since c8ca4bf of Dec
+    2018 but for the start scale): apex/optimizers/fp16_optimizer.py (per group a flat fp16 buffer
+    the model's parameters view and a flat fp32 master; backward scales ``loss.float()`` by the
+    current scale; step takes each group's fp16 gradient 2-norm in fp32, any inf/NaN skips the step;
+    the dynamic scale: 2**16, x2 when ``(iteration - last overflow) % 1000 == 0`` on a clean step,
+    /2 with a floor of 1 on an overflow; ``dynamic_loss_args`` raises; ``zero_grad`` defaults to
+    None), apex/optimizers/fused_adam.py (signature params, lr, bias_correction, betas, eps,
+    eps_inside_sqrt, weight_decay, max_grad_norm, amsgrad (raises); the per-group clip from the
+    passed norm, ``(norm / scale + 1e-6) / max_grad_norm``, multiplying the divisor when above 1;
+    the step count per parameter), csrc/fused_adam_cuda_kernel.cu (the element update: gradient
+    over the combined scale, both moments, ``sqrt(v + eps)`` or ``sqrt(v) + eps``, update
+    ``m / denom + decay * p``, step size ``lr * sqrt(1 - b2^t) / (1 - b1^t)`` or ``lr``).
+    pytorch/pytorch: torch/amp/grad_scaler.py; ../shared/apex-semantics.md sections 3.3, 4 and 9.
 """
 
 from __future__ import annotations
@@ -113,13 +146,96 @@ _FUSED_ADAM = "apex.optimizers.FusedAdam"
 _DYNAMIC_KEYS = frozenset({"init_scale", "scale_factor", "scale_window", "min_loss_scale", "max_loss_scale"})
 _OLD_FUSED_ADAM = (
     "apex.optimizers.FP16_Optimizer only ran with Apex's pre-2019 FusedAdam (it calls step(grads=..., "
-    "output_params=..., scale=..., grad_norms=...), which later Apex removed), and that FusedAdam's update is not "
-    "torch.optim.AdamW's: p -= lr * sqrt(1 - beta2**t) / (1 - beta1**t) * (m / (sqrt(v) + eps) + weight_decay * p); "
-    "write instead: the float32 model, `torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=weight_decay)` (the "
-    'nearest), `scaler = torch.amp.GradScaler("cuda", growth_interval=1000)` for dynamic_loss_scale=True (or '
+    "output_params=..., scale=..., grad_norms=...), which later Apex removed), and no `X = FusedAdam(...)` "
+    "assigned in this function is the optimizer it wraps; write instead: the float32 model, the old FusedAdam's "
+    "update in plain torch (ampmigrate writes it as `LegacyFusedAdam` when the FusedAdam is built in the same "
+    'function), `scaler = torch.amp.GradScaler("cuda", growth_interval=1000)` for dynamic_loss_scale=True (or '
     "`init_scale=S` with `scaler.update(new_scale=S)` for static_loss_scale=S: it skipped overflowing steps too), "
     "`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`"
 )
+# the pre-2019 FusedAdam's signature (Apex, Dec 2018 to Aug 2019)
+_OLD_FUSED_PARAMETERS = (
+    "params",
+    "lr",
+    "bias_correction",
+    "betas",
+    "eps",
+    "eps_inside_sqrt",
+    "weight_decay",
+    "max_grad_norm",
+    "amsgrad",
+)
+_LEGACY_HELPER = "LegacyFusedAdam"
+_LEGACY_FUSED_ADAM = '''\
+class {name}(torch.optim.Optimizer):
+    """Apex's pre-2019 FusedAdam (the one apex.optimizers.FP16_Optimizer drove), in plain torch.
+
+    Per group, when max_grad_norm > 0 and (norm + 1e-6) / max_grad_norm > 1 (norm: the group's
+    gradient 2-norm) the gradients are divided by that ratio; then m = b1 * m + (1 - b1) * g,
+    v = b2 * v + (1 - b2) * g * g and p -= step_size * (m / denom + weight_decay * p), with
+    denom = sqrt(v + eps) if eps_inside_sqrt else sqrt(v) + eps, and
+    step_size = lr * sqrt(1 - b2 ** t) / (1 - b1 ** t) (just lr without bias_correction).
+    """
+
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        bias_correction=True,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        eps_inside_sqrt=False,
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+    ):
+        defaults = dict(
+            lr=lr,
+            bias_correction=bias_correction,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            max_grad_norm=max_grad_norm,
+        )
+        super().__init__(params, defaults)
+        self.eps_inside_sqrt = eps_inside_sqrt
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad.float() for p in params]
+            if group["max_grad_norm"] > 0:
+                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+                clip = torch.clamp((norm + 1e-6) / group["max_grad_norm"], min=1.0)
+                grads = [g / clip for g in grads]
+            beta1, beta2 = group["betas"]
+            for p, grad in zip(params, grads):
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["step"] += 1
+                step_size = group["lr"]
+                if group["bias_correction"]:
+                    step_size = step_size * (1 - beta2 ** state["step"]) ** 0.5 / (1 - beta1 ** state["step"])
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                if self.eps_inside_sqrt:
+                    denom = (exp_avg_sq + group["eps"]).sqrt()
+                else:
+                    denom = exp_avg_sq.sqrt().add_(group["eps"])
+                update = exp_avg / denom + group["weight_decay"] * p
+                p.sub_(step_size * update)
+        return loss
+'''
 _RECIPE = (
     'the float32 model (no .half()), `scaler = torch.amp.GradScaler("cuda")`, the forward pass and loss under '
     '`with torch.autocast("cuda", dtype=torch.float16):`, `scaler.scale(loss).backward()`, '
@@ -150,6 +266,9 @@ class _Construction:
     init_scale: float | None = None
     growth_interval: int | None = None
     notes: list[tuple[str, cst.CSTNode, str | None]] = field(default_factory=list)
+    # apex.optimizers: the old FusedAdam call it wraps, and that call rewritten for the helper class
+    fused: cst.Call | None = None
+    legacy: cst.Call | None = None
 
 
 @dataclass
@@ -273,8 +392,6 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
             "apex.contrib.optimizers.FP16_Optimizer drives Apex's contrib fused optimizers through their own "
             "step(grads=..., output_params=..., scale=...) API, which torch has no twin of; write " + _RECIPE,
         )
-    if flavor == "optimizers":
-        raise _Blocked(call, _OLD_FUSED_ADAM)
     bound = syntax.bind_arguments(call, _PARAMETERS)
     if bound is None or "init_optimizer" not in bound:
         raise _Blocked(
@@ -291,8 +408,50 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
         path=path,
         flavor=flavor,
     )
-    _read_scale(construction, bound)
+    if flavor == "optimizers":
+        _read_legacy(ctx, construction, bound)
+    else:
+        _read_scale(construction, bound)
     return construction
+
+
+def _read_legacy(ctx: ModuleContext, construction: _Construction, bound: dict[str, cst.Arg]) -> None:
+    """apex.optimizers.FP16_Optimizer: its scale (2**16 doubling after 1000 clean steps, or a held
+    static one) and the old FusedAdam it wraps, rewritten for the LegacyFusedAdam helper (raises _Blocked)."""
+    call = construction.call
+    args_arg = bound.get("dynamic_loss_args")
+    if args_arg is not None and syntax.literal(args_arg.value) is not None:
+        raise _Blocked(
+            args_arg,
+            "this FP16_Optimizer raised SystemError for any dynamic_loss_args: remove it (its dynamic scale "
+            'started at 2**16 and doubled after 1000 clean steps: `torch.amp.GradScaler("cuda", '
+            "growth_interval=1000)`)",
+        )
+    _read_scale(construction, {k: v for k, v in bound.items() if k != "dynamic_loss_args"})
+    if construction.static is None:
+        construction.growth_interval = 1000
+    fused = _fused_adam_of(ctx, call)
+    if fused is None:
+        raise _Blocked(call, _OLD_FUSED_ADAM)
+    fused_bound = syntax.bind_arguments(fused, _OLD_FUSED_PARAMETERS)
+    if fused_bound is None or "params" not in fused_bound:
+        raise _Blocked(
+            fused,
+            "the old FusedAdam's arguments are not spelt out (*args/**kwargs, or a keyword it did not take): "
+            "write `FusedAdam(params, lr=..., bias_correction=..., betas=..., eps=..., eps_inside_sqrt=..., "
+            "weight_decay=..., max_grad_norm=...)`",
+        )
+    kept = list(fused.args)
+    if "amsgrad" in fused_bound:
+        if syntax.literal(fused_bound["amsgrad"].value) is not False:
+            raise _Blocked(
+                fused, "the old FusedAdam raised for amsgrad=True (it had no AMSGrad): remove `amsgrad=True`"
+            )
+        kept.remove(fused_bound["amsgrad"])
+        if kept and not isinstance(fused.args[-1].comma, cst.Comma):
+            kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    construction.fused = fused
+    construction.legacy = fused.with_changes(func=cst.Name(_LEGACY_HELPER), args=kept)
 
 
 def _collect(ctx: ModuleContext) -> tuple[list[_Setup], list[tuple[_Blocked, cst.Call]]]:
@@ -375,6 +534,7 @@ class _Planner:
         self.guards, self.outermost = _guards(ctx, anchor)
         self.enabled = _conjunction(list(self.guards), None) if self.guards else None
         self.scaler = ctx.fresh_name(ctx.options.scaler_name)
+        self.helper = _legacy_helper_name(ctx) if self.flavor == "optimizers" else _LEGACY_HELPER
         self.model_names: set[str] = set()
         statements = [c.statement for c in setup.constructions]
         self.start_line = min(ctx.position(s)[0] for s in statements)
@@ -384,7 +544,9 @@ class _Planner:
         """``init_scale=`` (pick "init") or ``new_scale=`` (pick "hold") for the setup."""
         values: list[cst.BaseExpression | None] = []
         for construction in self.setup.constructions:
-            if construction.static is not None:
+            if construction.static is not None and pick == "hold":
+                values.append(_as_float(construction.static))
+            elif construction.static is not None:
                 values.append(construction.static.deep_clone())
             elif pick == "init" and construction.init_scale is not None:
                 values.append(cst.Float(repr(construction.init_scale)))
@@ -403,7 +565,8 @@ class _Planner:
         """apex.fp16_utils with a literal static scale of 1: no scaling, no overflow check."""
         construction = self.setup.first
         return (
-            len(self.setup.constructions) == 1
+            self.flavor == "fp16_utils"
+            and len(self.setup.constructions) == 1
             and construction.static is not None
             and syntax.literal(construction.static) == 1.0
         )
@@ -473,9 +636,10 @@ class _Planner:
         for construction in setup.constructions:
             replacement: list[Statement] = []
             if not (isinstance(construction.inner, cst.Name) and construction.inner.value == construction.target):
-                replacement.append(
-                    syntax.assign_statement(cst.Name(construction.target), construction.inner.deep_clone())
-                )
+                inner = construction.inner
+                if inner is construction.fused and construction.legacy is not None:
+                    inner = construction.legacy.with_changes(func=cst.Name(self.helper))
+                replacement.append(syntax.assign_statement(cst.Name(construction.target), inner.deep_clone()))
             if self.outermost is construction.statement:
                 replacement.append(creation)
             if replacement:
@@ -484,7 +648,8 @@ class _Planner:
                 self.edits.remove.add(construction.statement)
             self.edits.consumed.add(construction.root)
             self.edits.notes.extend(construction.notes)
-            if construction.static is not None and not disabled:
+            if construction.static is not None and not disabled and self.flavor == "fp16_utils":
+                # apex.optimizers' FP16_Optimizer skipped overflowing steps at a static scale too
                 self.edits.notes.append(("AMP002", construction.call, None))
         if self.outermost not in [c.statement for c in setup.constructions]:
             self.edits.before.setdefault(self.outermost, []).append(creation)
@@ -540,6 +705,12 @@ class _Planner:
     def _plan_use(self, node: cst.Name) -> None:
         ctx, name = self.ctx, self.name
         if _is_store(ctx, node):
+            if self.flavor == "optimizers" and all(
+                _exclusive(ctx, node, c.statement) for c in self.setup.constructions
+            ):
+                # `if fp16: ...FP16_Optimizer... else: optimizer = BertAdam(...)`: the other path's optimizer
+                # (its zero_grad() is left as written, so any optimizer class takes the migrated calls)
+                return
             raise _Blocked(node, f"`{name}` is assigned again after FP16_Optimizer wrapped it")
         parent = ctx.parent(node)
         if not (isinstance(parent, cst.Attribute) and parent.value is node):
@@ -553,7 +724,7 @@ class _Planner:
         outer = ctx.parent(parent)
         if attribute in ("param_groups", "state"):
             return
-        if attribute == "loss_scale":
+        if attribute == ("cur_scale" if self.flavor == "optimizers" else "loss_scale"):
             if _is_store(ctx, parent):
                 raise _Blocked(parent, f"`{name}.{attribute}` is set: set the scaler's with `update(new_scale=...)`")
             self.edits.substitute[parent] = syntax.attribute_call(cst.Name(self.scaler), "get_scale")
@@ -564,7 +735,7 @@ class _Planner:
             "backward": self._backward,
             "step": self._step,
             "zero_grad": self._zero_grad,
-            "clip_master_grads": self._clip,
+            "clip_master_grads": self._clip if self.flavor == "fp16_utils" else None,
         }.get(attribute)
         if handler is None:
             raise _Blocked(outer, self._advice(attribute))
@@ -598,7 +769,9 @@ class _Planner:
         return statement
 
     def _backward(self, call: cst.Call) -> None:
-        bound = syntax.bind_arguments(call, ("loss", "update_master_grads", "retain_graph"))
+        # apex.optimizers' FP16_Optimizer.backward took the loss alone
+        parameters = ("loss",) if self.flavor == "optimizers" else ("loss", "update_master_grads", "retain_graph")
+        bound = syntax.bind_arguments(call, parameters)
         if bound is None or "loss" not in bound:
             raise _Blocked(
                 call,
@@ -691,6 +864,26 @@ class _Planner:
         update_args = [syntax.keyword("new_scale", hold)] if hold is not None else []
         update = syntax.expression_statement(syntax.attribute_call(cst.Name(self.scaler), "update", update_args))
         self.edits.after.setdefault(statement, []).append(update)
+        floor = self._scale_floor()
+        if floor is not None:
+            self.edits.after[statement].append(floor)
+
+    def _scale_floor(self) -> Statement | None:
+        """apex.optimizers' FP16_Optimizer halved its dynamic scale down to 1, never below; GradScaler
+        has no floor, so the migration puts the scale back to 1 after an update that went under it."""
+        if self.flavor != "optimizers":
+            return None
+        dynamic = [c.static is None for c in self.setup.constructions]
+        if not any(dynamic):
+            return None
+        test = f"{self.scaler}.get_scale() < 1.0"
+        chain = self.setup.chain
+        if chain is not None and not all(dynamic):
+            condition = syntax.code(chain.test).strip()
+            if not isinstance(syntax.strip_parens(chain.test), (cst.Name, cst.Attribute, cst.Comparison)):
+                condition = f"({condition})"
+            test = f"{condition if dynamic[0] else 'not ' + condition} and {test}"
+        return cst.parse_statement(f"if {test}:\n    {self.scaler}.update(new_scale=1.0)\n")
 
     def _zero_grad(self, call: cst.Call) -> None:
         bound = syntax.bind_arguments(call, ("set_grads_to_None",))
@@ -702,6 +895,8 @@ class _Planner:
             )
         if "set_grads_to_None" in bound:
             value = bound["set_grads_to_None"].value.deep_clone()
+        elif self.flavor == "optimizers":
+            return  # it set the grads to None by default, as torch's zero_grad() does
         elif self.enabled is None:
             value = cst.Name("False")
         else:
@@ -796,6 +991,8 @@ class _Planner:
             statement = ctx.statement_of(call)
             if statement in self.edits.remove or statement in self.edits.replace_statement:
                 continue
+            if self._fresh_model(call, statement, halving):
+                continue  # a model loaded after training (fp16 inference): it stays as it was
             kept = self._without_half(statement)
             conditions, _ = _guards(ctx, statement)
             if kept is ... or [syntax.normalized(c) for c in conditions] != guard_codes:
@@ -809,6 +1006,34 @@ class _Planner:
             else:
                 assert isinstance(kept, cst.SimpleStatementLine)
                 self.edits.replace_statement[statement] = [kept]
+
+    def _fresh_model(self, call: cst.Call, statement: cst.CSTNode, name: str) -> bool:
+        """Whether ``name.half()`` halves a model bound anew after the optimizer's last use.
+
+        SpanBERT's scripts train, then load the saved model again for the test set and halve
+        that one: ``model = Bert...from_pretrained(out_dir)``, ``if args.fp16: model.half()``. The
+        optimizer never sees that object, so its ``.half()`` (fp16 inference, as before) stays.
+        Only a plain ``name = <expression not reading name>`` that surely runs before the call
+        (an earlier statement of a block around it) and after every use of the optimizer counts.
+        """
+        ctx = self.ctx
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "half") or "." in name:
+            return False
+        last = max([self.start_line, *(ctx.position(node)[0] for node in self.uses())])
+        current = statement
+        while True:
+            block = ctx.parent(current)
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                return False
+            body: list[cst.CSTNode] = list(block.body)
+            for earlier in reversed(body[: body.index(current)]):
+                if ctx.position(earlier)[0] <= last:
+                    return False
+                if _rebinds(earlier, name):
+                    return True
+            if isinstance(block, cst.Module) or ctx.parent(block) is self.setup.scope:
+                return False
+            current = ctx.statement_of(block)
 
     def _halving_call(self, call: cst.Call) -> str | None:
         """The model halved by this call (``m.half()``, ``network_to_half(m)``...), if it is one."""
@@ -903,6 +1128,7 @@ class _Planner:
         ctx.plan.needs_torch_import = True
         for code, node, message in edits.notes:
             ctx.report(code, node, message)
+        self._commit_legacy()
         construction = self.setup.first
         ctx.report(
             "AMP041",
@@ -915,6 +1141,32 @@ class _Planner:
                 else ""
             ),
         )
+
+    def _commit_legacy(self) -> None:
+        """The old FusedAdam becomes the LegacyFusedAdam helper, written into the module once."""
+        ctx = self.ctx
+        done: set[int] = set()
+        for construction in self.setup.constructions:
+            fused, legacy = construction.fused, construction.legacy
+            if fused is None or legacy is None or id(fused) in done:
+                continue
+            done.add(id(fused))
+            _drop_fused_adam_plan(ctx, fused)
+            if fused is not construction.inner:
+                ctx.plan.substitute(fused, legacy.with_changes(func=cst.Name(self.helper)))
+            found = ctx.apex_path(fused.func)
+            if found is not None:
+                ctx.consumed.add(found[1])
+            if not any(isinstance(h, cst.ClassDef) and h.name.value == self.helper for h in ctx.plan.module_helpers):
+                ctx.plan.module_helpers.append(cst.parse_statement(_LEGACY_FUSED_ADAM.format(name=self.helper)))
+            ctx.report(
+                "AMP041",
+                fused,
+                f"apex.optimizers.FusedAdam (the pre-2019 one apex.optimizers.FP16_Optimizer drove) became "
+                f"`{self.helper}`, its update in plain torch written into this module (per-group max_grad_norm "
+                "clipping, eps_inside_sqrt, bias_correction, weight decay added to the update), stepped by the "
+                "GradScaler on unscaled float32 gradients",
+            )
 
     def _wrapped_model(self) -> bool:
         return any(
@@ -944,6 +1196,34 @@ def _wrap(ctx: ModuleContext, first: cst.CSTNode, last: cst.CSTNode, item: cst.W
             ctx.plan.wrap[block[min(a, c)]] = (block[max(b, d)], kept)
             return
     ctx.plan.wrap[first] = (last, item)
+
+
+def _rebinds(statement: cst.CSTNode, name: str) -> bool:
+    """``name = <expression>`` where the expression does not read ``name`` (a new object)."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return False
+    small = statement.body[0]
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        return False
+    target = small.targets[0].target
+    if not (isinstance(target, cst.Name) and target.value == name):
+        return False
+    return not any(isinstance(node, cst.Name) and node.value == name for node in _walk(small.value))
+
+
+def _exclusive(ctx: ModuleContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Whether ``a`` and ``b`` sit in different branches of one ``if``/``else`` (never both run)."""
+    b_ancestors = set(ctx.ancestors(b))
+    child: cst.CSTNode = a
+    for ancestor in ctx.ancestors(a):
+        if isinstance(ancestor, cst.If) and ancestor in b_ancestors:
+            a_in_body = child is ancestor.body
+            b_in_body = ancestor.body in b_ancestors
+            a_in_else = child is ancestor.orelse
+            b_in_else = ancestor.orelse is not None and ancestor.orelse in b_ancestors
+            return (a_in_body and b_in_else) or (a_in_else and b_in_body)
+        child = ancestor
+    return False
 
 
 def _is_store(ctx: ModuleContext, node: cst.CSTNode) -> bool:
@@ -995,23 +1275,45 @@ def _fused_adam_of(ctx: ModuleContext, construction: cst.Call) -> cst.Call | Non
     return latest
 
 
+def _as_float(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``float(S)`` for a held scale: GradScaler.update(new_scale=) takes a float or a tensor, not an int."""
+    value = syntax.literal(node)
+    if isinstance(value, float):
+        return node.deep_clone()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return cst.Float(repr(float(value)))
+    return syntax.call("float", [cst.Arg(node.deep_clone())])
+
+
+def _legacy_helper_name(ctx: ModuleContext) -> str:
+    """``LegacyFusedAdam`` unless the module binds that name to something else."""
+    taken = any(_LEGACY_HELPER in names for names in ctx.locals.values())
+    return ctx.fresh_name(_LEGACY_HELPER) if taken else _LEGACY_HELPER
+
+
+def _drop_fused_adam_plan(ctx: ModuleContext, call: cst.Call) -> None:
+    """Forget what apex_optimizers planned and reported for this (old) FusedAdam call."""
+    ctx.plan.replace.pop(call, None)
+    line, column = ctx.position(call)
+    ctx.findings[:] = [
+        f for f in ctx.findings if not (f.code in ("AMP041", "AMP042") and (f.line, f.column) == (line, column))
+    ]
+
+
 def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int) -> None:
-    """Undo the FusedAdam migration of an apex.optimizers FP16_Optimizer that stays."""
+    """The old FusedAdam of an apex.optimizers FP16_Optimizer that stays, stays too (one finding)."""
     for call in calls:
-        if call not in ctx.plan.replace:
-            continue
-        del ctx.plan.replace[call]
-        line, column = ctx.position(call)
-        ctx.findings[:] = [f for f in ctx.findings if not (f.code == "AMP041" and (f.line, f.column) == (line, column))]
+        _drop_fused_adam_plan(ctx, call)
         found = ctx.apex_path(call.func)
         if found is not None:
             ctx.consumed.discard(found[1])
         ctx.report(
             "AMP042",
             call,
-            f"apex.optimizers.FusedAdam kept: the apex.optimizers.FP16_Optimizer at line {at} wraps it and calls its "
-            "old step(grads=..., scale=...) API, so the two are migrated together or not at all: replace both with "
-            '`torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)` and a `torch.amp.GradScaler("cuda")`',
+            f"apex.optimizers.FusedAdam kept: it is the pre-2019 FusedAdam the apex.optimizers.FP16_Optimizer at "
+            f"line {at} drives through its old step(grads=..., scale=..., grad_norms=...) API, so the two migrate "
+            f"together or not at all: once line {at} can migrate, ampmigrate writes this one as `LegacyFusedAdam`, "
+            "its update in plain torch",
         )
 
 

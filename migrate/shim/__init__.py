@@ -36,6 +36,7 @@ APEX_MODULES = {
     "apex.fp16_utils.loss_scaler": "migrate.shim.fp16_utils",
     "apex.optimizers": "migrate.shim.optimizers",
     "apex.optimizers.fused_adam": "migrate.shim.optimizers",
+    "apex.optimizers.fp16_optimizer": "migrate.shim.legacy_fp16",
     "apex.optimizers.fused_sgd": "migrate.shim.optimizers",
     "apex.optimizers.fused_lamb": "migrate.shim.optimizers",
     "apex.optimizers.fused_novograd": "migrate.shim.optimizers",

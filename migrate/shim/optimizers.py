@@ -2,16 +2,21 @@
 
 Math is done in fp32 and written back in the param's dtype, as the kernels do. Defaults follow
 Apex, notably ``FusedAdam(adam_w_mode=True)``: decoupled weight decay (AdamW), not L2.
+
+``FP16_Optimizer`` is the pre-2019 wrapper of the old FusedAdam (``migrate.shim.legacy_fp16``).
 """
 
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch.optim import Optimizer
+
+from migrate.shim.legacy_fp16 import FP16_Optimizer as FP16_Optimizer
 
 
 class _FusedBase(Optimizer):
@@ -67,7 +72,15 @@ class _FusedBase(Optimizer):
 
 
 class FusedAdam(_FusedBase):
-    """Adam/AdamW; ``adam_w_mode=True`` (default) decays weights decoupled, like AdamW."""
+    """Adam/AdamW; ``adam_w_mode=True`` (default) decays weights decoupled, like AdamW.
+
+    Apex's FusedAdam before its August 2019 rewrite was another optimizer under the same name:
+    arguments ``eps_inside_sqrt`` and ``max_grad_norm`` (no ``adam_w_mode``), and a
+    ``step(grads=, output_params=, scale=, grad_norms=)`` that ``apex.optimizers.FP16_Optimizer``
+    drove. No Apex version took both, so the instance picks by what it is given: the old
+    arguments (as keywords), a call of the old step API, or being wrapped by that
+    FP16_Optimizer make it the old optimizer (``_legacy_step``); anything else is the current one.
+    """
 
     def __init__(
         self,
@@ -82,6 +95,9 @@ class FusedAdam(_FusedBase):
         set_grad_none: bool = True,
         capturable: bool = False,
         master_weights: bool = False,
+        *,
+        eps_inside_sqrt: bool | None = None,
+        max_grad_norm: float | None = None,
     ) -> None:
         if amsgrad:
             raise RuntimeError("FusedAdam does not support AMSGrad")
@@ -98,9 +114,43 @@ class FusedAdam(_FusedBase):
         self.adam_w_mode = adam_w_mode
         self.capturable = capturable
         self.master_weights = master_weights
+        self.legacy = False
+        self.eps_inside_sqrt = bool(eps_inside_sqrt)
+        if eps_inside_sqrt is not None or max_grad_norm is not None:
+            self.use_legacy_update(max_grad_norm or 0.0)
+
+    def use_legacy_update(self, max_grad_norm: float = 0.0) -> None:
+        """Behave as Apex's pre-2019 FusedAdam from now on (see ``_legacy_step``).
+
+        No Apex version had both the old arguments and the new ones, so an instance built with
+        a setting only the new FusedAdam knew cannot turn into the old one.
+        """
+        if self.legacy:
+            return
+        if not self.adam_w_mode or self.capturable or self.master_weights:
+            raise TypeError(
+                "the pre-2019 FusedAdam (max_grad_norm, eps_inside_sqrt, step(grads=..., scale=...)) had no "
+                "adam_w_mode, capturable or master_weights"
+            )
+        self.legacy = True
+        self.set_grad_none = False  # torch.optim.Optimizer.zero_grad of that time zeroed the grads
+        self.defaults["max_grad_norm"] = max_grad_norm
+        for group in self.param_groups:
+            group.setdefault("max_grad_norm", max_grad_norm)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(  # type: ignore[override]
+        self,
+        closure: Callable[[], Any] | None = None,
+        grads: Any = None,
+        output_params: Any = None,
+        scale: float | None = None,
+        grad_norms: list[float] | None = None,
+    ) -> Any:
+        if not self.legacy and (grads, output_params, scale, grad_norms) != (None, None, None, None):
+            self.use_legacy_update()  # only the old FusedAdam took these (current Apex raises)
+        if self.legacy:
+            return self._legacy_step(closure, grads, output_params, 1.0 if scale is None else scale, grad_norms)
         loss = self._closure_loss(closure)
         for group in self.param_groups:
             corrections = self._advance(group)
@@ -125,6 +175,86 @@ class FusedAdam(_FusedBase):
                 param.copy_(weight)
                 state["exp_avg"].copy_(exp_avg)
                 state["exp_avg_sq"].copy_(exp_avg_sq)
+        return loss
+
+    @staticmethod
+    def _per_group(values: Any, groups: int) -> list[Any]:
+        """The old API's grads/output_params: one list per group, or one flat list for one group."""
+        if values is None:
+            return [None] * groups
+        if isinstance(values, types.GeneratorType) or not isinstance(values[0], list):
+            return [values]
+        return list(values)
+
+    def _legacy_step(
+        self,
+        closure: Callable[[], Any] | None,
+        grads: Any,
+        output_params: Any,
+        scale: float,
+        grad_norms: list[float] | None,
+    ) -> Any:
+        """Apex's pre-2019 FusedAdam update (fused_adam_cuda's kernel), in float32.
+
+        Per group: with ``max_grad_norm > 0``, ``clip = (grad_norm / scale + 1e-6) / max_grad_norm``
+        (``grad_norm`` is the norm of the *scaled* gradients, passed in ``grad_norms``) and, when
+        ``clip > 1``, the gradients are divided by ``clip * scale`` instead of ``scale``. Per element:
+        ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g g``, ``denom = sqrt(v + eps)`` with
+        ``eps_inside_sqrt`` else ``sqrt(v) + eps``, ``p -= step_size (m / denom + weight_decay p)`` with
+        ``step_size = lr sqrt(1 - b2^t) / (1 - b1^t)`` (just ``lr`` without bias correction); the
+        step count ``t`` is kept per parameter. ``output_params`` get a copy of the new values.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        groups = len(self.param_groups)
+        norms = [None] * groups if grad_norms is None else grad_norms
+        for group, group_grads, group_outputs, grad_norm in zip(
+            self.param_groups, self._per_group(grads, groups), self._per_group(output_params, groups), norms
+        ):
+            params = group["params"]
+            group_grads = [None] * len(params) if group_grads is None else group_grads
+            group_outputs = [None] * len(params) if group_outputs is None else group_outputs
+            combined_scale = scale
+            if group["max_grad_norm"] > 0:
+                if grad_norm is None:
+                    raise TypeError("the old FusedAdam with max_grad_norm > 0 needs step(grad_norms=...)")
+                clip = (grad_norm / scale + 1e-6) / group["max_grad_norm"]
+                if clip > 1:
+                    combined_scale = clip * scale
+            beta1, beta2 = group["betas"]
+            for param, grad, output in zip(params, group_grads, group_outputs):
+                if grad is None:
+                    grad = param.grad
+                if grad is None:
+                    continue
+                if grad.is_sparse:
+                    raise RuntimeError("FusedAdam does not support sparse gradients")
+                state = self.state[param]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
+                state["step"] += 1
+                step = state["step"]
+                step_size = group["lr"]
+                if group["bias_correction"]:
+                    step_size = group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+                weight = param.float()
+                scaled = grad.float() / combined_scale
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(scaled, alpha=1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(scaled, scaled, value=1 - beta2)
+                if self.eps_inside_sqrt:
+                    denom = (exp_avg_sq + group["eps"]).sqrt()
+                else:
+                    denom = exp_avg_sq.sqrt() + group["eps"]
+                update = exp_avg / denom + group["weight_decay"] * weight
+                weight.sub_(update * step_size)
+                param.copy_(weight)
+                if output is not None:
+                    output.copy_(weight)
         return loss
 
 
