@@ -336,10 +336,12 @@ class PlanApplier(cst.CSTTransformer):
             ]
             if position < len(body):
                 following = body[position]
-                if not any(line.comment is None for line in following.leading_lines[:2]):
-                    body[position] = following.with_changes(
-                        leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *following.leading_lines]
-                    )
+                blank = 0
+                while blank < len(following.leading_lines) and following.leading_lines[blank].comment is None:
+                    blank += 1
+                if blank < 2:  # two blank lines after a top-level def or class, as PEP 8 has it
+                    padding = [cst.EmptyLine()] * (2 - blank)
+                    body[position] = following.with_changes(leading_lines=[*padding, *following.leading_lines])
             body[position:position] = helpers
         return module.with_changes(body=body)
 
