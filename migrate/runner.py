@@ -41,7 +41,7 @@ from migrate.options import ModuleFacts, Options, ScalerInfo
 from migrate.prefilter import may_need_migration
 
 if TYPE_CHECKING:
-    from migrate.engine import Parsed
+    from migrate.ahead import Held, Prepare, Ready
     from migrate.findings import Finding
     from migrate.project import ModuleSummary, ProjectPlan
     from migrate.workers import Pool
@@ -146,30 +146,6 @@ class Job:
     candidate: Candidate
     data: bytes
     options: Options
-
-
-@dataclass(frozen=True)
-class Prepare:
-    """A file for a worker to parse ahead, while the main process still walks the tree or
-    plans the project: its migration (a ``Job``, once its facts are known) then goes to that
-    worker, which skips both parses (picklable)."""
-
-    candidate: Candidate
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Ready:
-    """A worker's answer to ``Prepare``: the worker (process id) that holds the file's trees;
-    None when it holds none (the file does not decode or parse: its migration says so)."""
-
-    path: str
-    worker: int | None
-
-
-# Source bytes a worker may hold parsed ahead (libcst's tree of a file takes some tens of
-# times its size): a tree larger than that parses when its file is migrated, as before.
-AHEAD_BYTES = 4 << 20
 
 
 def run(
@@ -426,6 +402,8 @@ class _LazyPool:
 
     def prepare(self, task: _Task) -> None:
         """Have a worker parse ``task``'s file ahead, if the workers' room for trees allows."""
+        from migrate.ahead import AHEAD_BYTES, Prepare
+
         if task.candidate.is_notebook or self.ahead + len(task.data) > AHEAD_BYTES * self.jobs:
             return
         self.ahead += len(task.data)
@@ -436,10 +414,12 @@ class _LazyPool:
 
     def drop_prepared(self) -> None:
         if self.pool is not None:
+            from migrate.ahead import Prepare
+
             self.pool.drop(lambda job: isinstance(job, Prepare))
 
     def _done(self, result: FileResult | Ready) -> None:
-        if isinstance(result, Ready):
+        if not isinstance(result, FileResult):  # a Ready
             if result.worker is not None:
                 self.holders[result.path] = result.worker
         else:
@@ -455,7 +435,7 @@ class _LazyPool:
                 import migrate.engine  # noqa: F401
             self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, self._done)
         # a batch of jobs is queued whole before the workers pick (see _Project._pass)
-        self.pool.submit(job, size, prefer, dispatch=isinstance(job, Prepare))
+        self.pool.submit(job, size, prefer, dispatch=not isinstance(job, Job))
 
     @property
     def busy(self) -> bool:
@@ -706,8 +686,10 @@ def _failed(candidate: Candidate, reason: str) -> FileResult:
 
 
 def _lost(job: Job | Prepare, reason: str) -> FileResult | Ready:
-    if isinstance(job, Prepare):
-        return Ready(str(job.candidate.path), None)  # its migration meets the same end, and says so
+    if not isinstance(job, Job):  # a Prepare: its migration meets the same end, and says so
+        from migrate.ahead import Ready
+
+        return Ready(str(job.candidate.path), None)
     return _failed(job.candidate, reason)
 
 
@@ -720,46 +702,21 @@ def _setup_worker(settings: Settings) -> Callable[[Job | Prepare], FileResult | 
     cache = None
     if settings.cache_dir is not None:
         cache = Cache(Path(settings.cache_dir), settings.options, settings.fingerprint)
-    ahead: dict[str, _Ahead] = {}  # path: its trees, parsed ahead
+    from migrate.ahead import prepare
+
+    ahead: dict[str, Held] = {}  # path: its trees, parsed ahead
 
     def handle(job: Job | Prepare) -> FileResult | Ready:
         path = str(job.candidate.path)
-        if isinstance(job, Prepare):
-            return _prepare(job, ahead)
+        if not isinstance(job, Job):
+            return prepare(job, ahead)
         held = ahead.get(path)
         return process(job, settings, cache, held if held is not None and held.data == job.data else None)
 
     return handle
 
 
-@dataclass(frozen=True)
-class _Ahead:
-    data: bytes
-    encoding: str
-    parsed: Parsed
-
-
-def _prepare(job: Prepare, ahead: dict[str, _Ahead]) -> Ready:
-    """Parse a file ahead of its migration, in a worker; its trees stay there."""
-    import gc
-    import tokenize
-
-    from migrate.engine import parse_ahead
-
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(job.data).readline)
-        text = job.data.decode(encoding)
-    except (SyntaxError, UnicodeDecodeError, LookupError):
-        return Ready(str(job.candidate.path), None)
-    parsed = parse_ahead(text)
-    if parsed is None:
-        return Ready(str(job.candidate.path), None)
-    ahead[str(job.candidate.path)] = _Ahead(job.data, encoding, parsed)
-    gc.freeze()  # kept for a while: the cycle collector need not walk these trees again
-    return Ready(str(job.candidate.path), os.getpid())
-
-
-def process(job: Job, settings: Settings, cache: Cache | None = None, held: _Ahead | None = None) -> FileResult:
+def process(job: Job, settings: Settings, cache: Cache | None = None, held: Held | None = None) -> FileResult:
     """Migrate one file's bytes with its options; never raises, never writes (the main
     process writes once the project is settled). ``held``: its trees, parsed ahead."""
     notebook = job.candidate.is_notebook
@@ -808,7 +765,7 @@ def _finish(entry: Entry, candidate: Candidate, settings: Settings) -> FileResul
     )
 
 
-def migrate_bytes(data: bytes, notebook: bool, options: Options, want_diff: bool, held: _Ahead | None = None) -> Entry:
+def migrate_bytes(data: bytes, notebook: bool, options: Options, want_diff: bool, held: Held | None = None) -> Entry:
     """What the engine makes of a file's bytes, as a path-free cache entry; never raises.
     ``held``: the trees of these very bytes, parsed ahead (Python files only)."""
     try:
@@ -858,7 +815,7 @@ def _findings(
     return tuple(placed)
 
 
-def _migrate_python(data: bytes, options: Options, want_diff: bool, held: _Ahead | None = None) -> Entry:
+def _migrate_python(data: bytes, options: Options, want_diff: bool, held: Held | None = None) -> Entry:
     import tokenize
 
     from migrate.engine import migrate_source

@@ -19,10 +19,11 @@ import pytest
 
 import migrate.engine
 from migrate import runner, workers
+from migrate.ahead import Prepare, Ready
 from migrate.config import build_config
 from migrate.discovery import Candidate
 from migrate.options import Options
-from migrate.runner import FileResult, Job, Prepare, Ready, Settings, Status, run
+from migrate.runner import FileResult, Job, Settings, Status, run
 
 APEX = """\
 import torch
