@@ -56,6 +56,9 @@ def prepare(job: Prepare, ahead: dict[str, Held]) -> Ready:
     """Parse a file ahead of its migration, in a worker; its trees stay there."""
     from migrate.engine import parse_ahead
 
+    # The main process sends AHEAD_BYTES a worker in all, but one worker may take most of it.
+    if sum(len(held.data) for held in ahead.values()) + len(job.data) > AHEAD_BYTES:
+        return Ready(str(job.candidate.path), None)  # no room left here: parsed when migrated
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(job.data).readline)
         text = job.data.decode(encoding)

@@ -18,7 +18,7 @@ import libcst as cst
 import pytest
 
 import migrate.engine
-from migrate import runner, workers
+from migrate import ahead, runner, workers
 from migrate.ahead import Prepare, Ready
 from migrate.config import build_config
 from migrate.discovery import Candidate
@@ -181,3 +181,10 @@ def test_the_parse_skips_libcst_node_checks_only_while_it_parses() -> None:
     assert cst.CSTNode.__dict__["__post_init__"] is checked
     with pytest.raises(cst.CSTValidationError):  # nodes built afterwards are checked
         cst.Name("not a name")
+
+
+def test_a_worker_holds_no_more_than_its_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ahead, "AHEAD_BYTES", len(APEX) * 2 + 10)
+    handle = runner._setup_worker(Settings(Options(), write=False, want_diff=False, cache_dir=None, fingerprint=None))
+    held = [handle(Prepare(Candidate(f"m{index}.py", f"m{index}.py"), APEX.encode())) for index in range(3)]
+    assert [ready.worker for ready in held] == [os.getpid(), os.getpid(), None]  # type: ignore[union-attr]
