@@ -195,7 +195,9 @@ def execute(
                     front = _front(item, settings, index)
                     if isinstance(front, _Task):
                         tasks.append(front)
-                        if cache is None:  # (with a cache, once its answers are known)
+                        if summaries is None or summaries.by_digest(item.path, summaries.digest(front.data)) is None:
+                            # A file whose bytes the summary store knows most likely has its
+                            # results in the cache (a warm run starts no worker).
                             pool.prepare(front)
                     elif front is not None:
                         outcome.results.append(front)
@@ -291,12 +293,6 @@ class _Project:
         record = self._record_key()
         if record is not None and self._replay(record):
             return list(self.results.values())
-        if self.store is not None:
-            # Parsed ahead while the project is planned: the files whose bytes are new here
-            # (the others most likely have their results in the cache).
-            for path, task in self.by_path.items():
-                if self.store.by_digest(path, self.store.digest(task.data)) is None:
-                    self.pool.prepare(task)
         self.plan = self._plan()
         self._pass(list(self.by_path), progress)
         # a group settles in at most three passes: as found, with its scaler shared, frozen
