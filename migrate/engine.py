@@ -5,8 +5,12 @@ The runner owns files; tests call this directly.
 
 from __future__ import annotations
 
+import ast
 import gc
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import libcst as cst
@@ -86,9 +90,36 @@ def _compile(source: str, name: str) -> None:
 def parse(source: str) -> cst.Module:
     """libcst's tree of ``source``, which ``check_syntax`` has accepted."""
     try:
-        return cst.parse_module(source)
+        with _parser_nodes_unchecked():
+            return cst.parse_module(source)
     except cst.ParserSyntaxError as error:
         raise UnsupportedSyntaxError(error.message, error.raw_line, error.raw_column + 1) from None
+
+
+@contextmanager
+def _parser_nodes_unchecked() -> Iterator[None]:
+    """Skip libcst's per-node validation while its parser builds the tree (about a fifth
+    of the parse): the parser's nodes come from code Python's parser has just accepted.
+
+    Every node libcst makes runs ``CSTNode.__post_init__``, which only calls ``_validate``
+    (libcst 1.x; the pin <2 in pyproject.toml covers this too); nodes the rules build
+    later are validated as usual. Only in the main thread (a worker, the CLI): another
+    thread building nodes meanwhile would skip its checks.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    node = cst.CSTNode
+    checked = node.__dict__["__post_init__"]
+    node.__post_init__ = _unchecked  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        node.__post_init__ = checked  # type: ignore[method-assign]
+
+
+def _unchecked(self: cst.CSTNode) -> None:
+    pass
 
 
 def _file_skip_line(source: str) -> int | None:
@@ -104,34 +135,79 @@ def _file_skip_line(source: str) -> int | None:
     return None
 
 
-def migrate_source(source: str, options: Options = Options()) -> MigrationResult:
-    """Migrate one module's source text. Raises SourceSyntaxError or InternalError.
+@dataclass(frozen=True)
+class Parsed:
+    """Both trees of one source text, parsed ahead of its migration (``parse_ahead``)."""
 
-    The input is parsed once by Python (``check_syntax``, whose tree the rules share)
-    and once by libcst; the output, when it differs, is compiled once before it is
-    returned.
-    """
-    # libcst trees are large and acyclic (reference counting frees them): the cycle
-    # collector's passes over them during one file are pure overhead (about 10%)
+    source: str
+    tree: ast.Module
+    module: cst.Module
+
+
+def parse_ahead(source: str) -> Parsed | None:
+    """Parse ``source`` as ``migrate_source`` would, before its options are known (a worker
+    does this while the project is planned); None where ``migrate_source`` would not parse
+    it with libcst (an error, or a file-level skip): that path runs as usual then."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _migrate(source, options)
+        check_syntax(source)
+        tree = pytree.parse(source)
+        if _file_skip_line(source) is not None:
+            return None
+        return Parsed(source, tree, parse(source))
+    except Exception:  # migrate_source meets the same error again and reports it
+        return None
     finally:
         pytree.forget()
         if collecting:
             gc.enable()
 
 
-def _migrate(source: str, options: Options) -> MigrationResult:
-    check_syntax(source)
-    skip_line = _file_skip_line(source)
-    if skip_line is not None:  # decided from the text alone: no need for libcst's tree
-        note = make_finding(
-            "AMP050", skip_line, 1, "`# ampmigrate: skip` at the top: the whole file was left as it was"
-        )
-        return MigrationResult(source, False, (note,), skipped=True)
-    module = parse(source)
+_held: Parsed | None = None
+
+
+def hold(parsed: Parsed | None) -> None:
+    """Have the next ``migrate_source`` of this very text (the same str object) take its
+    trees from ``parsed`` instead of parsing it again."""
+    global _held
+    _held = parsed
+
+
+def migrate_source(source: str, options: Options = Options()) -> MigrationResult:
+    """Migrate one module's source text. Raises SourceSyntaxError or InternalError.
+
+    The input is parsed once by Python (``check_syntax``, whose tree the rules share)
+    and once by libcst (or was, by ``parse_ahead``: see ``hold``); the output, when it
+    differs, is compiled once before it is returned.
+    """
+    global _held
+    parsed, _held = _held, None
+    # libcst trees are large and acyclic (reference counting frees them): the cycle
+    # collector's passes over them during one file are pure overhead (about 10%)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _migrate(source, options, parsed if parsed is not None and parsed.source is source else None)
+    finally:
+        pytree.forget()
+        if collecting:
+            gc.enable()
+
+
+def _migrate(source: str, options: Options, parsed: Parsed | None = None) -> MigrationResult:
+    if parsed is not None:
+        pytree.keep(source, parsed.tree)  # checked and not skipped when it was parsed
+        module = parsed.module
+    else:
+        check_syntax(source)
+        skip_line = _file_skip_line(source)
+        if skip_line is not None:  # decided from the text alone: no need for libcst's tree
+            note = make_finding(
+                "AMP050", skip_line, 1, "`# ampmigrate: skip` at the top: the whole file was left as it was"
+            )
+            return MigrationResult(source, False, (note,), skipped=True)
+        module = parse(source)
     outcome = run_rules(module, source, options)
     new_module = outcome.module
     new_source = render(module, new_module, source) if new_module is not module else source

@@ -23,6 +23,12 @@ def parse(source: str) -> ast.Module:
     return tree
 
 
+def keep(source: str, tree: ast.Module) -> None:
+    """Make ``tree``, parsed from this very ``source`` earlier, the kept tree."""
+    global _latest
+    _latest = (source, tree)
+
+
 def forget() -> None:
     """Drop the kept tree (a large module's tree is worth freeing between files)."""
     global _latest

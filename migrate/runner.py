@@ -41,6 +41,7 @@ from migrate.options import ModuleFacts, Options, ScalerInfo
 from migrate.prefilter import may_need_migration
 
 if TYPE_CHECKING:
+    from migrate.ahead import Held, Prepare, Ready
     from migrate.findings import Finding
     from migrate.project import ModuleSummary, ProjectPlan
     from migrate.workers import Pool
@@ -194,8 +195,13 @@ def execute(
                     front = _front(item, settings, index)
                     if isinstance(front, _Task):
                         tasks.append(front)
+                        if summaries is None or summaries.by_digest(item.path, summaries.digest(front.data)) is None:
+                            # A file whose bytes the summary store knows most likely has its
+                            # results in the cache (a warm run starts no worker).
+                            pool.prepare(front)
                     elif front is not None:
                         outcome.results.append(front)
+                    pool.poll()  # hand the workers more files to parse ahead
                 elif isinstance(item, DiscoveryError):
                     outcome.results.append(FileResult(item.display, Status.FAILED, error=item.reason))
                 elif isinstance(item, Notice):
@@ -265,7 +271,7 @@ class _Project:
         self.pool = pool
         self.interrupt = interrupt
         self.by_path = {str(task.candidate.path): task for task in tasks}
-        self.summaries = _Summaries(store)
+        self.summaries = _Summaries(store, pool.poll)
         self.results: dict[str, FileResult] = {}
         self.keys: dict[str, str] = {}  # the cache key of the entry each file's result came from
 
@@ -359,6 +365,7 @@ class _Project:
                     self.results[task.candidate.display] = _finish(entry, task.candidate, self.settings)
                     continue
             jobs.append(Job(task.candidate, task.data, options))
+        self.pool.drop_prepared()  # a file about to be migrated is parsed then
         if not jobs:
             return
         ticks = progress(len(jobs)) if progress is not None else None
@@ -370,7 +377,7 @@ class _Project:
 
         self.pool.done = done
         for job in jobs:
-            self.pool.submit(job, len(job.data))
+            self.pool.submit(job, len(job.data), self.pool.holder(str(job.candidate.path)))
         while self.pool.busy and not self.interrupt.requested:
             self.pool.poll(timeout=1.0)
         if self.interrupt.requested:
@@ -386,8 +393,35 @@ class _LazyPool:
         self.settings = settings
         self.pool: Pool | None = None
         self.done: Callable[[FileResult], None] = lambda result: None
+        self.ahead = 0  # bytes sent to be parsed ahead
+        self.holders: dict[str, int] = {}  # path: the worker that holds its trees
 
-    def submit(self, job: Job, size: int) -> None:
+    def prepare(self, task: _Task) -> None:
+        """Have a worker parse ``task``'s file ahead, if the workers' room for trees allows."""
+        from migrate.ahead import AHEAD_BYTES, Prepare
+
+        if task.candidate.is_notebook or self.ahead + len(task.data) > AHEAD_BYTES * self.jobs:
+            return
+        self.ahead += len(task.data)
+        self.submit(Prepare(task.candidate, task.data), len(task.data))
+
+    def holder(self, path: str) -> int | None:
+        return self.holders.get(path)
+
+    def drop_prepared(self) -> None:
+        if self.pool is not None:
+            from migrate.ahead import Prepare
+
+            self.pool.drop(lambda job: isinstance(job, Prepare))
+
+    def _done(self, result: FileResult | Ready) -> None:
+        if not isinstance(result, FileResult):  # a Ready
+            if result.worker is not None:
+                self.holders[result.path] = result.worker
+        else:
+            self.done(result)
+
+    def submit(self, job: Job | Prepare, size: int, prefer: int | None = None) -> None:
         if self.pool is None:
             from migrate.workers import Pool, forks
 
@@ -395,8 +429,9 @@ class _LazyPool:
                 # Imported once here, so that every forked worker shares it, rather than
                 # each paying for libcst again (imported, never used: nothing is parsed here).
                 import migrate.engine  # noqa: F401
-            self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, lambda result: self.done(result))
-        self.pool.submit(job, size)
+            self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, self._done)
+        # a batch of jobs is queued whole before the workers pick (see _Project._pass)
+        self.pool.submit(job, size, prefer, dispatch=not isinstance(job, Job))
 
     @property
     def busy(self) -> bool:
@@ -504,8 +539,9 @@ class _Summaries:
     when the module's bytes (or, for a module read only as context, its stat) are as
     recorded; else from its text, then stored."""
 
-    def __init__(self, store: SummaryStore | None) -> None:
+    def __init__(self, store: SummaryStore | None, tick: Callable[[], None] = lambda: None) -> None:
         self.store = store
+        self.tick = tick  # called before each module is summarized (the workers get more to do)
         # Several modules import the same one, and look for it where it is not: once a path.
         self.files: dict[str, ModuleSummary | None] = {}
         # the stat signature (None: no such file) of every module looked for, and whether one
@@ -526,6 +562,7 @@ class _Summaries:
                 loaded = self._load(path, stored)
                 if loaded is not _MISS:
                     return loaded  # type: ignore[return-value]
+        self.tick()
         text = _decoded(data)
         summary = summarize(path, text) if text is not None else None
         if self.store is not None:
@@ -644,27 +681,42 @@ def _failed(candidate: Candidate, reason: str) -> FileResult:
     return FileResult(candidate.display, Status.FAILED, error=reason, notebook=candidate.is_notebook)
 
 
-def _lost(job: Job, reason: str) -> FileResult:
+def _lost(job: Job | Prepare, reason: str) -> FileResult | Ready:
+    if not isinstance(job, Job):  # a Prepare: its migration meets the same end, and says so
+        from migrate.ahead import Ready
+
+        return Ready(str(job.candidate.path), None)
     return _failed(job.candidate, reason)
 
 
 # -- in a worker ---------------------------------------------------------------
 
 
-def _setup_worker(settings: Settings) -> Callable[[Job], FileResult]:
+def _setup_worker(settings: Settings) -> Callable[[Job | Prepare], FileResult | Ready]:
     import migrate.engine  # noqa: F401 - paid for once per worker
 
     cache = None
     if settings.cache_dir is not None:
         cache = Cache(Path(settings.cache_dir), settings.options, settings.fingerprint)
-    return lambda job: process(job, settings, cache)
+    from migrate.ahead import prepare
+
+    ahead: dict[str, Held] = {}  # path: its trees, parsed ahead
+
+    def handle(job: Job | Prepare) -> FileResult | Ready:
+        path = str(job.candidate.path)
+        if not isinstance(job, Job):
+            return prepare(job, ahead)
+        held = ahead.get(path)
+        return process(job, settings, cache, held if held is not None and held.data == job.data else None)
+
+    return handle
 
 
-def process(job: Job, settings: Settings, cache: Cache | None = None) -> FileResult:
+def process(job: Job, settings: Settings, cache: Cache | None = None, held: Held | None = None) -> FileResult:
     """Migrate one file's bytes with its options; never raises, never writes (the main
-    process writes once the project is settled)."""
+    process writes once the project is settled). ``held``: its trees, parsed ahead."""
     notebook = job.candidate.is_notebook
-    entry = migrate_bytes(job.data, notebook, job.options, settings.want_diff)
+    entry = migrate_bytes(job.data, notebook, job.options, settings.want_diff, held)
     if cache is not None and _cacheable(entry):
         cache.put(cache.key(job.data, notebook, job.options), entry)
     return _finish(entry, job.candidate, settings)
@@ -709,12 +761,13 @@ def _finish(entry: Entry, candidate: Candidate, settings: Settings) -> FileResul
     )
 
 
-def migrate_bytes(data: bytes, notebook: bool, options: Options, want_diff: bool) -> Entry:
-    """What the engine makes of a file's bytes, as a path-free cache entry; never raises."""
+def migrate_bytes(data: bytes, notebook: bool, options: Options, want_diff: bool, held: Held | None = None) -> Entry:
+    """What the engine makes of a file's bytes, as a path-free cache entry; never raises.
+    ``held``: the trees of these very bytes, parsed ahead (Python files only)."""
     try:
         if notebook:
             return _migrate_notebook(data, options, want_diff)
-        return _migrate_python(data, options, want_diff)
+        return _migrate_python(data, options, want_diff, held)
     except MemoryError:
         from migrate.workers import MEMORY_LIMIT
 
@@ -758,18 +811,25 @@ def _findings(
     return tuple(placed)
 
 
-def _migrate_python(data: bytes, options: Options, want_diff: bool) -> Entry:
+def _migrate_python(data: bytes, options: Options, want_diff: bool, held: Held | None = None) -> Entry:
     import tokenize
 
     from migrate.engine import migrate_source
 
+    if held is not None:  # decoded as below when it was parsed ahead
+        encoding, text = held.encoding, held.parsed.source
+    else:
+        try:
+            encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+            # bytes.decode never translates newlines, so CRLF files stay CRLF.
+            text = data.decode(encoding)
+        except (SyntaxError, UnicodeDecodeError, LookupError) as error:
+            return Entry("failed", error=f"cannot decode: {error}")
     try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        # bytes.decode never translates newlines, so CRLF files stay CRLF.
-        text = data.decode(encoding)
-    except (SyntaxError, UnicodeDecodeError, LookupError) as error:
-        return Entry("failed", error=f"cannot decode: {error}")
-    try:
+        if held is not None:
+            from migrate.engine import hold
+
+            hold(held.parsed)
         result = migrate_source(text, options)
     except Exception as error:
         failure = _parse_failure(error)

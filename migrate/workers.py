@@ -73,6 +73,10 @@ class Pool:
     ``submit`` queues a job (largest first), ``poll`` collects what is done without
     waiting (or waits up to ``timeout``), ``drain`` waits for everything. Results come
     back through ``done`` in completion order.
+
+    A job may prefer a worker (by process id; the one that holds something of it, such
+    as its parsed tree): that worker takes it before any other job, and another worker
+    takes it only when it has nothing else to do, or when the preferred one is gone.
     """
 
     jobs: int
@@ -82,25 +86,53 @@ class Pool:
     done: Callable[[Any], None]
     workers: list[_Worker] = field(default_factory=list)
     queue: list[tuple[int, int, Any, float]] = field(default_factory=list)
+    preferred: dict[int, list[tuple[int, int, Any, float]]] = field(default_factory=dict)
     counter: itertools.count[int] = field(default_factory=itertools.count)
     submitted: int = 0
 
-    def submit(self, job: Any, size: int) -> None:
-        heapq.heappush(self.queue, (-size, next(self.counter), job, cpu_seconds(size)))
+    def submit(self, job: Any, size: int, prefer: int | None = None, dispatch: bool = True) -> None:
+        """Queue ``job``; ``dispatch=False`` leaves it queued until the next ``poll`` (so that
+        a batch is queued whole before any worker picks from it)."""
+        item = (-size, next(self.counter), job, cpu_seconds(size))
+        if prefer is not None and any(worker.process.pid == prefer for worker in self.workers):
+            heapq.heappush(self.preferred.setdefault(prefer, []), item)
+        else:
+            heapq.heappush(self.queue, item)
         self.submitted += 1
-        self._dispatch()
+        if dispatch:
+            self._dispatch()
+
+    def drop(self, unwanted: Callable[[Any], bool]) -> None:
+        """Forget the queued jobs (none in progress) that ``unwanted`` selects."""
+        for queue in (self.queue, *self.preferred.values()):
+            queue[:] = [item for item in queue if not unwanted(item[2])]
+            heapq.heapify(queue)
 
     @property
     def pending(self) -> int:
         """Jobs submitted and not yet done."""
-        return len(self.queue) + sum(worker.job is not None for worker in self.workers)
+        queued = len(self.queue) + sum(len(queue) for queue in self.preferred.values())
+        return queued + sum(worker.job is not None for worker in self.workers)
 
     @property
     def busy(self) -> bool:
-        return bool(self.queue) or any(worker.job is not None for worker in self.workers)
+        return self._waiting() or any(worker.job is not None for worker in self.workers)
+
+    def _waiting(self) -> bool:
+        return bool(self.queue) or any(self.preferred.values())
+
+    def _take(self, worker: _Worker | None) -> tuple[int, int, Any, float]:
+        """The next job for ``worker``: its own first, then any job no worker is preferred
+        for, then the largest one another worker is preferred for (that one is busy)."""
+        own = self.preferred.get(worker.process.pid or 0) if worker is not None else None
+        if own:
+            return heapq.heappop(own)
+        if self.queue:
+            return heapq.heappop(self.queue)
+        return heapq.heappop(min((queue for queue in self.preferred.values() if queue), key=lambda queue: queue[0]))
 
     def _dispatch(self) -> None:
-        while self.queue:
+        while self._waiting():
             worker = next((w for w in self.workers if w.job is None), None)
             if worker is None:
                 if len(self.workers) >= self.jobs:
@@ -110,10 +142,10 @@ class Pool:
                 except OSError as error:  # no process to be had (EAGAIN, ENOMEM)
                     if self.workers:
                         return  # the running ones will take the queue
-                    _, _, job, _ = heapq.heappop(self.queue)
+                    _, _, job, _ = self._take(None)
                     self.done(self.lost(job, f"cannot start a worker process: {error.strerror or error}"))
                     continue
-            item = heapq.heappop(self.queue)
+            item = self._take(worker)
             _, _, job, cpu = item
             try:
                 worker.connection.send((job, cpu))
@@ -199,6 +231,8 @@ class Pool:
         worker.connection.close()
         if worker in self.workers:
             self.workers.remove(worker)
+        for item in self.preferred.pop(worker.process.pid or 0, []):  # any worker takes them now
+            heapq.heappush(self.queue, item)
 
     def drain(self) -> None:
         """Wait until every submitted job is done."""
@@ -208,6 +242,7 @@ class Pool:
     def interrupt(self, grace: float = GRACE_SECONDS) -> None:
         """Ctrl-C: drop the queue, let the files in progress finish (a second Ctrl-C kills)."""
         self.queue.clear()
+        self.preferred.clear()
         end = time.monotonic() + grace
         try:
             while self.busy and time.monotonic() < end:

@@ -204,6 +204,10 @@ class ModuleContext:
         return params[0].name.value if params else None
 
     # name resolution
+    def tracks(self, name: str) -> bool:
+        """Whether some import we track binds ``name`` anywhere (else ``resolve`` finds nothing)."""
+        return name in self._tracked
+
     def resolve(self, name: str, at: cst.CSTNode) -> Binding | None:
         """The import binding ``name`` refers to at ``at``, if it is one we track."""
         if name not in self._tracked:

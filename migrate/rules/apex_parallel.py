@@ -482,6 +482,8 @@ def plan(ctx: ModuleContext) -> None:
     migrated_ddp = False
     helper_names: dict[str, str] = {}
     for name in ctx.nodes_of(cst.Name):
+        if not ctx.tracks(name.value):
+            continue  # every spelling below resolves through this name: none reaches Apex (and this is cheap)
         parent = ctx.parent(name)
         if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
             isinstance(parent, cst.Attribute) and parent.attr is name

@@ -1,0 +1,190 @@
+"""Parsing ahead (issue 11, "Faster where it is slow"): workers parse the files that pass the
+pre-filter while the main process still walks the tree and plans the project, and each
+file's migration goes to the worker that holds its trees. Same output, fewer parses.
+
+The engine is patched in this process: workers are forked from it (Linux), so they run
+the patched code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+import migrate.engine
+from migrate import ahead, runner, workers
+from migrate.ahead import Prepare, Ready
+from migrate.config import build_config
+from migrate.discovery import Candidate
+from migrate.options import Options
+from migrate.runner import FileResult, Job, Settings, Status, run
+
+APEX = """\
+import torch
+from apex import amp
+
+
+def train(model, optimizer, loader):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in loader:
+        loss = model(x, y)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+"""
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork and signals: Linux")
+
+REAL_PARSE = migrate.engine.parse
+
+
+def migrate_tree(root: Path, monkeypatch: pytest.MonkeyPatch, **options: object) -> dict[str, FileResult]:
+    monkeypatch.chdir(root)
+    results = run([Path(".")], build_config([Path(".")], **options))  # type: ignore[arg-type]
+    return {result.path: result for result in results}
+
+
+def test_a_migration_takes_the_trees_parsed_ahead_and_says_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(Options(), write=False, want_diff=True, cache_dir=None, fingerprint=None)
+    candidate = Candidate("train.py", "train.py")
+    data = APEX.encode()
+    job = Job(candidate, data, Options())
+    expected = runner._setup_worker(settings)(job)
+    assert isinstance(expected, FileResult) and expected.status is Status.CHANGED
+
+    handle = runner._setup_worker(settings)
+    ready = handle(Prepare(candidate, data))
+    assert ready == Ready("train.py", os.getpid())
+
+    def no_second_parse(source: str) -> cst.Module:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(migrate.engine, "parse", no_second_parse)
+    assert handle(job) == expected
+    assert handle(job) == expected  # migrated again (a project's second pass): still no parse
+    # other bytes under the same path are parsed anew (and here, refused)
+    changed = Job(candidate, data + b"\n", Options())
+    assert "parsed again" in handle(changed).error  # type: ignore[union-attr]
+
+
+def test_a_file_that_does_not_parse_is_not_held_and_its_migration_says_why() -> None:
+    settings = Settings(Options(), write=False, want_diff=False, cache_dir=None, fingerprint=None)
+    candidate = Candidate("bad.py", "bad.py")
+    handle = runner._setup_worker(settings)
+    data = b"from apex import amp\ndef (:\n"
+    assert handle(Prepare(candidate, data)) == Ready("bad.py", None)
+    result = handle(Job(candidate, data, Options()))
+    assert isinstance(result, FileResult) and result.error.startswith("cannot parse: line 2")
+    skipped = b"# ampmigrate: skip\nfrom apex import amp\n"
+    assert handle(Prepare(candidate, skipped)) == Ready("bad.py", None)
+    assert handle(Job(candidate, skipped, Options())).status is Status.SKIPPED  # type: ignore[union-attr]
+
+
+def segfault_on_poison(source: str) -> cst.Module:
+    if "poison" in source:
+        import faulthandler
+
+        faulthandler.disable()  # pytest's would print this worker's stack: expected here
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return REAL_PARSE(source)
+
+
+@linux_only
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_parse_that_crashes_ahead_fails_that_file_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> None:
+    monkeypatch.setattr(migrate.engine, "parse", segfault_on_poison)
+    for index in range(5):
+        (tmp_path / f"m{index}.py").write_text(("# poison\n" if index == 2 else "") + APEX)
+    results = migrate_tree(tmp_path, monkeypatch, write=True, jobs=jobs)
+    assert results["m2.py"].status is Status.FAILED
+    assert results["m2.py"].error.startswith("the worker process crashed (SIGSEGV) on this file")
+    assert (tmp_path / "m2.py").read_text() == "# poison\n" + APEX
+    for name in ("m0.py", "m1.py", "m3.py", "m4.py"):
+        assert results[name].status is Status.CHANGED and results[name].written, results[name]
+
+
+# -- the pool's preferred jobs ----------------------------------------------------
+
+
+def _run_job(settings: object) -> object:
+    def handle(job: str) -> tuple[str, int]:
+        if job == "die":
+            os._exit(3)
+        return job, os.getpid()
+
+    return handle
+
+
+def _lost(job: str, reason: str) -> tuple[str, str]:
+    return job, reason
+
+
+def _drain(pool: workers.Pool) -> None:
+    end = time.monotonic() + 60
+    while pool.busy and time.monotonic() < end:
+        pool.poll(timeout=0.5)
+    assert not pool.busy
+
+
+def test_a_worker_takes_the_jobs_it_is_preferred_for_first() -> None:
+    done: list[object] = []
+    pool = workers.Pool(1, _run_job, None, _lost, done.append)
+    try:
+        pool.submit("first", 1)
+        _drain(pool)
+        worker = done[0][1]  # type: ignore[index]
+        pool.submit("large", 1000, dispatch=False)
+        pool.submit("mine", 1, prefer=worker, dispatch=False)
+        pool.submit("nobody's", 10, prefer=worker + 100000, dispatch=False)  # no such worker
+        pool.submit("stale", 5, dispatch=False)
+        pool.drop(lambda job: job == "stale")
+        _drain(pool)
+        assert [job for job, _ in done[1:]] == ["mine", "large", "nobody's"]  # type: ignore[misc]
+    finally:
+        pool.close()
+
+
+@linux_only
+def test_the_jobs_preferring_a_worker_that_died_go_to_another() -> None:
+    done: list[object] = []
+    pool = workers.Pool(1, _run_job, None, _lost, done.append)
+    try:
+        pool.submit("first", 1)
+        _drain(pool)
+        worker = done[0][1]  # type: ignore[index]
+        pool.submit("die", 1)
+        pool.submit("mine", 1, prefer=worker, dispatch=False)
+        _drain(pool)
+        assert done[1][0] == "die" and "exit code 3" in done[1][1]  # type: ignore[index]
+        assert done[2][0] == "mine" and done[2][1] != worker  # type: ignore[index]
+    finally:
+        pool.close()
+
+
+# -- libcst's parse without its per-node checks ------------------------------------
+
+
+def test_the_parse_skips_libcst_node_checks_only_while_it_parses() -> None:
+    checked = cst.CSTNode.__dict__["__post_init__"]
+    source = "import torch\n\n\ndef f(x):\n    return torch.relu(x)  # same tree\n"
+    assert migrate.engine.parse(source).deep_equals(cst.parse_module(source))
+    with pytest.raises(migrate.engine.UnsupportedSyntaxError):
+        migrate.engine.parse("x = (1,\n")  # the checks come back after a failed parse too
+    assert cst.CSTNode.__dict__["__post_init__"] is checked
+    with pytest.raises(cst.CSTValidationError):  # nodes built afterwards are checked
+        cst.Name("not a name")
+
+
+def test_a_worker_holds_no_more_than_its_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ahead, "AHEAD_BYTES", len(APEX) * 2 + 10)
+    handle = runner._setup_worker(Settings(Options(), write=False, want_diff=False, cache_dir=None, fingerprint=None))
+    held = [handle(Prepare(Candidate(f"m{index}.py", f"m{index}.py"), APEX.encode())) for index in range(3)]
+    assert [ready.worker for ready in held] == [os.getpid(), os.getpid(), None]  # type: ignore[union-attr]
