@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import ast
 import gc
-import threading
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import libcst as cst
@@ -90,36 +87,9 @@ def _compile(source: str, name: str) -> None:
 def parse(source: str) -> cst.Module:
     """libcst's tree of ``source``, which ``check_syntax`` has accepted."""
     try:
-        with _parser_nodes_unchecked():
-            return cst.parse_module(source)
+        return cst.parse_module(source)
     except cst.ParserSyntaxError as error:
         raise UnsupportedSyntaxError(error.message, error.raw_line, error.raw_column + 1) from None
-
-
-@contextmanager
-def _parser_nodes_unchecked() -> Iterator[None]:
-    """Skip libcst's per-node validation while its parser builds the tree (about a fifth
-    of the parse): the parser's nodes come from code Python's parser has just accepted.
-
-    Every node libcst makes runs ``CSTNode.__post_init__``, which only calls ``_validate``
-    (libcst 1.x; the pin <2 in pyproject.toml covers this too); nodes the rules build
-    later are validated as usual. Only in the main thread (a worker, the CLI): another
-    thread building nodes meanwhile would skip its checks.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    node = cst.CSTNode
-    checked = node.__dict__["__post_init__"]
-    node.__post_init__ = _unchecked  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        node.__post_init__ = checked  # type: ignore[method-assign]
-
-
-def _unchecked(self: cst.CSTNode) -> None:
-    pass
 
 
 def _file_skip_line(source: str) -> int | None:

@@ -169,20 +169,6 @@ def test_the_jobs_preferring_a_worker_that_died_go_to_another() -> None:
         pool.close()
 
 
-# -- libcst's parse without its per-node checks ------------------------------------
-
-
-def test_the_parse_skips_libcst_node_checks_only_while_it_parses() -> None:
-    checked = cst.CSTNode.__dict__["__post_init__"]
-    source = "import torch\n\n\ndef f(x):\n    return torch.relu(x)  # same tree\n"
-    assert migrate.engine.parse(source).deep_equals(cst.parse_module(source))
-    with pytest.raises(migrate.engine.UnsupportedSyntaxError):
-        migrate.engine.parse("x = (1,\n")  # the checks come back after a failed parse too
-    assert cst.CSTNode.__dict__["__post_init__"] is checked
-    with pytest.raises(cst.CSTValidationError):  # nodes built afterwards are checked
-        cst.Name("not a name")
-
-
 def test_a_worker_holds_no_more_than_its_room(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ahead, "AHEAD_BYTES", len(APEX) * 2 + 10)
     handle = runner._setup_worker(Settings(Options(), write=False, want_diff=False, cache_dir=None, fingerprint=None))
