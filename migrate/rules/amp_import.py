@@ -8,6 +8,18 @@ What it rewrites
     keeps working: torch.amp is always there); a ``try`` that also imports other things
     keeps its shape. ``import torch`` is added when the new code needs it.
 
+    Other Apex names imported and never used (``from apex import amp, optimizers`` where
+    ``optimizers`` is unused, ``from apex.parallel import DistributedDataParallel as DDP``
+    kept only in case) go too, as ruff's F401 fix would remove them from a script: importing
+    them has no effect other than failing where Apex is missing. Unless the name may be
+    reached from outside the module: other given modules import it from this one (project
+    mode's facts; all of them for a star import), ``__all__`` lists it, or the module may look
+    it up by its spelling (the name as a whole string, ``globals()``, ``eval``). A single-file
+    run has no project facts and removes a module-level unused name, as F401 does outside
+    ``__init__.py``; the engine is not told a module's file name, so a package's
+    ``__init__.py`` re-exporting an Apex name to code outside the run is the one case it
+    cannot see (run the project as a whole, or list the name in ``__all__``).
+
 Before::
 
     try:
@@ -23,7 +35,8 @@ After::
 Not rewritten (reported instead)
     Whatever still uses Apex after the other rules ran: the amp module stored or passed
     as a value (AMP030), private Apex state the amp_private_state rule could not rewrite
-    (AMP031), amp functions without a rewrite (AMP032), other Apex modules (AMP040), an
+    (AMP031), amp functions without a rewrite (AMP032), other Apex modules (AMP040; also an
+    unused name that stays for one of the reasons above, and the message says which), an
     ``import apex`` that only checks that Apex is installed (AMP043). Their imports stay so
     the code keeps running where Apex is installed.
 
@@ -32,6 +45,8 @@ References
 """
 
 from __future__ import annotations
+
+import re
 
 import libcst as cst
 
@@ -250,7 +265,91 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
     ctx.plan.remove.add(line)
 
 
-def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
+def _dynamic_lookup(ctx: ModuleContext) -> cst.Call | None:
+    """The first call that may look a module name up by a string computed at run time:
+    ``globals()``, ``locals()``, ``vars()`` (no argument), ``eval(...)``, ``exec(...)``."""
+    for call in ctx.nodes_of(cst.Call):
+        if isinstance(call.func, cst.Name) and (
+            call.func.value in ("eval", "exec") or call.func.value in ("globals", "locals", "vars") and not call.args
+        ):
+            return call
+    return None
+
+
+def _module_all(ctx: ModuleContext) -> set[str]:
+    """The string items of ``__all__`` assignments and updates at module level."""
+    names: set[str] = set()
+    for statement in ctx.module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            value: cst.BaseExpression | None = None
+            if isinstance(small, cst.Assign) and any(
+                isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in small.targets
+            ):
+                value = small.value
+            elif isinstance(small, (cst.AugAssign, cst.AnnAssign)) and dotted_name(small.target) == "__all__":
+                value = small.value
+            elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                func = dotted_name(small.value.func)
+                if func in ("__all__.append", "__all__.extend") and small.value.args:
+                    value = small.value.args[0].value
+            if value is None:
+                continue
+            items = value.elements if isinstance(value, (cst.List, cst.Tuple, cst.Set)) else [value]
+            for item in items:
+                node = item.value if isinstance(item, cst.BaseElement) else item
+                if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
+                    names.add(node.evaluated_value)
+    return names
+
+
+def unused_imports(
+    ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]]
+) -> tuple[dict[int, str], dict[int, str]]:
+    """Apex imports (other than amp and the bare package) whose names nothing here uses, as
+    ids of their aliases: those that go (-> the bound name) and those that stay because
+    they may be reached from outside (-> why): a module-level name other modules import
+    (project facts, ``__all__``), or one the module may look up by its spelling (the name
+    as a whole string literal, ``globals()``/``locals()``/``vars()``, ``eval``/``exec``)."""
+    gone: dict[int, str] = {}
+    kept: dict[int, str] = {}
+    exported = ctx.options.facts.exported
+    listed: set[str] | None = None
+    lookup = _dynamic_lookup(ctx)
+    for scope, scope_imports in ctx.imports.items():
+        for bound, bindings in scope_imports.items():
+            if bound == "*":
+                continue
+            for binding in bindings:
+                if binding.kind != "other_apex" or binding.target in amp_private_state.STATE_TARGETS:
+                    continue
+                if any(not is_import_fallback(ctx, name) for name in references.get(binding.alias, [])):
+                    continue
+                if listed is None:
+                    listed = _module_all(ctx)
+                why = None
+                if scope is ctx.module and (bound in exported or "*" in exported):
+                    why = f"other modules of the project import `{bound}` from this one"
+                elif scope is ctx.module and bound in listed:
+                    why = f"`__all__` lists `{bound}`"
+                elif re.search(rf"""(['"]){re.escape(bound)}\1""", ctx.source):
+                    why = f"the module spells '{bound}' in a string (a getattr or globals() lookup may reach it)"
+                elif lookup is not None:
+                    call = f"{ctx.code(lookup.func).strip()}() on line {ctx.position(lookup)[0]}"
+                    why = f"the module may look names up by a string computed at run time ({call})"
+                if why is None:
+                    gone[id(binding.alias)] = bound
+                else:
+                    kept[id(binding.alias)] = why
+    return gone, kept
+
+
+def _plan_imports(
+    ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]], unused: dict[int, str]
+) -> None:
+    """Plan the removal of the Apex imports nothing uses any more (``unused``: those that
+    were never used, by alias id)."""
     removable: dict[cst.Import | cst.ImportFrom, set[cst.ImportAlias]] = {}
     stars: list[cst.Import | cst.ImportFrom] = []
     exported = ctx.options.facts.exported
@@ -260,6 +359,9 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
                 if binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
                     continue
                 uses = references.get(binding.alias, [])
+                if id(binding.alias) in unused:
+                    removable.setdefault(binding.statement, set()).add(binding.alias)
+                    continue
                 if scope is ctx.module and (bound in exported or "*" in exported):
                     continue  # other modules of the project import it from here
                 if bound == "*" and binding.kind == "other_apex":
@@ -303,7 +405,12 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
             _drop_import_statement(ctx, line)
 
 
-def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
+def _report_leftovers(
+    ctx: ModuleContext,
+    model: AmpModel,
+    references: dict[cst.ImportAlias, list[cst.Name]],
+    unused: tuple[dict[int, str], dict[int, str]],
+) -> None:
     for name in model.value_uses:
         if name not in ctx.consumed:
             ctx.report("AMP030", name)
@@ -331,6 +438,18 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
             for binding in bindings:
                 if binding.kind == "other_apex" and binding.target in amp_private_state.STATE_TARGETS:
                     continue  # each use is reported (AMP031) with the code to write
+                if binding.kind == "other_apex" and id(binding.alias) in unused[0]:
+                    continue  # nothing uses it: the import goes
+                why = unused[1].get(id(binding.alias)) if binding.kind == "other_apex" else None
+                if why is not None and id(binding.alias) not in reported:
+                    reported.add(id(binding.alias))
+                    ctx.report(
+                        "AMP040",
+                        binding.alias,
+                        f"{binding.target} is not used in this module but its import stays, since {why}: delete "
+                        f"it once nothing reaches it that way, else {_replacement(binding.target)}",
+                    )
+                    continue
                 if binding.kind == "other_apex" and id(binding.alias) not in reported:
                     reported.add(id(binding.alias))
                     uses = references.get(binding.alias, [])
@@ -398,5 +517,6 @@ def _report_apex_package_uses(
 def plan(ctx: ModuleContext) -> None:
     model = ctx.amp
     references = _references(ctx)
-    _report_leftovers(ctx, model, references)
-    _plan_imports(ctx, references)
+    unused = unused_imports(ctx, references)
+    _report_leftovers(ctx, model, references, unused)
+    _plan_imports(ctx, references, unused[0])
