@@ -46,14 +46,13 @@ References
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
-from migrate.rules import amp_private_state
+from migrate.rules import amp_private_state, apex_normalization
 from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
+from migrate.rules._exports import reached_from_outside
 from migrate.rules.amp_cast_functions import APIS as CAST_APIS
 
 RULE = "amp_import"
@@ -192,6 +191,8 @@ AMP_APIS = {
 
 def _replacement(path: str) -> str:
     """What to write instead of ``path``, as a phrase."""
+    # the classes are also imported from the module that defines them
+    path = path.replace("apex.normalization.fused_layer_norm.", "apex.normalization.")
     while path:
         if path in REPLACEMENTS:
             advice = REPLACEMENTS[path]
@@ -236,15 +237,19 @@ def _catches_import_error(handler: cst.ExceptHandler) -> bool:
     return bool(names & _IMPORT_ERRORS)
 
 
-def _is_simple(statement: cst.CSTNode) -> bool:
-    """Statements that cannot raise ImportError themselves (flag assignments, logging)."""
+def _is_simple(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
+    """Statements that cannot raise ImportError themselves: flag assignments, logging, and
+    a ``def`` or ``class`` without imports (a class that subclasses the imported one)."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        return not any(isinstance(node, (cst.Import, cst.ImportFrom)) for node in ctx.walk(statement))
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
     return all(isinstance(small, (cst.Assign, cst.AnnAssign, cst.Pass, cst.Expr)) for small in statement.body)
 
 
-def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
-    """Remove an import line; collapse an optional-import ``try`` around it."""
+def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode, kept: bool = False) -> None:
+    """Remove an import line (``kept``: it stays, rewritten to import from torch); collapse
+    an optional-import ``try`` around it."""
     block = ctx.parent(line)
     owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
     if isinstance(owner, cst.Try) and ctx.skipped(owner):
@@ -253,59 +258,22 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
         return
     if isinstance(owner, cst.Try) and owner.body is block and owner.finalbody is None:
         remaining = [s for s in block.body if s is not line and s not in ctx.plan.remove]
-        if all(_is_simple(s) for s in remaining) and all(_catches_import_error(h) for h in owner.handlers):
+        if all(_is_simple(ctx, s) for s in remaining) and all(_catches_import_error(h) for h in owner.handlers):
             keep = [*remaining, *(owner.orelse.body.body if owner.orelse is not None else ())]  # type: ignore[union-attr]
-            if keep:
+            if keep or kept:
                 # the try gives way to its body and else, with the other rules' edits made in them
-                ctx.plan.remove.add(line)
+                if not kept:
+                    ctx.plan.remove.add(line)
                 ctx.plan.unwrap.add(owner)
             else:
                 ctx.plan.remove.add(owner)
             return
-    ctx.plan.remove.add(line)
-
-
-def _dynamic_lookup(ctx: ModuleContext) -> cst.Call | None:
-    """The first call that may look a module name up by a string computed at run time:
-    ``globals()``, ``locals()``, ``vars()`` (no argument), ``eval(...)``, ``exec(...)``."""
-    for call in ctx.nodes_of(cst.Call):
-        if isinstance(call.func, cst.Name) and (
-            call.func.value in ("eval", "exec") or call.func.value in ("globals", "locals", "vars") and not call.args
-        ):
-            return call
-    return None
-
-
-def _module_all(ctx: ModuleContext) -> set[str]:
-    """The string items of ``__all__`` assignments and updates at module level."""
-    names: set[str] = set()
-    for statement in ctx.module.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            value: cst.BaseExpression | None = None
-            if isinstance(small, cst.Assign) and any(
-                isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in small.targets
-            ):
-                value = small.value
-            elif isinstance(small, (cst.AugAssign, cst.AnnAssign)) and dotted_name(small.target) == "__all__":
-                value = small.value
-            elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-                func = dotted_name(small.value.func)
-                if func in ("__all__.append", "__all__.extend") and small.value.args:
-                    value = small.value.args[0].value
-            if value is None:
-                continue
-            items = value.elements if isinstance(value, (cst.List, cst.Tuple, cst.Set)) else [value]
-            for item in items:
-                node = item.value if isinstance(item, cst.BaseElement) else item
-                if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
-                    names.add(node.evaluated_value)
-    return names
+    if not kept:
+        ctx.plan.remove.add(line)
 
 
 def unused_imports(
-    ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]]
+    ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]], rebound: dict[int, str]
 ) -> tuple[dict[int, str], dict[int, str]]:
     """Apex imports (other than amp and the bare package) whose names nothing here uses, as
     ids of their aliases: those that go (-> the bound name) and those that stay because
@@ -314,9 +282,6 @@ def unused_imports(
     as a whole string literal, ``globals()``/``locals()``/``vars()``, ``eval``/``exec``)."""
     gone: dict[int, str] = {}
     kept: dict[int, str] = {}
-    exported = ctx.options.facts.exported
-    listed: set[str] | None = None
-    lookup = _dynamic_lookup(ctx)
     for scope, scope_imports in ctx.imports.items():
         for bound, bindings in scope_imports.items():
             if bound == "*":
@@ -324,20 +289,11 @@ def unused_imports(
             for binding in bindings:
                 if binding.kind != "other_apex" or binding.target in amp_private_state.STATE_TARGETS:
                     continue
+                if id(binding.alias) in rebound:
+                    continue  # the name stays, bound to the torch class
                 if any(not is_import_fallback(ctx, name) for name in references.get(binding.alias, [])):
                     continue
-                if listed is None:
-                    listed = _module_all(ctx)
-                why = None
-                if scope is ctx.module and (bound in exported or "*" in exported):
-                    why = f"other modules of the project import `{bound}` from this one"
-                elif scope is ctx.module and bound in listed:
-                    why = f"`__all__` lists `{bound}`"
-                elif re.search(rf"""(['"]){re.escape(bound)}\1""", ctx.source):
-                    why = f"the module spells '{bound}' in a string (a getattr or globals() lookup may reach it)"
-                elif lookup is not None:
-                    call = f"{ctx.code(lookup.func).strip()}() on line {ctx.position(lookup)[0]}"
-                    why = f"the module may look names up by a string computed at run time ({call})"
+                why = reached_from_outside(ctx, scope, bound)
                 if why is None:
                     gone[id(binding.alias)] = bound
                 else:
@@ -345,11 +301,29 @@ def unused_imports(
     return gone, kept
 
 
+def _rebind(ctx: ModuleContext, binding: Binding, torch_name: str) -> None:
+    """``from apex.normalization import FusedLayerNorm as X`` -> ``from torch.nn import LayerNorm as X``."""
+    module, _, name = torch_name.rpartition(".")
+    bound = binding.alias.evaluated_alias or binding.alias.evaluated_name
+    spelled = name if bound == name else f"{name} as {bound}"
+    line_node = cst.parse_statement(f"from {module} import {spelled}\n")
+    assert isinstance(line_node, cst.SimpleStatementLine)
+    statement = line_node.body[0]
+    ctx.plan.substitute(binding.statement, statement)
+    line = ctx.statement_of(binding.statement)
+    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+        _drop_import_statement(ctx, line, kept=True)
+
+
 def _plan_imports(
-    ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]], unused: dict[int, str]
+    ctx: ModuleContext,
+    references: dict[cst.ImportAlias, list[cst.Name]],
+    unused: dict[int, str],
+    rebound: dict[int, str],
 ) -> None:
     """Plan the removal of the Apex imports nothing uses any more (``unused``: those that
-    were never used, by alias id)."""
+    were never used, by alias id), and the imports of Apex classes whose name stays bound
+    to their torch twin (``rebound``: alias id -> the torch class)."""
     removable: dict[cst.Import | cst.ImportFrom, set[cst.ImportAlias]] = {}
     stars: list[cst.Import | cst.ImportFrom] = []
     exported = ctx.options.facts.exported
@@ -359,6 +333,11 @@ def _plan_imports(
                 if binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
                     continue
                 uses = references.get(binding.alias, [])
+                torch_name = rebound.get(id(binding.alias))
+                if torch_name is not None:
+                    if all(name in ctx.consumed or is_import_fallback(ctx, name) for name in uses):
+                        _rebind(ctx, binding, torch_name)
+                    continue
                 if id(binding.alias) in unused:
                     removable.setdefault(binding.statement, set()).add(binding.alias)
                     continue
@@ -410,6 +389,7 @@ def _report_leftovers(
     model: AmpModel,
     references: dict[cst.ImportAlias, list[cst.Name]],
     unused: tuple[dict[int, str], dict[int, str]],
+    rebound: dict[int, str],
 ) -> None:
     for name in model.value_uses:
         if name not in ctx.consumed:
@@ -440,6 +420,10 @@ def _report_leftovers(
                     continue  # each use is reported (AMP031) with the code to write
                 if binding.kind == "other_apex" and id(binding.alias) in unused[0]:
                     continue  # nothing uses it: the import goes
+                if id(binding.alias) in rebound and all(
+                    name in ctx.consumed or is_import_fallback(ctx, name) for name in references.get(binding.alias, [])
+                ):
+                    continue  # now imports the torch class under the same name
                 why = unused[1].get(id(binding.alias)) if binding.kind == "other_apex" else None
                 if why is not None and id(binding.alias) not in reported:
                     reported.add(id(binding.alias))
@@ -517,6 +501,7 @@ def _report_apex_package_uses(
 def plan(ctx: ModuleContext) -> None:
     model = ctx.amp
     references = _references(ctx)
-    unused = unused_imports(ctx, references)
-    _report_leftovers(ctx, model, references, unused)
-    _plan_imports(ctx, references, unused[0])
+    rebound = apex_normalization.rebound_names(ctx) if ctx.options.rule_enabled(apex_normalization.RULE) else {}
+    unused = unused_imports(ctx, references, rebound)
+    _report_leftovers(ctx, model, references, unused, rebound)
+    _plan_imports(ctx, references, unused[0], rebound)
