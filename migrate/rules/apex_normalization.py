@@ -224,13 +224,13 @@ def _references(ctx: ModuleContext) -> dict[int, list[cst.Name]]:
     if not direct:
         return found
     for name in ctx.nodes_of(cst.Name):
+        binding = ctx.resolve(name.value, name)
+        if binding is None or id(binding.alias) not in direct:
+            continue
         parent = ctx.parent(name)
-        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
+        if not isinstance(parent, (cst.ImportAlias, cst.AsName)) and not (
             isinstance(parent, cst.Attribute) and parent.attr is name
         ):
-            continue
-        binding = ctx.resolve(name.value, name)
-        if binding is not None and id(binding.alias) in direct:
             found.setdefault(id(binding.alias), []).append(name)
     return found
 
@@ -253,13 +253,13 @@ def _groups(ctx: ModuleContext) -> list[_Group]:
     direct = _direct(ctx)
     references = _references(ctx)
     for name in ctx.nodes_of(cst.Name):
+        binding = ctx.resolve(name.value, name)
+        if binding is None or binding.kind not in ("apex", "other_apex"):
+            continue
         parent = ctx.parent(name)
         if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
             isinstance(parent, cst.Attribute) and parent.attr is name
         ):
-            continue
-        binding = ctx.resolve(name.value, name)
-        if binding is None or binding.kind not in ("apex", "other_apex"):
             continue
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
             continue
@@ -285,9 +285,14 @@ def _groups(ctx: ModuleContext) -> list[_Group]:
     return list(groups.values())
 
 
-def _class_check(ctx: ModuleContext, node: cst.CSTNode) -> cst.Call | None:
-    """The ``isinstance(x, C)`` / ``isinstance(x, (A, C))`` call ``node`` is the class of."""
+def _class_check(ctx: ModuleContext, node: cst.CSTNode) -> cst.BaseExpression | None:
+    """The ``isinstance(x, C)`` / ``isinstance(x, (A, C))`` call ``node`` is the class of, or
+    the comparison it is compared in (``type(x) is C``)."""
     parent = ctx.parent(node)
+    if isinstance(parent, cst.ComparisonTarget):
+        parent = ctx.parent(parent)
+    if isinstance(parent, cst.Comparison):
+        return parent
     if isinstance(parent, cst.Element):
         tuple_ = ctx.parent(parent)
         parent = ctx.parent(tuple_) if isinstance(tuple_, cst.Tuple) else None
@@ -373,7 +378,7 @@ def _plan_group(ctx: ModuleContext, group: _Group) -> None:
     edits: dict[cst.CSTNode, cst.CSTNode] = {}
     notes: list[tuple[cst.CSTNode, str]] = []
     problems: list[tuple[cst.CSTNode, str]] = []
-    checks: list[cst.Call] = []
+    checks: list[cst.BaseExpression] = []
     for use, _root in group.uses:
         node: cst.CSTNode = use
         parent = ctx.parent(node)
@@ -410,6 +415,13 @@ def _plan_group(ctx: ModuleContext, group: _Group) -> None:
         elif replacement is _LAYER_NORM:
             if not group.keeps_name:
                 edits[node] = syntax.dotted(target)  # a value: torch's class takes the same arguments
+                notes.append(
+                    (
+                        node,
+                        f"{group.path} became {target} here, passed on as a value: where it is called, "
+                        "memory_efficient must not be passed (a fourth positional argument sets torch's bias)",
+                    )
+                )
         else:
             problems.append(
                 (
@@ -464,5 +476,13 @@ def _plan_group(ctx: ModuleContext, group: _Group) -> None:
 
 
 def plan(ctx: ModuleContext) -> None:
+    reachable = any(
+        binding.kind == "apex" or binding.kind == "other_apex" and binding.target.startswith("apex.normalization")
+        for scope_imports in ctx.imports.values()
+        for bindings in scope_imports.values()
+        for binding in bindings
+    )
+    if not reachable:
+        return  # nothing here can name apex.normalization
     for group in _groups(ctx):
         _plan_group(ctx, group)
