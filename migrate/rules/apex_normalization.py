@@ -79,6 +79,7 @@ References
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -432,6 +433,21 @@ def _plan_group(ctx: ModuleContext, group: _Group) -> None:
                 )
             )
     torch_layers = _torch_layers(ctx, target)
+    for torch_check in (c for c in map(functools.partial(_class_check, ctx), torch_layers) if c is not None):
+        tested = (
+            syntax.code(torch_check.args[0].value).strip()
+            if isinstance(torch_check, cst.Call) and torch_check.args
+            else "module"
+        )
+        problems.append(
+            (
+                torch_check,
+                f"`{syntax.code(torch_check).strip()}` would also match the layers that were "
+                f"{replacement.apex_name} once they are {target}, which it did not before: to keep that, give them "
+                f"a class of their own, `class {replacement.apex_name}({target}): pass`, and test "
+                f"`... and not isinstance({tested}, {replacement.apex_name})` here",
+            )
+        )
     if checks and torch_layers:
         lines = sorted({ctx.position(n)[0] for n in torch_layers})
         for check in checks:
