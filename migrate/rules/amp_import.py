@@ -308,9 +308,12 @@ def _rebind(ctx: ModuleContext, binding: Binding, torch_name: str) -> None:
     spelled = name if bound == name else f"{name} as {bound}"
     line_node = cst.parse_statement(f"from {module} import {spelled}\n")
     assert isinstance(line_node, cst.SimpleStatementLine)
-    statement = line_node.body[0]
-    ctx.plan.substitute(binding.statement, statement)
     line = ctx.statement_of(binding.statement)
+    block = ctx.parent(line)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if ctx.skipped(line) or (isinstance(owner, cst.Try) and ctx.skipped(owner)):
+        return
+    ctx.plan.substitute(binding.statement, line_node.body[0])
     if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
         _drop_import_statement(ctx, line, kept=True)
 

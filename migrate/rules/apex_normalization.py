@@ -201,6 +201,11 @@ def _keeps_name(ctx: ModuleContext, binding: Binding, bound: str, used: bool) ->
         return False
     if len(statement.names) != 1:
         return False  # the apex import line cannot become a torch one for one of its names
+    line = ctx.statement_of(statement)
+    block = ctx.parent(line)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if ctx.skipped(line) or (isinstance(owner, cst.Try) and ctx.skipped(owner)):
+        return False  # `# ampmigrate: skip` keeps the import as it was
     scope = next((s for s, names in ctx.imports.items() if binding in names.get(bound, ())), ctx.module)
     if reached_from_outside(ctx, scope, bound) is not None:
         return True
