@@ -79,6 +79,8 @@ _FP16_RECIPE = (
     '`scaler = torch.amp.GradScaler("cuda")`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, '
     "`scaler.update()`"
 )
+_NORM_AUTOCAST = "; under autocast Apex's output was float16, torch's is float32"
+_RMS_AUTOCAST = "; under autocast Apex computed in the autocast dtype (float16 output)"
 REPLACEMENTS = {
     "apex.parallel.DistributedDataParallel": "`torch.nn.parallel.DistributedDataParallel(module, "
     "broadcast_buffers=False, find_unused_parameters=True)` (Apex kept buffers per process and accepted "
@@ -123,7 +125,30 @@ REPLACEMENTS = {
     "to the parameters' dtype: `norm(x).to(norm.weight.dtype)`",
     "apex.normalization.MixedFusedRMSNorm": "`torch.nn.RMSNorm(normalized_shape, eps=1e-5)`, its output cast to "
     "the parameters' dtype: `norm(x).to(norm.weight.dtype)`",
-    "apex.normalization": "`torch.nn.LayerNorm` / `torch.nn.RMSNorm(..., eps=1e-5)`",
+    # the functional forms default to eps=1e-6, the layers to 1e-5; under autocast they computed in its dtype
+    "apex.normalization.fused_layer_norm_affine": "`torch.nn.functional.layer_norm(input, normalized_shape, "
+    "weight, bias, eps)` with eps written out (Apex's default here is 1e-6)" + _NORM_AUTOCAST,
+    "apex.normalization.fused_layer_norm": "`torch.nn.functional.layer_norm(input, normalized_shape, eps=eps)` "
+    "for the function, with eps written out (Apex's default here is 1e-6)" + _NORM_AUTOCAST,
+    "apex.normalization.mixed_dtype_fused_layer_norm_affine": "`torch.nn.functional.layer_norm(input, "
+    "normalized_shape, weight, bias, eps).to(weight.dtype)` with eps written out (Apex's default here is 1e-6)",
+    "apex.normalization.fused_rms_norm_affine": "`torch.nn.functional.rms_norm(input, normalized_shape, weight, "
+    "eps)` with eps written out (Apex's default here is 1e-6; torch 2.4)" + _RMS_AUTOCAST,
+    "apex.normalization.fused_rms_norm": "`torch.nn.functional.rms_norm(input, normalized_shape, eps=eps)` with eps "
+    "written out (Apex's default here is 1e-6; torch 2.4)" + _RMS_AUTOCAST,
+    "apex.normalization.mixed_dtype_fused_rms_norm_affine": "`torch.nn.functional.rms_norm(input, normalized_shape, "
+    "weight, eps).to(weight.dtype)` with eps written out (Apex's default here is 1e-6; torch 2.4)",
+    "apex.normalization.FusedLayerNormAffineFunction": "`torch.nn.functional.layer_norm(input, normalized_shape, "
+    "weight, bias, eps)` for `.apply(input, weight, bias, normalized_shape, eps)`",
+    "apex.normalization.FusedLayerNormFunction": "`torch.nn.functional.layer_norm(input, normalized_shape, eps=eps)` "
+    "for `.apply(input, normalized_shape, eps)`",
+    "apex.normalization.FusedRMSNormAffineFunction": "`torch.nn.functional.rms_norm(input, normalized_shape, weight, "
+    "eps)` for `.apply(input, weight, normalized_shape, eps)` (torch 2.4)",
+    "apex.normalization.FusedRMSNormFunction": "`torch.nn.functional.rms_norm(input, normalized_shape, eps=eps)` for "
+    "`.apply(input, normalized_shape, eps)` (torch 2.4)",
+    "apex.normalization": "`torch.nn.LayerNorm(normalized_shape, eps=eps, elementwise_affine=elementwise_affine)` "
+    "for FusedLayerNorm, `torch.nn.RMSNorm(normalized_shape, eps=1e-5)` for FusedRMSNorm, "
+    "`torch.nn.functional.layer_norm` / `torch.nn.functional.rms_norm` for the functions",
     "apex.fp16_utils.FP16_Optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE + "; "
     "`optimizer.backward(loss)` is `scaler.scale(loss).backward()`, `optimizer.clip_master_grads(n)` is "
     "`scaler.unscale_(optimizer)` then `torch.nn.utils.clip_grad_norm_(params, n)`",
