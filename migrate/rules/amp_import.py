@@ -8,6 +8,18 @@ What it rewrites
     keeps working: torch.amp is always there); a ``try`` that also imports other things
     keeps its shape. ``import torch`` is added when the new code needs it.
 
+    Other Apex names imported and never used (``from apex import amp, optimizers`` where
+    ``optimizers`` is unused, ``from apex.parallel import DistributedDataParallel as DDP``
+    kept only in case) go too, as ruff's F401 fix would remove them from a script: importing
+    them has no effect other than failing where Apex is missing. Unless the name may be
+    reached from outside the module: other given modules import it from this one (project
+    mode's facts; all of them for a star import), ``__all__`` lists it, or the module may look
+    it up by its spelling (the name as a whole string, ``globals()``, ``eval``). A single-file
+    run has no project facts and removes a module-level unused name, as F401 does outside
+    ``__init__.py``; the engine is not told a module's file name, so a package's
+    ``__init__.py`` re-exporting an Apex name to code outside the run is the one case it
+    cannot see (run the project as a whole, or list the name in ``__all__``).
+
 Before::
 
     try:
@@ -23,7 +35,8 @@ After::
 Not rewritten (reported instead)
     Whatever still uses Apex after the other rules ran: the amp module stored or passed
     as a value (AMP030), private Apex state the amp_private_state rule could not rewrite
-    (AMP031), amp functions without a rewrite (AMP032), other Apex modules (AMP040), an
+    (AMP031), amp functions without a rewrite (AMP032), other Apex modules (AMP040; also an
+    unused name that stays for one of the reasons above, and the message says which), an
     ``import apex`` that only checks that Apex is installed (AMP043). Their imports stay so
     the code keeps running where Apex is installed.
 
@@ -35,10 +48,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.rules import amp_private_state
+from migrate.rules import amp_private_state, apex_normalization
 from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
+from migrate.rules._exports import reached_from_outside
 from migrate.rules.amp_cast_functions import APIS as CAST_APIS
 
 RULE = "amp_import"
@@ -65,6 +79,8 @@ _FP16_RECIPE = (
     '`scaler = torch.amp.GradScaler("cuda")`: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, '
     "`scaler.update()`"
 )
+_NORM_AUTOCAST = "; under autocast Apex's output was float16, torch's is float32"
+_RMS_AUTOCAST = "; under autocast Apex computed in the autocast dtype (float16 output)"
 REPLACEMENTS = {
     "apex.parallel.DistributedDataParallel": "`torch.nn.parallel.DistributedDataParallel(module, "
     "broadcast_buffers=False, find_unused_parameters=True)` (Apex kept buffers per process and accepted "
@@ -109,7 +125,30 @@ REPLACEMENTS = {
     "to the parameters' dtype: `norm(x).to(norm.weight.dtype)`",
     "apex.normalization.MixedFusedRMSNorm": "`torch.nn.RMSNorm(normalized_shape, eps=1e-5)`, its output cast to "
     "the parameters' dtype: `norm(x).to(norm.weight.dtype)`",
-    "apex.normalization": "`torch.nn.LayerNorm` / `torch.nn.RMSNorm(..., eps=1e-5)`",
+    # the functional forms default to eps=1e-6, the layers to 1e-5; under autocast they computed in its dtype
+    "apex.normalization.fused_layer_norm_affine": "`torch.nn.functional.layer_norm(input, normalized_shape, "
+    "weight, bias, eps)` with eps written out (Apex's default here is 1e-6)" + _NORM_AUTOCAST,
+    "apex.normalization.fused_layer_norm": "`torch.nn.functional.layer_norm(input, normalized_shape, eps=eps)` "
+    "for the function, with eps written out (Apex's default here is 1e-6)" + _NORM_AUTOCAST,
+    "apex.normalization.mixed_dtype_fused_layer_norm_affine": "`torch.nn.functional.layer_norm(input, "
+    "normalized_shape, weight, bias, eps).to(weight.dtype)` with eps written out (Apex's default here is 1e-6)",
+    "apex.normalization.fused_rms_norm_affine": "`torch.nn.functional.rms_norm(input, normalized_shape, weight, "
+    "eps)` with eps written out (Apex's default here is 1e-6; torch 2.4)" + _RMS_AUTOCAST,
+    "apex.normalization.fused_rms_norm": "`torch.nn.functional.rms_norm(input, normalized_shape, eps=eps)` with eps "
+    "written out (Apex's default here is 1e-6; torch 2.4)" + _RMS_AUTOCAST,
+    "apex.normalization.mixed_dtype_fused_rms_norm_affine": "`torch.nn.functional.rms_norm(input, normalized_shape, "
+    "weight, eps).to(weight.dtype)` with eps written out (Apex's default here is 1e-6; torch 2.4)",
+    "apex.normalization.FusedLayerNormAffineFunction": "`torch.nn.functional.layer_norm(input, normalized_shape, "
+    "weight, bias, eps)` for `.apply(input, weight, bias, normalized_shape, eps)`",
+    "apex.normalization.FusedLayerNormFunction": "`torch.nn.functional.layer_norm(input, normalized_shape, eps=eps)` "
+    "for `.apply(input, normalized_shape, eps)`",
+    "apex.normalization.FusedRMSNormAffineFunction": "`torch.nn.functional.rms_norm(input, normalized_shape, weight, "
+    "eps)` for `.apply(input, weight, normalized_shape, eps)` (torch 2.4)",
+    "apex.normalization.FusedRMSNormFunction": "`torch.nn.functional.rms_norm(input, normalized_shape, eps=eps)` for "
+    "`.apply(input, normalized_shape, eps)` (torch 2.4)",
+    "apex.normalization": "`torch.nn.LayerNorm(normalized_shape, eps=eps, elementwise_affine=elementwise_affine)` "
+    "for FusedLayerNorm, `torch.nn.RMSNorm(normalized_shape, eps=1e-5)` for FusedRMSNorm, "
+    "`torch.nn.functional.layer_norm` / `torch.nn.functional.rms_norm` for the functions",
     "apex.fp16_utils.FP16_Optimizer": "the wrapped optimizer itself with " + _FP16_RECIPE + "; "
     "`optimizer.backward(loss)` is `scaler.scale(loss).backward()`, `optimizer.clip_master_grads(n)` is "
     "`scaler.unscale_(optimizer)` then `torch.nn.utils.clip_grad_norm_(params, n)`",
@@ -177,6 +216,8 @@ AMP_APIS = {
 
 def _replacement(path: str) -> str:
     """What to write instead of ``path``, as a phrase."""
+    # the classes are also imported from the module that defines them
+    path = path.replace("apex.normalization.fused_layer_norm.", "apex.normalization.")
     while path:
         if path in REPLACEMENTS:
             advice = REPLACEMENTS[path]
@@ -221,15 +262,19 @@ def _catches_import_error(handler: cst.ExceptHandler) -> bool:
     return bool(names & _IMPORT_ERRORS)
 
 
-def _is_simple(statement: cst.CSTNode) -> bool:
-    """Statements that cannot raise ImportError themselves (flag assignments, logging)."""
+def _is_simple(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
+    """Statements that cannot raise ImportError themselves: flag assignments, logging, and
+    a ``def`` or ``class`` without imports (a class that subclasses the imported one)."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        return not any(isinstance(node, (cst.Import, cst.ImportFrom)) for node in ctx.walk(statement))
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
     return all(isinstance(small, (cst.Assign, cst.AnnAssign, cst.Pass, cst.Expr)) for small in statement.body)
 
 
-def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
-    """Remove an import line; collapse an optional-import ``try`` around it."""
+def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode, kept: bool = False) -> None:
+    """Remove an import line (``kept``: it stays, rewritten to import from torch); collapse
+    an optional-import ``try`` around it."""
     block = ctx.parent(line)
     owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
     if isinstance(owner, cst.Try) and ctx.skipped(owner):
@@ -238,19 +283,76 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode) -> None:
         return
     if isinstance(owner, cst.Try) and owner.body is block and owner.finalbody is None:
         remaining = [s for s in block.body if s is not line and s not in ctx.plan.remove]
-        if all(_is_simple(s) for s in remaining) and all(_catches_import_error(h) for h in owner.handlers):
+        if all(_is_simple(ctx, s) for s in remaining) and all(_catches_import_error(h) for h in owner.handlers):
             keep = [*remaining, *(owner.orelse.body.body if owner.orelse is not None else ())]  # type: ignore[union-attr]
-            if keep:
+            if keep or kept:
                 # the try gives way to its body and else, with the other rules' edits made in them
-                ctx.plan.remove.add(line)
+                if not kept:
+                    ctx.plan.remove.add(line)
                 ctx.plan.unwrap.add(owner)
             else:
                 ctx.plan.remove.add(owner)
             return
-    ctx.plan.remove.add(line)
+    if not kept:
+        ctx.plan.remove.add(line)
 
 
-def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
+def unused_imports(
+    ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst.Name]], rebound: dict[int, str]
+) -> tuple[dict[int, str], dict[int, str]]:
+    """Apex imports (other than amp and the bare package) whose names nothing here uses, as
+    ids of their aliases: those that go (-> the bound name) and those that stay because
+    they may be reached from outside (-> why): a module-level name other modules import
+    (project facts, ``__all__``), or one the module may look up by its spelling (the name
+    as a whole string literal, ``globals()``/``locals()``/``vars()``, ``eval``/``exec``)."""
+    gone: dict[int, str] = {}
+    kept: dict[int, str] = {}
+    for scope, scope_imports in ctx.imports.items():
+        for bound, bindings in scope_imports.items():
+            if bound == "*":
+                continue
+            for binding in bindings:
+                if binding.kind != "other_apex" or binding.target in amp_private_state.STATE_TARGETS:
+                    continue
+                if id(binding.alias) in rebound:
+                    continue  # the name stays, bound to the torch class
+                uses = [use for other in bindings for use in references.get(other.alias, [])]
+                if any(not is_import_fallback(ctx, name) for name in uses):
+                    continue
+                why = reached_from_outside(ctx, scope, bound)
+                if why is None:
+                    gone[id(binding.alias)] = bound
+                else:
+                    kept[id(binding.alias)] = why
+    return gone, kept
+
+
+def _rebind(ctx: ModuleContext, binding: Binding, torch_name: str) -> None:
+    """``from apex.normalization import FusedLayerNorm as X`` -> ``from torch.nn import LayerNorm as X``."""
+    module, _, name = torch_name.rpartition(".")
+    bound = binding.alias.evaluated_alias or binding.alias.evaluated_name
+    spelled = name if bound == name else f"{name} as {bound}"
+    line_node = cst.parse_statement(f"from {module} import {spelled}\n")
+    assert isinstance(line_node, cst.SimpleStatementLine)
+    line = ctx.statement_of(binding.statement)
+    block = ctx.parent(line)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if ctx.skipped(line) or (isinstance(owner, cst.Try) and ctx.skipped(owner)):
+        return
+    ctx.plan.substitute(binding.statement, line_node.body[0])
+    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+        _drop_import_statement(ctx, line, kept=True)
+
+
+def _plan_imports(
+    ctx: ModuleContext,
+    references: dict[cst.ImportAlias, list[cst.Name]],
+    unused: dict[int, str],
+    rebound: dict[int, str],
+) -> None:
+    """Plan the removal of the Apex imports nothing uses any more (``unused``: those that
+    were never used, by alias id), and the imports of Apex classes whose name stays bound
+    to their torch twin (``rebound``: alias id -> the torch class)."""
     removable: dict[cst.Import | cst.ImportFrom, set[cst.ImportAlias]] = {}
     stars: list[cst.Import | cst.ImportFrom] = []
     exported = ctx.options.facts.exported
@@ -262,6 +364,14 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
                 # several imports of one name in a scope (one per `if` branch): a use may have
                 # resolved to any of them, so each counts every use of the name
                 uses = [use for other in bindings for use in references.get(other.alias, [])]
+                torch_name = rebound.get(id(binding.alias))
+                if torch_name is not None:
+                    if all(name in ctx.consumed or is_import_fallback(ctx, name) for name in uses):
+                        _rebind(ctx, binding, torch_name)
+                    continue
+                if id(binding.alias) in unused:
+                    removable.setdefault(binding.statement, set()).add(binding.alias)
+                    continue
                 if scope is ctx.module and (bound in exported or "*" in exported):
                     continue  # other modules of the project import it from here
                 if bound == "*" and binding.kind == "other_apex":
@@ -305,7 +415,13 @@ def _plan_imports(ctx: ModuleContext, references: dict[cst.ImportAlias, list[cst
             _drop_import_statement(ctx, line)
 
 
-def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.ImportAlias, list[cst.Name]]) -> None:
+def _report_leftovers(
+    ctx: ModuleContext,
+    model: AmpModel,
+    references: dict[cst.ImportAlias, list[cst.Name]],
+    unused: tuple[dict[int, str], dict[int, str]],
+    rebound: dict[int, str],
+) -> None:
     for name in model.value_uses:
         if name not in ctx.consumed:
             ctx.report("AMP030", name)
@@ -333,6 +449,22 @@ def _report_leftovers(ctx: ModuleContext, model: AmpModel, references: dict[cst.
             for binding in bindings:
                 if binding.kind == "other_apex" and binding.target in amp_private_state.STATE_TARGETS:
                     continue  # each use is reported (AMP031) with the code to write
+                if binding.kind == "other_apex" and id(binding.alias) in unused[0]:
+                    continue  # nothing uses it: the import goes
+                if id(binding.alias) in rebound and all(
+                    name in ctx.consumed or is_import_fallback(ctx, name) for name in references.get(binding.alias, [])
+                ):
+                    continue  # now imports the torch class under the same name
+                why = unused[1].get(id(binding.alias)) if binding.kind == "other_apex" else None
+                if why is not None and id(binding.alias) not in reported:
+                    reported.add(id(binding.alias))
+                    ctx.report(
+                        "AMP040",
+                        binding.alias,
+                        f"{binding.target} is not used in this module but its import stays, since {why}: delete "
+                        f"it once nothing reaches it that way, else {_replacement(binding.target)}",
+                    )
+                    continue
                 if binding.kind == "other_apex" and id(binding.alias) not in reported:
                     reported.add(id(binding.alias))
                     uses = references.get(binding.alias, [])
@@ -400,5 +532,7 @@ def _report_apex_package_uses(
 def plan(ctx: ModuleContext) -> None:
     model = ctx.amp
     references = _references(ctx)
-    _report_leftovers(ctx, model, references)
-    _plan_imports(ctx, references)
+    rebound = apex_normalization.rebound_names(ctx) if ctx.options.rule_enabled(apex_normalization.RULE) else {}
+    unused = unused_imports(ctx, references, rebound)
+    _report_leftovers(ctx, model, references, unused, rebound)
+    _plan_imports(ctx, references, unused[0], rebound)
