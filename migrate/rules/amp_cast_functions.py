@@ -54,6 +54,7 @@ After::
         kwargs = {key: cast(value) if floating(value) else value for key, value in kwargs.items()}
         return args, kwargs
 
+
     # Only valid with fp32 inputs
     nms = float_function(_C.nms)
 

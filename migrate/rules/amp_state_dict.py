@@ -38,6 +38,7 @@ After::
             "_growth_tracker": unskipped if unskipped < 2000 else 0,
         }
 
+
     scaler = torch.amp.GradScaler("cuda")
     if args.resume:
         checkpoint = torch.load(args.resume)
