@@ -17,11 +17,15 @@ class ModuleFacts:
     so an Apex import here is not unused merely because this module does not use it.
     ``frozen``: why this module's amp setup must stay as it was (its group of modules
     cannot be migrated whole); None to migrate it.
+    ``package_init``: the module is a package's ``__init__.py``, whose names code outside
+    the run may import (a re-exported Apex name is not unused there).
     """
 
     amp_from: tuple[tuple[str, int], ...] = ()
     exported: frozenset[str] = frozenset()
     frozen: str | None = None
+    # the module is a package's ``__init__.py``: code outside the run may import its names
+    package_init: bool = False
     # the GradScaler shared across modules: the module that creates it passes it (as a
     # keyword named ``Options.scaler_name``) to these imported functions ("f" or "mod.f")...
     passes_scaler: tuple[str, ...] = ()

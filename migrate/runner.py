@@ -350,6 +350,8 @@ class _Project:
 
     def _options(self, path: str) -> Options:
         found: ModuleFacts | None = self.plan.facts.get(path)
+        if os.path.basename(path) == "__init__.py":
+            found = replace(found or ModuleFacts(), package_init=True)
         return self.settings.options if found is None else replace(self.settings.options, facts=found)
 
     def _pass(self, paths: list[str], progress: Callable[[int], Iterator[None]] | None) -> None:

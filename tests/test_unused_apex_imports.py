@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from migrate.config import build_config
 from migrate.engine import migrate_source
 from migrate.options import ModuleFacts, Options
+from migrate.runner import run
 
 SOURCE = """\
 try:
@@ -47,3 +51,17 @@ def test_an_unused_name_inside_a_function_is_not_reachable_from_outside() -> Non
     source = "def f():\n    from apex.optimizers import FusedAdam\n    return 1\n"
     result = migrate_source(source, Options(facts=ModuleFacts(exported=frozenset({"*"}))))
     assert result.source == "def f():\n    return 1\n"
+
+
+def test_a_package_init_keeps_names_its_importers_may_use(tmp_path: Path) -> None:
+    """A run given a package's ``__init__.py`` cannot see the code outside the run that imports
+    the package: its unused Apex names stay (with why); a plain module's go."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(SOURCE)
+    (package / "helpers.py").write_text(SOURCE)
+    results = {Path(r.path).name: r for r in run([package], build_config([package], write=True))}
+    assert (package / "__init__.py").read_text() == SOURCE
+    assert "apex" not in (package / "helpers.py").read_text()
+    kept = [d.message for d in results["__init__.py"].diagnostics if "Apex_DDP" in d.message]
+    assert kept and "package's __init__.py" in kept[0]

@@ -1,7 +1,7 @@
 """Whether a name a module binds may be reached from outside it, so an import that binds it stays.
 
 Other given modules import it (project mode's ``ModuleFacts.exported``, ``"*"`` for a star
-import), ``__all__`` lists it, or the module may look it up by its spelling: the name as a
+import), ``__all__`` lists it, the module is a package's ``__init__.py``, or the module may look it up by its spelling: the name as a
 whole string literal (``getattr(module, "name")``, ``globals()["name"]``), or a lookup by a
 string computed at run time (``globals()``, ``locals()``, ``vars()`` without argument,
 ``eval``, ``exec``).
@@ -68,6 +68,8 @@ def reached_from_outside(ctx: ModuleContext, scope: Scope, bound: str) -> str | 
             return f"other modules of the project import `{bound}` from this one"
         if bound in module_all(ctx):
             return f"`__all__` lists `{bound}`"
+        if ctx.options.facts.package_init:
+            return f"this is a package's __init__.py: code that imports the package may use `{bound}`"
     if re.search(rf"""(['"]){re.escape(bound)}\1""", ctx.source):
         return f"the module spells '{bound}' in a string (a getattr or globals() lookup may reach it)"
     lookup = dynamic_lookup(ctx)
