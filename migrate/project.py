@@ -568,6 +568,7 @@ class ProjectPlan:
             if result.amp_left and "initialize" not in self.index.modules[path].amp_apis
         ]
         again = {}
+        alone = {group.paths[0] for group in self.groups if len(group.paths) == 1}
         for path, result in outcome.items():
             if not (result.scaler_unused and result.amp_migrated):
                 continue
@@ -577,7 +578,21 @@ class ProjectPlan:
                     f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "
                     "amp.initialize of its own: they may be one setup, linked at run time rather than by imports"
                 )
-                again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
+            elif path in alone:
+                # nothing in the project can receive the scaler: the loss is scaled by code the tool
+                # cannot see (timm's ApexScaler calls amp.scale_loss inside a library), or not at
+                # all; either way the initialize must stay for that code to keep working
+                reason = (
+                    "no backward in this module or in a project module it is linked to scales a loss with the "
+                    "GradScaler that would replace this amp.initialize: the training step that uses Apex amp is out "
+                    "of sight (a library helper such as timm's ApexScaler, or a module linked at run time), and "
+                    "removing the initialize would leave it calling Apex on a setup that no longer exists; migrate "
+                    "that step to `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()` (or "
+                    "include its module), then run ampmigrate again"
+                )
+            else:
+                continue
+            again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
 
     def _thread(self, members: list[str], left: list[str], outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
