@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -568,6 +569,7 @@ class ProjectPlan:
             if result.amp_left and "initialize" not in self.index.modules[path].amp_apis
         ]
         again = {}
+        alone = {group.paths[0] for group in self.groups if len(group.paths) == 1}
         for path, result in outcome.items():
             if not (result.scaler_unused and result.amp_migrated):
                 continue
@@ -577,7 +579,22 @@ class ProjectPlan:
                     f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "
                     "amp.initialize of its own: they may be one setup, linked at run time rather than by imports"
                 )
-                again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
+            elif path in alone and _trains(path):
+                # the module trains (it backpropagates somewhere) but nothing in the project can
+                # receive the scaler: the loss is scaled by code the tool cannot see (timm's
+                # ApexScaler calls amp.scale_loss inside a library), or not at all; either way the
+                # initialize must stay for that code to keep working
+                reason = (
+                    "no backward in this module or in a project module it is linked to scales a loss with the "
+                    "GradScaler that would replace this amp.initialize: the training step that uses Apex amp is out "
+                    "of sight (a library helper such as timm's ApexScaler, or a module linked at run time), and "
+                    "removing the initialize would leave it calling Apex on a setup that no longer exists; migrate "
+                    "that step to `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()` (or "
+                    "include its module), then run ampmigrate again"
+                )
+            else:
+                continue
+            again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
 
     def _thread(self, members: list[str], left: list[str], outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
@@ -664,6 +681,19 @@ class ProjectPlan:
 
     def _gets_amp_from(self, importer: str, exporter: str) -> bool:
         return any(target == exporter for _, target in self.index.imported(self.index.modules[importer]))
+
+
+_BACKWARD = re.compile(r"\.backward\s*\(")
+
+
+def _trains(path: str) -> bool:
+    """Whether the module's text calls ``.backward(`` (read again only for the rare module whose
+    GradScaler no backward uses; a fragment without one is migrated as before)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return _BACKWARD.search(handle.read()) is not None
+    except OSError:
+        return False
 
 
 _ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", "requirements.txt", ".git")

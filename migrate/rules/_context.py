@@ -221,6 +221,14 @@ class ModuleContext:
                 continue
             bindings = self.imports.get(scope, {}).get(name)
             if bindings:
+                if len(bindings) > 1 and first:
+                    # `from apex import amp` in each branch of one function: a use reads the
+                    # import above it, not the last one of the function (which would leave the
+                    # first looking unused)
+                    here = self.position(at)
+                    above = [binding for binding in bindings if self.position(binding.statement) <= here]
+                    if above:
+                        return above[-1]
                 return bindings[-1]
             if name in self.locals.get(scope, ()):
                 return None

@@ -98,8 +98,8 @@ def is_autocast_with(node: cst.CSTNode) -> bool:
     )
 
 
-def _is_boundary(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
-    """A backward, an optimizer step, amp set-up or an autocast region: not forward code."""
+def _is_boundary(ctx: ModuleContext, statement: cst.CSTNode, *, autocast: bool = True) -> bool:
+    """A backward, an optimizer step, amp set-up or (``autocast``) an autocast region: not forward code."""
     for current in ctx.walk(statement, into_definitions=False):
         if isinstance(current, cst.Call):
             func = current.func
@@ -108,9 +108,18 @@ def _is_boundary(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
             found = ctx.amp_api(func)
             if found is not None and found[0] in ("scale_loss", "initialize"):
                 return True
-        if is_autocast_with(current):
+        if autocast and is_autocast_with(current):
             return True
     return False
+
+
+def _ends_phase(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
+    """Whether the backward walk stops at ``statement``: a boundary, except an ``if`` that is
+    one only through the autocast regions of its branches (``if apex: out = model(x)``
+    ``else: with autocast(): out = model(x)``): its other branches compute the loss unwrapped."""
+    if not _is_boundary(ctx, statement):
+        return False
+    return not (isinstance(statement, cst.If) and not _is_boundary(ctx, statement, autocast=False))
 
 
 def _calls(ctx: ModuleContext, statement: cst.CSTNode) -> Iterator[cst.Call]:
@@ -180,7 +189,7 @@ def forward_span(
     last = forward
     members = {statement for statement, _ in chain}
     for statement in body[body.index(forward) + 1 : end]:
-        if _is_boundary(ctx, statement):
+        if _ends_phase(ctx, statement):
             break
         if statement in members:
             # an if/else, loop or with that computes the loss (its own head layers, a sum
@@ -189,11 +198,28 @@ def forward_span(
     return forward, last
 
 
+def autocast_over_forward(
+    ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression, model_names: set[str]
+) -> cst.With | None:
+    """The ``with <autocast>:`` statement that already holds the forward pass feeding ``loss``
+    (a native path's region, ``with autocast(enabled=args.amp == "native"):``), when all the
+    loss's computation after it only moves data; None otherwise."""
+    chain = _dependency_chain(ctx, anchor, loss, through_autocast=True)
+    forward = _forward_statement(ctx, chain, model_names)
+    if not isinstance(forward, cst.With) or not is_autocast_with(forward) or len(forward.items) != 1:
+        return None
+    later = [statement for statement, in_phase in chain if in_phase and ctx.position(statement) > ctx.position(forward)]
+    if any(_computes(call) for statement in later for call in _calls(ctx, statement)):
+        return None  # part of the loss is computed outside the region
+    return forward
+
+
 def _dependency_chain(
-    ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression
+    ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression, *, through_autocast: bool = False
 ) -> list[tuple[cst.CSTNode, bool]]:
     """The statements before ``anchor`` that ``loss`` depends on, latest first, each with
-    whether it was found before any earlier backward/step was crossed."""
+    whether it was found before any earlier backward/step was crossed (``through_autocast``:
+    an autocast region is one of them, not the end of the phase)."""
     needs = _references(ctx, loss)
     chain: list[tuple[cst.CSTNode, bool]] = []
     current = anchor
@@ -202,7 +228,9 @@ def _dependency_chain(
         block = ctx.block_of(current)
         body: list[cst.CSTNode] = list(block.body)
         for statement in reversed(body[: body.index(current)]):
-            if _is_boundary(ctx, statement):
+            if through_autocast and is_autocast_with(statement) and not _is_boundary(ctx, statement, autocast=False):
+                pass  # the forward pass may already run under an autocast region (see autocast_over_forward)
+            elif _ends_phase(ctx, statement):
                 # an earlier backward or step: what comes before belongs to the previous
                 # phase, but a loss computed there may still feed this one
                 in_phase = False

@@ -788,14 +788,37 @@ def _home(
     if unreachable:
         # migrating this call alone would leave Apex code behind that needs it
         where = ctx.position(unreachable[0].call)[0]
+        factory = _returning_factory(ctx, function, unreachable[0].call)
+        how = (
+            f"{factory} returns what amp.initialize made to its caller, which uses amp: create the GradScaler "
+            f"here, return it with them and unpack it where {function.name.value}(...) is called, then run "
+            "ampmigrate again"
+            if factory is not None
+            else "pass one to it, then run ampmigrate again"
+        )
         ctx.report(
             "AMP022",
             call,
             f"amp.initialize left as it was: the amp.{unreachable[0].api} at line {where} could not "
-            "reach a GradScaler created here (pass one to it, then run ampmigrate again)",
+            f"reach a GradScaler created here ({how})",
         )
         return None
     return function, klass
+
+
+def _returning_factory(ctx: ModuleContext, function: cst.FunctionDef, use: cst.CSTNode) -> str | None:
+    """``function``'s name when it returns something and the function of ``use`` calls it by
+    name (``model, optimizer = setup(...)``): a factory whose scaler would have to be returned."""
+    user = ctx.function_of(use)
+    if user is None or not any(
+        isinstance(node, cst.Return) and node.value for node in ctx.walk(function, into_definitions=False)
+    ):
+        return None
+    name = function.name.value
+    calls = (node for node in ctx.walk(user) if isinstance(node, cst.Call))
+    if not any(isinstance(node.func, cst.Name) and node.func.value == name for node in calls):
+        return None
+    return f"`{name}`"
 
 
 def _report_numerics(ctx: ModuleContext, found: SetupCall, settings: _Settings) -> None:

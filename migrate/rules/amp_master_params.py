@@ -188,7 +188,21 @@ def _clip_scaled_gradients(ctx: ModuleContext, model: AmpModel, node: cst.CSTNod
     bound = syntax.bind_arguments(clip, parameters, partial=True) if parameters and isinstance(clip, cst.Call) else {}
     threshold = bound.get(parameters[1]) if parameters else None
     if threshold is None or not isinstance(clip, cst.Call):
-        ctx.report("AMP024", node)
+        if isinstance(clip, cst.Call) and parameters is None:
+            # a clipper of the project's own (a GradientClipper.step): its threshold is out of reach
+            ctx.report(
+                "AMP024",
+                node,
+                f"`{syntax.code(clip.func)}(amp.master_params(...))` runs after every backward pass while the "
+                "optimizer steps only on some (gradient accumulation): Apex gave it the unscaled gradients, GradScaler "
+                "unscales once per step, and it is not torch's clip_grad_norm_/clip_grad_value_ (whose threshold "
+                "times `scaler.get_scale()` clips the still-scaled gradients exactly): left as it was. For a clip, "
+                "call `torch.nn.utils.clip_grad_norm_(params, max_norm)` there and run ampmigrate again; for a norm, "
+                "divide what it computes on the scaled gradients by `scaler.get_scale()`; or move it under the step's "
+                "condition after `scaler.unscale_(optimizer)` (once per step: a clip there changes training)",
+            )
+        else:
+            ctx.report("AMP024", node)
         return False
     found = model.scaler_access_or_report(node)
     if found is None:

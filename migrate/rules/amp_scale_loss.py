@@ -69,8 +69,9 @@ from migrate.rules._amp import (
     fp32_only,
     optimizer_key,
 )
+from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
-from migrate.rules._forward import forward_span, parameter_callers
+from migrate.rules._forward import autocast_over_forward, forward_span, parameter_callers
 
 RULE = "amp_scale_loss"
 
@@ -109,6 +110,8 @@ def _plan_autocast(
 ) -> None:
     span = forward_span(ctx, anchor, loss, scaler.model_names)
     spans = [span] if span is not None else []
+    if span is None and _widen_autocast(ctx, model, scaler, access, anchor, loss):
+        return
     if span is None:
         # the loss may be a parameter: `def backward(self, loss)` called as `self.backward(loss)`
         # from several training steps; each caller's forward pass needs autocast
@@ -129,6 +132,77 @@ def _plan_autocast(
         return
     for first, last in spans:
         _wrap(ctx, model, scaler, access, first, last, report_at)
+
+
+# (parameters in order, default device) of the autocast spellings whose region can be widened
+_CUDA_AUTOCAST = (("enabled", "dtype", "cache_enabled"), "cuda")
+_AUTOCAST = (("device_type", "dtype", "enabled", "cache_enabled"), None)
+_AUTOCAST_SIGNATURES = {
+    "torch.cuda.amp.autocast": _CUDA_AUTOCAST,
+    "torch.autocast": _AUTOCAST,
+    "torch.amp.autocast": _AUTOCAST,
+}
+_DTYPES = {"float16": ("torch.float16", "torch.half"), "bfloat16": ("torch.bfloat16",)}
+
+
+def _widen_autocast(
+    ctx: ModuleContext,
+    model: AmpModel,
+    scaler: Scaler,
+    access: cst.BaseExpression,
+    anchor: cst.CSTNode,
+    loss: cst.BaseExpression,
+) -> bool:
+    """The forward pass already runs in another path's autocast region
+    (``with autocast(enabled=args.amp == "native"):``): widen its switch to
+    ``enabled=<switch> or <the scaler's>``, as Apex cast that forward pass whenever amp was
+    on. Only for a region of the same device and dtype as ours; True when planned."""
+    region = autocast_over_forward(ctx, anchor, loss, scaler.model_names)
+    if region is None:
+        return False
+    call = region.items[0].item
+    if not isinstance(call, cst.Call):
+        return False
+    name = dotted_name(call.func)
+    binding = ctx.resolve(name, call) if name is not None and "." not in name else None
+    if binding is not None and binding.kind == "torch_amp" and binding.target == "cuda.autocast":
+        name = "torch.cuda.amp.autocast"
+    signature = _AUTOCAST_SIGNATURES.get(name or "")
+    if signature is None:
+        return False
+    parameters, default_device = signature
+    bound = syntax.bind_arguments(call, parameters)
+    if bound is None:
+        return False
+    device = syntax.literal(bound["device_type"].value) if "device_type" in bound else default_device
+    dtype = dotted_name(bound["dtype"].value) if "dtype" in bound else None
+    if device != ctx.options.device or device != "cuda":
+        return False  # float16 is the default dtype of "cuda" only
+    if dtype not in (None, *_DTYPES.get(ctx.options.dtype, ())) or (dtype is None and ctx.options.dtype != "float16"):
+        return False
+    switch = bound["enabled"].value if "enabled" in bound else None
+    if switch is None or syntax.literal(switch) is True:
+        return True  # always on: the forward pass already runs under autocast
+    if syntax.literal(switch) is not ...:
+        return False  # a region turned off on purpose
+    item = model.autocast_item(scaler, access, region)
+    if item is None or not isinstance(item.item, cst.Call):
+        return False
+    ours = next((arg.value for arg in item.item.args if arg.keyword and arg.keyword.value == "enabled"), None)
+    if ours is None:
+        ours = cst.Name("True")  # amp is on wherever this runs: Apex cast the forward pass always
+    elif isinstance(ours, (cst.IfExp, cst.Lambda, cst.NamedExpr)):
+        ours = ours.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+    def widen(updated: cst.CSTNode) -> cst.CSTNode:
+        assert isinstance(updated, cst.BaseExpression)
+        left = updated
+        if isinstance(left, (cst.IfExp, cst.Lambda, cst.NamedExpr)) and not left.lpar:
+            left = left.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return cst.BooleanOperation(left, cst.Or(), ours.deep_clone())
+
+    ctx.plan.replace[switch] = widen
+    return True
 
 
 def _wrap(

@@ -98,7 +98,7 @@ def _module_import_moves(statement: cst.Import | cst.ImportFrom) -> bool:
     return not isinstance(statement.names, cst.ImportStar) and len(statement.names) == 1
 
 
-def _plan_module_imports(ctx: ModuleContext) -> None:
+def _plan_module_imports(ctx: ModuleContext, stuck: set[cst.CSTNode]) -> None:
     """``import torch.cuda.amp as amp`` -> ``import torch.amp as amp`` (the calls gain a device)."""
     for scope_imports in ctx.imports.values():
         for bindings in scope_imports.values():
@@ -109,6 +109,7 @@ def _plan_module_imports(ctx: ModuleContext) -> None:
                     and isinstance(statement, cst.Import)
                     and _module_import_moves(statement)
                     and not ctx.skipped(statement)
+                    and statement not in stuck
                 ):
                     alias = binding.alias
                     ctx.plan.replace[alias] = lambda updated: updated.with_changes(name=syntax.dotted("torch.amp"))
@@ -137,11 +138,60 @@ def _rewrite_call(device: str, obj: str, spelling: str, call: cst.Call) -> cst.C
         func = syntax.dotted("torch.amp.GradScaler") if spelling == "dotted" else call.func
         return syntax.prepend_args(call.with_changes(func=func), [cst.Arg(device_arg)])
     if obj in ("custom_fwd", "custom_bwd"):
-        if any(arg.keyword is None for arg in call.args):
-            return None  # custom_fwd(fn) applied by hand: rare, left alone
+        positional = [arg for arg in call.args if arg.keyword is None]
+        if (
+            any(arg.star for arg in call.args)
+            or len(positional) > 1
+            or (positional and call.args[0] is not positional[0])
+        ):
+            return None
         func = syntax.dotted(f"torch.amp.{obj}") if spelling == "dotted" else call.func
+        if positional:
+            # `custom_fwd(fn)` applied by hand: device_type is keyword-only, after the function
+            return call.with_changes(func=func, args=[*call.args, syntax.keyword("device_type", device_arg)])
         return syntax.prepend_args(call.with_changes(func=func), [syntax.keyword("device_type", device_arg)])
     return None
+
+
+def _stuck_imports(ctx: ModuleContext) -> set[cst.CSTNode]:
+    """The imports of deprecated names (``from torch.cuda.amp import autocast``, ``from torch.cuda
+    import amp``) that must stay: some use of what they bind is not a call this rule rewrites
+    (``amp_autocast = autocast``, a call in an ``except`` fallback). torch.amp's autocast and
+    custom_fwd/custom_bwd need a device the old ones did not, so moving the import would break
+    that use."""
+    stuck: set[cst.CSTNode] = set()
+    for name in ctx.nodes_of(cst.Name):
+        parent = ctx.parent(name)
+        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
+            isinstance(parent, cst.Attribute) and parent.attr is name
+        ):
+            continue
+        binding = ctx.resolve(name.value, name)
+        if binding is None or binding.kind not in ("torch_amp", "torch_amp_module") or binding.statement in stuck:
+            continue
+        if binding.kind == "torch_amp":
+            device, _, obj = binding.target.partition(".")
+            use: cst.CSTNode = name
+        elif isinstance(parent, cst.Attribute) and parent.value is name:
+            device, obj, use = binding.target, parent.attr.value, parent
+        else:
+            stuck.add(binding.statement)  # the module itself passed around
+            continue
+        if obj == "GradScaler":
+            continue  # the class is the same; a GradScaler made without a device is a "cuda" one
+        holder = ctx.parent(use)
+        if isinstance(holder, cst.Decorator) and obj in ("custom_fwd", "custom_bwd"):
+            continue
+        if (
+            isinstance(holder, cst.Call)
+            and holder.func is use
+            and not _fallback(ctx, holder)
+            and not ctx.skipped(holder)
+            and _rewrite_call(device, obj, "name", holder) is not None
+        ):
+            continue
+        stuck.add(binding.statement)
+    return stuck
 
 
 def _fallback(ctx: ModuleContext, node: cst.CSTNode) -> bool:
@@ -152,11 +202,22 @@ def _fallback(ctx: ModuleContext, node: cst.CSTNode) -> bool:
 class _Finder:
     def __init__(self, ctx: ModuleContext) -> None:
         self.ctx = ctx
+        self.stuck = _stuck_imports(ctx)
+
+    def _stays(self, func: cst.BaseExpression) -> bool:
+        """A short-form reference whose import stays: it keeps the old, device-less signature."""
+        root = func.value if isinstance(func, cst.Attribute) else func
+        if not isinstance(root, cst.Name):
+            return False
+        binding = self.ctx.resolve(root.value, root)
+        return binding is not None and binding.statement in self.stuck
 
     def visit_Call(self, node: cst.Call) -> None:
         ctx = self.ctx
         target = _deprecated_target(ctx, node.func)
         if target is None or ctx.skipped(node) or _fallback(ctx, node):
+            return
+        if target[2] != "dotted" and self._stays(node.func):
             return
         device, obj, spelling = target
         if _rewrite_call(device, obj, spelling, node) is None:
@@ -180,6 +241,8 @@ class _Finder:
             return
 
         device, obj, spelling = target
+        if spelling != "dotted" and self._stays(expression):
+            return
 
         def decorate(updated: cst.CSTNode) -> cst.CSTNode:
             assert isinstance(updated, cst.Decorator)
@@ -194,6 +257,8 @@ class _Finder:
         if isinstance(node.names, cst.ImportStar) or ctx.skipped(node):
             return
         names = [dotted_name(alias.name) for alias in node.names]
+        if node in self.stuck:
+            return
         if module in ("torch.cuda.amp", "torch.cpu.amp") and _movable(node):
             ctx.plan.replace[node] = lambda updated: updated.with_changes(module=syntax.dotted("torch.amp"))
         elif module in ("torch.cuda", "torch.cpu") and names == ["amp"]:
@@ -208,4 +273,4 @@ def plan(ctx: ModuleContext) -> None:
         finder.visit_Decorator(decorator)
     for statement in ctx.nodes_of(cst.ImportFrom):
         finder.visit_ImportFrom(statement)
-    _plan_module_imports(ctx)
+    _plan_module_imports(ctx, finder.stuck)
