@@ -110,9 +110,11 @@ CODES: dict[str, Code] = {
     ),
     "AMP020": Code(
         "forward-pass-not-found",
-        "The forward pass feeding this amp.scale_loss could not be found, so no " "torch.autocast was added.",
-        "Wrap the model call and the loss computation in "
-        '`with torch.autocast("cuda", dtype=torch.float16):` by hand.',
+        "The forward pass feeding this amp.scale_loss could not be found, so no torch.autocast can be added and "
+        "the amp setup stays as it was (a GradScaler over a float32 forward pass would not train like Apex).",
+        "Compute the loss in the function that calls scale_loss (or pass it from the caller in the same file), "
+        "then run ampmigrate again; or migrate by hand, wrapping the model call and the loss computation in "
+        '`with torch.autocast("cuda", dtype=torch.float16):`.',
         False,
     ),
     "AMP021": Code(

@@ -68,6 +68,9 @@ class ModuleContext:
         self.findings: list[Finding] = []
         # reference nodes (Names) whose Apex use has been rewritten away
         self.consumed: set[cst.CSTNode] = set()
+        # amp uses rewritten only in part (a scale_loss whose forward pass was not found): the
+        # setup must stay as it was, whatever else was rewritten
+        self.unfinished: list[cst.CSTNode] = []
         self.skip_lines = {
             number for number, line in enumerate(source.splitlines(), start=1) if SKIP_COMMENT.search(line)
         }

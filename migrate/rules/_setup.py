@@ -105,6 +105,7 @@ def leftovers(ctx: ModuleContext) -> list[cst.CSTNode]:
     left: list[cst.CSTNode] = [
         name for name in amp_references(ctx) if name not in ctx.consumed and not checks_presence(ctx, name)
     ]
+    left += ctx.unfinished
     if ctx.carriers.any:
         left += ctx.carriers.leftovers()
     return left + ctx.handles.leftovers() if ctx.handles.any else left

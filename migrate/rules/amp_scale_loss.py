@@ -43,7 +43,8 @@ After::
 Not rewritten (reported instead)
     ``scale_loss`` entered by hand or combined with other context managers (AMP021); a
     file without ``amp.initialize`` (AMP023); a scaler out of reach (AMP022). A forward
-    pass that cannot be found is reported (AMP020) and the rest is still migrated.
+    pass that cannot be found (AMP020) leaves the whole amp setup as it was (AMP025): a
+    GradScaler over a float32 forward pass would not train like Apex's float16 one.
 
 Safety
     Apex updated the scale once per backward pass; GradScaler once per ``update()``, i.e.
@@ -107,11 +108,13 @@ def _plan_autocast(
     anchor: cst.CSTNode,
     loss: cst.BaseExpression,
     report_at: cst.CSTNode,
-) -> None:
+) -> bool:
+    """Plan autocast over the forward pass feeding ``loss``; False (with AMP020) where it
+    cannot be found: a GradScaler over a float32 forward pass trains unlike Apex."""
     span = forward_span(ctx, anchor, loss, scaler.model_names)
     spans = [span] if span is not None else []
     if span is None and _widen_autocast(ctx, model, scaler, access, anchor, loss):
-        return
+        return True
     if span is None:
         # the loss may be a parameter: `def backward(self, loss)` called as `self.backward(loss)`
         # from several training steps; each caller's forward pass needs autocast
@@ -124,14 +127,16 @@ def _plan_autocast(
                 found = forward_span(ctx, ctx.statement_of(caller), argument, scaler.model_names)
                 if found is None:
                     ctx.report("AMP020", caller)
-                else:
-                    spans.append(found)
+                    return False
+                spans.append(found)
     if not spans:
         if scaler.autocast_enabled != "off":
             ctx.report("AMP020", report_at)
-        return
+            return False
+        return True
     for first, last in spans:
         _wrap(ctx, model, scaler, access, first, last, report_at)
+    return True
 
 
 # (parameters in order, default device) of the autocast spellings whose region can be widened
@@ -379,7 +384,8 @@ def _plan_one(
     model.sites.append(call)
     managed[id(scaler)] |= _managed_optimizers(ctx, model, call, optimizers)
     sites[id(scaler)].append(call)
-    _plan_autocast(ctx, model, scaler, access, with_node, loss, call)
+    if not _plan_autocast(ctx, model, scaler, access, with_node, loss, call):
+        ctx.unfinished.append(use.base)  # the setup stays as it was (AMP025)
 
 
 def _innermost_loop(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode | None:

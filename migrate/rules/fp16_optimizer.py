@@ -830,8 +830,13 @@ class _Planner:
         ctx = self.ctx
         span = forward_span(ctx, statement, loss, self.model_names)
         if span is None:
-            ctx.report("AMP020", report_at)
-            return
+            raise _Blocked(
+                report_at,
+                "the forward pass feeding this backward could not be found, so no torch.autocast can be added "
+                "(a GradScaler over a float32 forward pass would not train like Apex's float16 model): compute "
+                "the loss in this function, or migrate by hand with the forward pass and loss under "
+                '`with torch.autocast("cuda", dtype=torch.float16):`',
+            )
         args = [
             cst.Arg(syntax.string(ctx.options.device)),
             syntax.keyword("dtype", syntax.dotted(f"torch.{ctx.options.dtype}")),
