@@ -834,8 +834,8 @@ class _Planner:
                 report_at,
                 "the forward pass feeding this backward could not be found, so no torch.autocast can be added "
                 "(a GradScaler over a float32 forward pass would not train like Apex's float16 model): compute "
-                "the loss in this function, or migrate by hand with the forward pass and loss under "
-                '`with torch.autocast("cuda", dtype=torch.float16):`',
+                "the loss in this function and run ampmigrate again, or put the forward pass and the loss under "
+                '`with torch.autocast("cuda", dtype=torch.float16):` where they are computed',
             )
         args = [
             cst.Arg(syntax.string(ctx.options.device)),
