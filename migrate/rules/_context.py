@@ -207,6 +207,19 @@ class ModuleContext:
         return params[0].name.value if params else None
 
     # name resolution
+    def reference_names(self) -> Iterator[cst.Name]:
+        """Names that may refer to a tracked import: not the names an import statement binds
+        (``as X``), not attribute names after a dot, and only names some import binds."""
+        for name in self.nodes_of(cst.Name):
+            if name.value not in self._tracked:
+                continue  # resolve() would find nothing (and this check is cheap)
+            parent = self._parents.get(name)
+            if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
+                isinstance(parent, cst.Attribute) and parent.attr is name
+            ):
+                continue
+            yield name
+
     def tracks(self, name: str) -> bool:
         """Whether some import we track binds ``name`` anywhere (else ``resolve`` finds nothing)."""
         return name in self._tracked

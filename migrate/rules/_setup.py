@@ -39,12 +39,7 @@ AMP_SETUP_RULES = frozenset(
 
 def amp_references(ctx: ModuleContext) -> Iterator[cst.Name]:
     """Every Name that stands for the apex.amp module (or a function from it) in code."""
-    for node in ctx.nodes_of(cst.Name):
-        parent = ctx.parent(node)
-        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
-            isinstance(parent, cst.Attribute) and parent.attr is node
-        ):
-            continue
+    for node in ctx.reference_names():
         binding = ctx.resolve(node.value, node)
         if binding is None or not _is_amp(binding, node, ctx):
             continue

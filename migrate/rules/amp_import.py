@@ -239,12 +239,7 @@ def _amp_api(api: str) -> str:
 def _references(ctx: ModuleContext) -> dict[cst.ImportAlias, list[cst.Name]]:
     """Every Name that refers to an Apex binding, grouped by the import alias."""
     found: dict[cst.ImportAlias, list[cst.Name]] = {}
-    for node in ctx.nodes_of(cst.Name):
-        parent = ctx.parent(node)
-        if isinstance(parent, (cst.ImportAlias, cst.AsName)):
-            continue
-        if isinstance(parent, cst.Attribute) and parent.attr is node:
-            continue
+    for node in ctx.reference_names():
         binding = ctx.resolve(node.value, node)
         if binding is None or binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
             continue

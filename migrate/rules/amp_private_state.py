@@ -110,12 +110,8 @@ class Shape:
 def state_uses(ctx: ModuleContext) -> list[StateUse]:
     """Every spelling of ``apex.amp._amp_state`` in code, and switches set on the amp module."""
     uses: list[StateUse] = []
-    for name in ctx.nodes_of(cst.Name):
+    for name in ctx.reference_names():
         parent = ctx.parent(name)
-        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
-            isinstance(parent, cst.Attribute) and parent.attr is name
-        ):
-            continue
         binding = ctx.resolve(name.value, name)
         if binding is None:
             continue

@@ -258,14 +258,9 @@ def _groups(ctx: ModuleContext) -> list[_Group]:
     groups: dict[tuple[int, str], _Group] = {}
     direct = _direct(ctx)
     references = _references(ctx)
-    for name in ctx.nodes_of(cst.Name):
+    for name in ctx.reference_names():
         binding = ctx.resolve(name.value, name)
         if binding is None or binding.kind not in ("apex", "other_apex"):
-            continue
-        parent = ctx.parent(name)
-        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
-            isinstance(parent, cst.Attribute) and parent.attr is name
-        ):
             continue
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
             continue

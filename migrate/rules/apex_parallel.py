@@ -481,14 +481,7 @@ def _plan_allreduce_switches(ctx: ModuleContext) -> None:
 def plan(ctx: ModuleContext) -> None:
     migrated_ddp = False
     helper_names: dict[str, str] = {}
-    for name in ctx.nodes_of(cst.Name):
-        if not ctx.tracks(name.value):
-            continue  # every spelling below resolves through this name: none reaches Apex (and this is cheap)
-        parent = ctx.parent(name)
-        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
-            isinstance(parent, cst.Attribute) and parent.attr is name
-        ):
-            continue
+    for name in ctx.reference_names():
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
             continue
         found = None

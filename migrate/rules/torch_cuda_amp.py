@@ -160,12 +160,8 @@ def _stuck_imports(ctx: ModuleContext) -> set[cst.CSTNode]:
     custom_fwd/custom_bwd need a device the old ones did not, so moving the import would break
     that use."""
     stuck: set[cst.CSTNode] = set()
-    for name in ctx.nodes_of(cst.Name):
+    for name in ctx.reference_names():
         parent = ctx.parent(name)
-        if isinstance(parent, (cst.ImportAlias, cst.AsName)) or (
-            isinstance(parent, cst.Attribute) and parent.attr is name
-        ):
-            continue
         binding = ctx.resolve(name.value, name)
         if binding is None or binding.kind not in ("torch_amp", "torch_amp_module") or binding.statement in stuck:
             continue
