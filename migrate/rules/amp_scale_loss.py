@@ -134,9 +134,7 @@ def _plan_autocast(
             ctx.report("AMP020", report_at)
             return False
         return True
-    for first, last in spans:
-        _wrap(ctx, model, scaler, access, first, last, report_at)
-    return True
+    return all(_wrap(ctx, model, scaler, access, first, last, report_at) for first, last in spans)
 
 
 # (parameters in order, default device) of the autocast spellings whose region can be widened
@@ -218,8 +216,9 @@ def _wrap(
     first: cst.CSTNode,
     last: cst.CSTNode,
     report_at: cst.CSTNode,
-) -> None:
-    """Plan ``with torch.autocast(...)`` over first..last, merged with overlapping spans."""
+) -> bool:
+    """Plan ``with torch.autocast(...)`` over first..last, merged with overlapping spans;
+    False (with AMP022) where the autocast switch cannot be reached."""
     block: list[cst.CSTNode] = list(ctx.block_of(first).body)
     # merge with a span already planned in the same block when they overlap
     for other_first, (other_last, _) in list(ctx.plan.wrap.items()):
@@ -230,15 +229,20 @@ def _wrap(
         if a <= d and c <= b:
             kept = ctx.plan.wrap.pop(other_first)[1]
             ctx.plan.wrap[block[min(a, c)]] = (block[max(b, d)], kept)
-            return
+            return True
     item = model.autocast_item(scaler, access, first)
     if item is None:
         if scaler.autocast_enabled != "off":
             ctx.report(
-                "AMP022", report_at, "autocast's `enabled` flag is not reachable here: add torch.autocast by hand"
+                "AMP022",
+                report_at,
+                "autocast's `enabled` flag is not reachable here, so the amp setup stays as it was: pass the "
+                "GradScaler (or the flag) to this function, then run ampmigrate again",
             )
-        return
+            return False
+        return True
     ctx.plan.wrap[first] = (last, item)
+    return True
 
 
 def _fp32_branch(
