@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +93,28 @@ def shim_metrics(
     assert done.returncode == 0, f"{which} {script.name} {' '.join(args)} failed:\n{done.stderr[-4000:]}"
     metrics: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
     return metrics
+
+
+def original_and_migrated_runs(
+    script: Path, migrated: Path, runs: Mapping[str, Sequence[str]], folder: Path
+) -> dict[tuple[str, bool], dict[str, Any]]:
+    """Each run of ``runs`` (name -> arguments) on the original under the shim and on the
+    migration, two processes at a time: (run name, original?) -> the metrics it wrote."""
+    env = shim_env()
+    jobs = [(name, original) for name in runs for original in (True, False)]
+    results: dict[tuple[str, bool], dict[str, Any]] = {}
+    for start in range(0, len(jobs), 2):
+        running = []
+        for name, original in jobs[start : start + 2]:
+            out = folder / f"{name}-{'original' if original else 'migrated'}.json"
+            command = shim_command(script if original else migrated, runs[name], out, original=original)
+            process = subprocess.Popen(
+                command, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
+            running.append((name, original, out, process))
+        for name, original, out, process in running:
+            _, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+            which = "original" if original else "migrated"
+            assert process.returncode == 0, f"{which} {name} run failed:\n{stderr[-4000:]}"
+            results[(name, original)] = json.loads(out.read_text(encoding="utf-8"))
+    return results

@@ -13,13 +13,11 @@ float32 program.
 from __future__ import annotations
 
 import ast
-import json
 import math
-import subprocess
 from typing import Any
 
 import pytest
-from shim_runs import REPO, RUN_TIMEOUT_S, shim_command, shim_env, write_migration
+from shim_runs import REPO, original_and_migrated_runs, write_migration
 
 from migrate.engine import migrate_source
 
@@ -48,25 +46,8 @@ def metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], 
     """Every run, two at a time: (run name, original?) -> the metrics it wrote."""
     folder = tmp_path_factory.mktemp("fp16_optimizer")
     migrated = write_migration(SCRIPT, folder)
-    env = shim_env()
-    jobs = [(name, original) for name in RUNS for original in (True, False)]
-    results: dict[tuple[str, bool], dict[str, Any]] = {}
-    for start in range(0, len(jobs), 2):
-        running = []
-        for name, original in jobs[start : start + 2]:
-            out = folder / f"{name}-{'original' if original else 'migrated'}.json"
-            script = SCRIPT if original else migrated
-            command = shim_command(script, [*RUNS[name], "--steps", str(STEPS)], out, original=original)
-            process = subprocess.Popen(
-                command, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-            )
-            running.append((name, original, out, process))
-        for name, original, out, process in running:
-            _, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
-            which = "original" if original else "migrated"
-            assert process.returncode == 0, f"{which} {name} run failed:\n{stderr[-4000:]}"
-            results[(name, original)] = json.loads(out.read_text(encoding="utf-8"))
-    return results
+    runs = {name: [*args, "--steps", str(STEPS)] for name, args in RUNS.items()}
+    return original_and_migrated_runs(SCRIPT, migrated, runs, folder)
 
 
 def test_migrated_script_needs_no_apex() -> None:

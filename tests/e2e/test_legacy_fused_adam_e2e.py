@@ -12,12 +12,10 @@ makes the first steps overflow at 2**16, so both skip and halve the same steps.
 from __future__ import annotations
 
 import ast
-import json
-import subprocess
 from typing import Any
 
 import pytest
-from shim_runs import REPO, RUN_TIMEOUT_S, shim_command, shim_env, write_migration
+from shim_runs import REPO, original_and_migrated_runs, write_migration
 
 pytest.importorskip("torch")
 
@@ -46,26 +44,8 @@ PARAM_DRIFT_FRACTION = 0.15
 def metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], dict[str, Any]]:
     folder = tmp_path_factory.mktemp("legacy_fused_adam")
     migrated = write_migration(SCRIPT, folder)
-    env = shim_env()
-    jobs = [(name, original) for name in RUNS for original in (True, False)]
-    results: dict[tuple[str, bool], dict[str, Any]] = {}
-    for start in range(0, len(jobs), 2):
-        running = []
-        for name, original in jobs[start : start + 2]:
-            out = folder / f"{name}-{'original' if original else 'migrated'}.json"
-            command = shim_command(
-                SCRIPT if original else migrated, [*RUNS[name], "--steps", str(STEPS)], out, original=original
-            )
-            process = subprocess.Popen(
-                command, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-            )
-            running.append((name, original, out, process))
-        for name, original, out, process in running:
-            _, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
-            which = "original" if original else "migrated"
-            assert process.returncode == 0, f"{which} {name} run failed:\n{stderr[-4000:]}"
-            results[(name, original)] = json.loads(out.read_text(encoding="utf-8"))
-    return results
+    runs = {name: [*args, "--steps", str(STEPS)] for name, args in RUNS.items()}
+    return original_and_migrated_runs(SCRIPT, migrated, runs, folder)
 
 
 def _drift(original: dict[str, Any], migrated: dict[str, Any]) -> tuple[float, float]:
