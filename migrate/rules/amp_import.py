@@ -311,8 +311,7 @@ def unused_imports(
                     continue
                 if id(binding.alias) in rebound:
                     continue  # the name stays, bound to the torch class
-                uses = [use for other in bindings for use in references.get(other.alias, [])]
-                if any(not is_import_fallback(ctx, name) for name in uses):
+                if any(not is_import_fallback(ctx, name) for name in references.get(binding.alias, [])):
                     continue
                 why = reached_from_outside(ctx, scope, bound)
                 if why is None:
@@ -356,9 +355,7 @@ def _plan_imports(
             for binding in bindings:
                 if binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
                     continue
-                # several imports of one name in a scope (one per `if` branch): a use may have
-                # resolved to any of them, so each counts every use of the name
-                uses = [use for other in bindings for use in references.get(other.alias, [])]
+                uses = references.get(binding.alias, [])
                 torch_name = rebound.get(id(binding.alias))
                 if torch_name is not None:
                     if all(name in ctx.consumed or is_import_fallback(ctx, name) for name in uses):
