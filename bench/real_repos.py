@@ -419,9 +419,12 @@ def _count_undefined(row: RepoRow, original: Path, copy: Path) -> None:
     """Written files whose migration uses a name nothing defines any more."""
     for path in python_files(copy):
         rel = path.relative_to(copy)
-        if not (original / rel).is_file() or read(original / rel) == read(path):
+        if not (original / rel).is_file():
             continue
-        after, before = undefined_names(read(path)), undefined_names(read(original / rel))
+        written, source = read(path), read(original / rel)
+        if written == source:
+            continue
+        after, before = undefined_names(written), undefined_names(source)
         if after is None or before is None:
             row.undefined = -1
             return
