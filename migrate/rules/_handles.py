@@ -100,9 +100,7 @@ def _assigned(ctx: ModuleContext, call: cst.Call) -> tuple[cst.CSTNode, cst.Base
     """The statement of ``call`` and its single target (None for a bare expression statement);
     None when the call is anything else (returned, nested, unpacked)."""
     statement = ctx.statement_of(call)
-    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-        return None
-    small = statement.body[0]
+    small = syntax.sole_statement(statement)
     if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1:
         target = small.targets[0].target
         return (statement, target) if dotted_name(target) is not None else None

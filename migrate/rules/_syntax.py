@@ -74,6 +74,14 @@ def expression_statement(expression: cst.BaseExpression) -> cst.SimpleStatementL
     return cst.SimpleStatementLine([cst.Expr(expression)])
 
 
+def sole_statement(line: cst.CSTNode) -> cst.BaseSmallStatement | None:
+    """The one small statement of a statement line (``x = f()``); None for a compound
+    statement or a line holding several (``a; b``)."""
+    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+        return line.body[0]
+    return None
+
+
 def assign_statement(target: cst.BaseExpression, value: cst.BaseExpression) -> cst.SimpleStatementLine:
     assignable = cast(cst.BaseAssignTargetExpression, target)
     return cst.SimpleStatementLine([cst.Assign(targets=[cst.AssignTarget(assignable)], value=value)])

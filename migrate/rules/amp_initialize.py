@@ -501,7 +501,7 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
     """The call's statement, arguments and targets; None (reported) when it is no plain assignment."""
     call = use.call
     statement = ctx.statement_of(call)
-    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+    small = syntax.sole_statement(statement)
     if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1:
         target: cst.BaseExpression | None = small.targets[0].target
     elif isinstance(small, cst.Expr) and small.value is call:

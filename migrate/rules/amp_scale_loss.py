@@ -515,10 +515,9 @@ def _steps_without_gradients(ctx: ModuleContext, step: cst.Call, optimizer: cst.
 
 def _single_call(statement: cst.CSTNode) -> cst.Call | None:
     """The call of a statement line that is only that call."""
-    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-        expression = statement.body[0]
-        if isinstance(expression, cst.Expr) and isinstance(expression.value, cst.Call):
-            return expression.value
+    expression = syntax.sole_statement(statement)
+    if isinstance(expression, cst.Expr) and isinstance(expression.value, cst.Call):
+        return expression.value
     return None
 
 

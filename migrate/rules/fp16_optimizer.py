@@ -970,9 +970,7 @@ class _Planner:
             current = owner
 
     def _is_step_statement(self, statement: cst.CSTNode) -> bool:
-        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-            return False
-        small = statement.body[0]
+        small = syntax.sole_statement(statement)
         call = small.value if isinstance(small, cst.Expr) else None
         return (
             isinstance(call, cst.Call)
@@ -1205,9 +1203,7 @@ def _wrap(ctx: ModuleContext, first: cst.CSTNode, last: cst.CSTNode, item: cst.W
 
 def _rebinds(statement: cst.CSTNode, name: str) -> bool:
     """``name = <expression>`` where the expression does not read ``name`` (a new object)."""
-    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-        return False
-    small = statement.body[0]
+    small = syntax.sole_statement(statement)
     if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
         return False
     target = small.targets[0].target
