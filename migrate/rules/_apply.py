@@ -59,6 +59,17 @@ def _orphaned_comments(gone: cst.BaseStatement, replacement: Sequence[cst.BaseSt
     return [cst.EmptyLine(comment=cst.Comment(value)) for value in found if value not in kept]
 
 
+def _body_statements(body: cst.BaseSuite) -> tuple[list[Statement], list[cst.EmptyLine]]:
+    """A block's statements, ready to stand in its header's place, and the header line's
+    comment as a line of its own (``with x:  # why`` keeps its why)."""
+    if isinstance(body, cst.SimpleStatementSuite):
+        # `with amp.scale_loss(...) as s: s.backward()` on one line: its body becomes a line
+        return [cst.SimpleStatementLine(body=body.body, trailing_whitespace=body.trailing_whitespace)], []
+    block = cast(cst.IndentedBlock, body)
+    comments = [cst.EmptyLine(comment=block.header.comment)] if block.header.comment is not None else []
+    return list(cast(Sequence[Statement], block.body)), comments
+
+
 def _guarded_imports(statement: cst.CSTNode) -> bool:
     """``try: import x`` / ``if cond: import x`` blocks: part of the import section."""
     if isinstance(statement, (cst.Try, cst.If)) and isinstance(statement.body, cst.IndentedBlock):
@@ -219,16 +230,13 @@ class PlanApplier(cst.CSTTransformer):
             if header is not None and header.comment is not None:
                 leading.append(cst.EmptyLine(comment=header.comment))
         elif original in plan.unwrap:
-            assert isinstance(updated, cst.With)
-            if isinstance(updated.body, cst.SimpleStatementSuite):
-                # `with amp.scale_loss(...) as s: s.backward()` on one line: its body becomes a line
-                suite = updated.body
-                middle = [cst.SimpleStatementLine(body=suite.body, trailing_whitespace=suite.trailing_whitespace)]
-            else:
-                middle = list(cast(Sequence[Statement], cast(cst.IndentedBlock, updated.body).body))
-            header = updated.body.header if isinstance(updated.body, cst.IndentedBlock) else None
-            if header is not None and header.comment is not None:
-                leading.append(cst.EmptyLine(comment=header.comment))
+            # a `with amp.scale_loss(...)`, or an `if` whose test became always true (the rest of
+            # that `if` never runs): the (updated) body in its place
+            assert isinstance(updated, (cst.With, cst.If))
+            middle, header_comments = _body_statements(updated.body)
+            leading.extend(header_comments)
+            if isinstance(updated, cst.If) and updated.orelse is not None:
+                leading.extend(_orphaned_comments(cast(cst.BaseStatement, updated.orelse), middle))
         else:
             middle = [updated.with_changes(leading_lines=())]
         emitted = [*before, *middle, *after]

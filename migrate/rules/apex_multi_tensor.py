@@ -18,8 +18,9 @@ What it rewrites
     Apex's kernels also set the flag tensor to 1 when an input is not finite. Where the
     code reads that flag afterwards, a ``flag.logical_or_(...)`` statement keeps it; a flag
     that is only created, zeroed and passed to kernels is dropped with the kernel.
-    ``multi_tensor_applier.available`` becomes ``True``; ``import amp_C`` goes when nothing
-    uses it any more.
+    ``multi_tensor_applier.available`` becomes ``True`` once every applier call was rewritten
+    (``if multi_tensor_applier.available: A else: B`` becomes ``A``);
+    ``import amp_C`` goes when nothing uses it any more.
 
 Before::
 
@@ -404,7 +405,9 @@ def plan(ctx: ModuleContext) -> None:
 
 
 def _plan_available(ctx: ModuleContext) -> None:
-    """``multi_tensor_applier.available``: torch's foreach ops are always there."""
+    """``multi_tensor_applier.available``: torch's foreach ops are always there, once every call
+    of the applier became one (while a call stays, so does Apex, and the check keeps its meaning)."""
+    checks: list[tuple[cst.Attribute, cst.Name]] = []
     for name in ctx.nodes_of(cst.Name):
         attribute = ctx.parent(name)
         if not (
@@ -412,8 +415,37 @@ def _plan_available(ctx: ModuleContext) -> None:
         ):
             continue
         found = ctx.apex_path(name)
-        if found is None or found[0] not in _APPLIER or ctx.skipped(attribute):
-            continue
-        ctx.plan.substitute(attribute, cst.Name("True"))
-        ctx.consumed.add(found[1])
+        if found is not None and found[0] in _APPLIER and not ctx.skipped(attribute):
+            checks.append((attribute, found[1]))
+    if not checks or _applier_still_called(ctx, {name.value for _, name in checks}):
+        return
+    for attribute, name in checks:
+        test_of = ctx.parent(attribute)
+        if isinstance(test_of, cst.If) and test_of.test is attribute and _in_a_body(ctx, test_of):
+            ctx.plan.unwrap.add(test_of)  # `if available: A else: B` is A
+        else:
+            ctx.plan.substitute(attribute, cst.Name("True"))
+        ctx.consumed.add(name)
         ctx.report("AMP041", attribute, "multi_tensor_applier.available became True: torch._foreach_* are always there")
+
+
+def _in_a_body(ctx: ModuleContext, statement: cst.If) -> bool:
+    """Whether ``statement`` is a statement of a block (an ``elif`` is part of another ``if``)."""
+    parent = ctx.parent(statement)
+    return isinstance(parent, (cst.Module, cst.IndentedBlock))
+
+
+def _applier_still_called(ctx: ModuleContext, spellings: set[str]) -> bool:
+    """Whether a use of the applier other than ``.available`` is left (not rewritten above)."""
+    for name in ctx.nodes_of(cst.Name):
+        if name.value not in spellings or name in ctx.consumed:
+            continue
+        parent = ctx.parent(name)
+        if isinstance(parent, cst.ImportAlias) or (
+            isinstance(parent, cst.Attribute) and parent.value is name and parent.attr.value == "available"
+        ):
+            continue
+        found = ctx.apex_path(name)
+        if found is not None and found[0] in _APPLIER:
+            return True
+    return False
