@@ -45,14 +45,20 @@ def _separator(items: Sequence[cst.Arg] | Sequence[cst.Param]) -> cst.BaseParent
 def _orphaned_comments(gone: cst.BaseStatement, replacement: Sequence[cst.BaseStatement]) -> list[cst.EmptyLine]:
     """Comments inside a statement that goes away (``# enabled=False`` inside an
     ``amp.initialize(...)`` call, the comment of a ``try:`` line) as lines of their own,
-    unless the replacement keeps them."""
+    unless the replacement keeps them. An optional import's ``except ImportError:`` says what
+    to do without the import, which is gone: its comments go with it."""
     found: list[str] = []
 
     class Comments(cst.CSTVisitor):
         def visit_Comment(self, node: cst.Comment) -> None:
             found.append(node.value)
 
-    gone.with_changes(leading_lines=()).visit(Comments())
+    if isinstance(gone, cst.Try):
+        for part in (gone.body, gone.orelse, gone.finalbody):
+            if part is not None:
+                part.visit(Comments())
+    else:
+        gone.with_changes(leading_lines=()).visit(Comments())
     if not found:
         return []
     kept = "".join(syntax.code(statement) for statement in replacement)
