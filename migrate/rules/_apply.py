@@ -94,6 +94,14 @@ def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
     return position
 
 
+def _without_attached_comments(lines: Sequence[cst.EmptyLine]) -> list[cst.EmptyLine]:
+    """``lines`` without the comment lines that end them (those right above the statement)."""
+    end = len(lines)
+    while end and lines[end - 1].comment is not None:
+        end -= 1
+    return list(lines[:end])
+
+
 def _with_leading_lines(statement: Statement, lines: Sequence[cst.EmptyLine]) -> Statement:
     if not lines:
         return statement
@@ -226,6 +234,8 @@ class PlanApplier(cst.CSTTransformer):
             leading.extend(_orphaned_comments(updated, middle))
         elif original in plan.remove or self._vacuous(updated):
             middle = []
+            if original in plan.forget_comments:
+                leading = _without_attached_comments(leading)
             leading.extend(_orphaned_comments(updated, middle))
         elif original in plan.unwrap and isinstance(updated, cst.Try):
             # an optional-import `try` that lost its import: its (updated) body, then its `else`

@@ -46,6 +46,8 @@ References
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from migrate.rules import amp_private_state, apex_normalization
@@ -69,6 +71,7 @@ _MIGRATED_APIS = frozenset(
         *CAST_APIS,
     }
 )
+_MENTIONS_APEX = re.compile(r"\bapex\b", re.IGNORECASE)
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 
 # what to write instead of other Apex modules (AMP040 messages); the longest known prefix of a
@@ -283,13 +286,27 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode, kept: bool = F
             if keep or kept:
                 # the try gives way to its body and else, with the other rules' edits made in them
                 if not kept:
-                    ctx.plan.remove.add(line)
+                    _remove(ctx, line)
                 ctx.plan.unwrap.add(owner)
             else:
-                ctx.plan.remove.add(owner)
+                _remove(ctx, owner)
             return
     if not kept:
-        ctx.plan.remove.add(line)
+        _remove(ctx, line)
+
+
+def _remove(ctx: ModuleContext, statement: cst.CSTNode) -> None:
+    """Remove an Apex import statement, and the comment right above it where that speaks of
+    Apex (``# use apex for mixed precision``): it would be left describing nothing."""
+    ctx.plan.remove.add(statement)
+    lines = getattr(statement, "leading_lines", ())
+    attached: list[str] = []
+    for empty_line in reversed(lines):
+        if empty_line.comment is None:
+            break
+        attached.append(empty_line.comment.value)
+    if any(_MENTIONS_APEX.search(comment) for comment in attached):
+        ctx.plan.forget_comments.add(statement)
 
 
 def unused_imports(
