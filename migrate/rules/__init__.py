@@ -34,12 +34,14 @@ from migrate.rules import (
     apex_parallel,
     apex_syncbn,
     fp16_optimizer,
+    timm_apex_scaler,
     torch_cuda_amp,
 )
 from migrate.rules._apply import apply_plan
 from migrate.rules._context import ModuleContext
 
 RULES = (
+    timm_apex_scaler,
     amp_initialize,
     amp_init,
     amp_scale_loss,

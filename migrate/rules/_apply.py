@@ -330,24 +330,26 @@ class PlanApplier(cst.CSTTransformer):
     # --- module-level additions
     def _add_module_level(self, module: cst.Module) -> cst.Module:
         plan = self.plan
-        if not (plan.needs_torch_import or plan.module_helpers or plan.module_globals):
+        if not (plan.needs_torch_import or plan.imports or plan.module_helpers or plan.module_globals):
             return module
         body = list(module.body)
+        imports = [cst.parse_statement(f"import {name}\n") for name in sorted(plan.imports)]
         if plan.needs_torch_import:
+            imports.append(_IMPORT_TORCH)
+        if imports:
             position = 0
             while position < len(body) and (syntax.is_docstring(body[position]) or _is_future_import(body[position])):
                 position += 1
-            statement = _IMPORT_TORCH
             if position < len(body) and position > 0 and not _is_import(body[position]):
-                statement = statement.with_changes(leading_lines=[cst.EmptyLine()])
+                imports[0] = imports[0].with_changes(leading_lines=[cst.EmptyLine()])
             if position < len(body) and any(line.comment for line in body[position].leading_lines):
                 # comments that headed the first statement (a license, a section title) stay on top
                 head = body[position]
-                statement = statement.with_changes(leading_lines=[*head.leading_lines, *statement.leading_lines])
+                imports[0] = imports[0].with_changes(leading_lines=[*head.leading_lines, *imports[0].leading_lines])
                 body[position] = head.with_changes(leading_lines=())
                 if not _is_import(head):
                     body[position] = body[position].with_changes(leading_lines=[cst.EmptyLine()])
-            body.insert(position, statement)
+            body[position:position] = imports
         if plan.module_globals:
             position = _after_imports(body)
             shared = list(plan.module_globals)

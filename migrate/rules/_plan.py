@@ -53,6 +53,8 @@ class Plan:
     # module-level helper functions added after the imports
     module_helpers: list[Statement] = field(default_factory=list)
     needs_torch_import: bool = False
+    # other modules the new code needs imported (``import functools``), beside torch
+    imports: set[str] = field(default_factory=set)
 
     def substitute(self, node: cst.CSTNode, replacement: cst.CSTNode) -> None:
         """Replace ``node`` by a fixed new node, built from the original: an edit planned
@@ -79,4 +81,5 @@ class Plan:
             or self.new_keywords
             or self.module_helpers
             or self.module_globals
+            or self.imports
         )

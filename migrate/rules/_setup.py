@@ -19,6 +19,7 @@ import libcst as cst
 
 from migrate import pytree
 from migrate.project import looks_like_amp_call
+from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import Binding, checks_presence, is_import_fallback
 from migrate.rules._context import ModuleContext, dotted_name
 
@@ -33,6 +34,7 @@ AMP_SETUP_RULES = frozenset(
         "amp_private_state",
         "amp_disable_casts",
         "amp_cast_functions",
+        "timm_apex_scaler",
     }
 )
 
@@ -115,6 +117,8 @@ def why_left(ctx: ModuleContext, names: list[cst.CSTNode]) -> str:
     """A phrase naming the first use that could not be migrated, for AMP025."""
     first = min(names, key=lambda name: ctx.position(name))
     line = ctx.position(first)[0]
+    if isinstance(first, cst.Call):  # a library helper that runs amp inside (timm's ApexScaler)
+        return f"`{syntax.code(first.func)}()` at line {line} could not be migrated (see its finding)"
     if not isinstance(first, cst.Name) or ctx.resolve(first.value, first) is None:
         return f"{ctx.handles.describe(first)} could not be migrated (see its finding)"
     binding = ctx.resolve(first.value, first)

@@ -398,30 +398,34 @@ def _plan_imports(
                     continue  # an Apex import this run did not migrate anything of
                 removable.setdefault(binding.statement, set()).add(binding.alias)
     for statement, aliases in removable.items():
-        names = statement.names
-        if isinstance(names, cst.ImportStar):
-            continue
-        kept = [alias for alias in names if alias not in aliases]
-        line = ctx.statement_of(statement)
-        if not kept:
-            if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
-                _drop_import_statement(ctx, line)
-            else:
-                ctx.plan.substitute(statement, cst.Pass())
-            continue
-        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-
-        def shrink(updated: cst.CSTNode, kept=kept) -> cst.CSTNode:
-            assert isinstance(updated, (cst.Import, cst.ImportFrom))
-            if isinstance(updated, cst.ImportFrom) and updated.rpar is not None and len(kept) == 1:
-                return updated.with_changes(names=kept, lpar=None, rpar=None)
-            return updated.with_changes(names=kept)
-
-        ctx.plan.replace[statement] = shrink
+        if not isinstance(statement.names, cst.ImportStar):
+            drop_aliases(ctx, statement, aliases)
     for statement in stars:
         line = ctx.statement_of(statement)
         if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
             _drop_import_statement(ctx, line)
+
+
+def drop_aliases(ctx: ModuleContext, statement: cst.Import | cst.ImportFrom, aliases: set[cst.ImportAlias]) -> None:
+    """Plan an import without ``aliases`` (the whole line goes when none is left)."""
+    assert not isinstance(statement.names, cst.ImportStar)
+    kept = [alias for alias in statement.names if alias not in aliases]
+    line = ctx.statement_of(statement)
+    if not kept:
+        if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+            _drop_import_statement(ctx, line)
+        else:
+            ctx.plan.substitute(statement, cst.Pass())
+        return
+    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+
+    def shrink(updated: cst.CSTNode) -> cst.CSTNode:
+        assert isinstance(updated, (cst.Import, cst.ImportFrom))
+        if isinstance(updated, cst.ImportFrom) and updated.rpar is not None and len(kept) == 1:
+            return updated.with_changes(names=kept, lpar=None, rpar=None)
+        return updated.with_changes(names=kept)
+
+    ctx.plan.replace[statement] = shrink
 
 
 def _report_leftovers(

@@ -1041,8 +1041,8 @@ def _scale_written_after(
 
 
 def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> None:
-    if ctx.skipped(use.call):
-        return
+    if ctx.skipped(use.call) or use.base in ctx.consumed:
+        return  # left as the user asked, or migrated by an earlier rule (timm_apex_scaler)
     found = _read_call(ctx, use)
     if found is not None:
         plan_setup(ctx, model, found)

@@ -1,0 +1,304 @@
+"""timm_apex_scaler: timm's ``ApexScaler`` and the ``amp.initialize`` that goes with it.
+
+What it rewrites
+    timm's ``train.py``, copied into many research repositories, trains with Apex amp or with
+    native AMP. Its Apex branch calls ``amp.initialize`` (O1) and makes ``ApexScaler()``,
+    which runs ``amp.scale_loss``, the clip and ``optimizer.step()`` inside timm. Its native
+    branch already holds the torch.amp twins: the autocast factory the loop enters around the
+    forward pass and the loss (``with amp_autocast():``, ``suppress`` when AMP is off), and
+    ``timm.utils.NativeScaler``, the same call on a GradScaler. So the Apex branch becomes
+    the native one: the initialize gives way to an autocast factory, and ``ApexScaler()``
+    becomes ``NativeScaler()``.
+
+Before::
+
+    from contextlib import suppress
+
+    import torch
+    from apex import amp
+    from timm.utils import ApexScaler, NativeScaler
+
+
+    def main(model, optimizer, use_amp):
+        amp_autocast = suppress
+        loss_scaler = None
+        if use_amp == "apex":
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            loss_scaler = ApexScaler()
+        elif use_amp == "native":
+            amp_autocast = torch.cuda.amp.autocast
+            loss_scaler = NativeScaler()
+        return model, optimizer, amp_autocast, loss_scaler
+
+After::
+
+    import functools
+    from contextlib import suppress
+
+    import torch
+    from timm.utils import NativeScaler
+
+
+    def main(model, optimizer, use_amp):
+        amp_autocast = suppress
+        loss_scaler = None
+        if use_amp == "apex":
+            amp_autocast = functools.partial(torch.autocast, "cuda", dtype=torch.float16)
+            loss_scaler = NativeScaler()
+        elif use_amp == "native":
+            amp_autocast = torch.cuda.amp.autocast
+            loss_scaler = NativeScaler()
+        return model, optimizer, amp_autocast, loss_scaler
+
+Not rewritten (the setup stays as it was, AMP025)
+    An opt_level other than a literal "O1", or other initialize arguments (O2 and O3 cast the
+    model itself); no factory assigned ``suppress`` before the branch and an autocast in
+    another branch; ``NativeScaler`` not imported from timm.utils; a clip of ``parameters``
+    that leaves the head out (``exclude_head``: ApexScaler clipped every parameter of the
+    optimizer, NativeScaler clips the ``parameters`` it is given).
+
+Safety
+    Apex O1 cast the forward pass wherever it ran; the factory casts the code the script
+    enters it around, the forward pass and the loss (and validation, as O1 did). NativeScaler
+    clips the ``parameters`` it is given where ApexScaler clipped the optimizer's: the same
+    tensors unless the optimizer holds only part of the model's trainable parameters. Its
+    checkpoint entry is "amp_scaler" (ApexScaler's was "amp"): resuming from an Apex
+    checkpoint starts the loss scale afresh.
+
+References
+    huggingface/pytorch-image-models: timm/utils/cuda.py (ApexScaler, NativeScaler), train.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from migrate.rules import _syntax as syntax
+from migrate.rules._amp import AmpCall
+from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules.amp_import import drop_aliases
+
+RULE = "timm_apex_scaler"
+
+_TIMM_UTILS = frozenset({"timm.utils", "timm.utils.cuda"})
+
+
+def _imported(ctx: ModuleContext, modules: frozenset[str], name: str) -> tuple[str, cst.ImportFrom] | None:
+    """The local name of ``from <module> import <name>`` (a module-level import, the name
+    bound nowhere else), with its import statement."""
+    found = None
+    for statement in ctx.nodes_of(cst.ImportFrom):
+        if statement.module is None or dotted_name(statement.module) not in modules or statement.relative:
+            continue
+        if isinstance(statement.names, cst.ImportStar) or ctx.function_of(statement) is not None:
+            continue
+        for alias in statement.names:
+            if dotted_name(alias.name) == name:
+                if found is not None:
+                    return None
+                found = (_local(alias), statement)
+    if found is None or _rebound(ctx, found[0]):
+        return None
+    return found
+
+
+def _rebound(ctx: ModuleContext, local: str) -> bool:
+    """Whether code binds ``local`` (an assignment, def, class, parameter, ``as`` or loop target)."""
+    for name in ctx.nodes_of(cst.Name):
+        if name.value != local:
+            continue
+        parent = ctx.parent(name)
+        if isinstance(parent, cst.AsName) and isinstance(ctx.parent(parent), cst.ImportAlias):
+            continue  # the import itself
+        bound = (
+            (isinstance(parent, cst.AssignTarget) and parent.target is name)
+            or (isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param, cst.AsName)) and parent.name is name)
+            or (isinstance(parent, cst.For) and parent.target is name)
+        )
+        if bound:
+            return True
+    return False
+
+
+def _assigned(statement: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
+    """(``x``, value) for a line ``x = value``."""
+    small = syntax.sole_statement(statement)
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+        return small.targets[0].target.value, small.value
+    return None
+
+
+def _initialize_of_o1(ctx: ModuleContext, call: cst.Call) -> cst.SimpleStatementLine | None:
+    """The line ``model, optimizer = amp.initialize(model, optimizer, opt_level="O1")``."""
+    line = ctx.statement_of(call)
+    small = syntax.sole_statement(line)
+    if not (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1):
+        return None
+    target = small.targets[0].target
+    if not isinstance(target, (cst.Tuple, cst.List)) or len(call.args) != 3:
+        return None
+    positional = [arg.value for arg in call.args[:2] if arg.keyword is None and not arg.star]
+    names = [element.value for element in target.elements]
+    if len(positional) != 2 or len(names) != 2:
+        return None
+    if [syntax.code(n) for n in names] != [syntax.code(p) for p in positional]:
+        return None  # the model and optimizer are handed back under the names they came in
+    if not all(isinstance(p, (cst.Name, cst.Attribute)) for p in positional):
+        return None
+    level = call.args[2]
+    if level.keyword is None or level.keyword.value != "opt_level" or syntax.literal(level.value) != "O1":
+        return None
+    assert isinstance(line, cst.SimpleStatementLine)
+    return line
+
+
+def _autocast_factory(ctx: ModuleContext, block: cst.IndentedBlock, suppress: str) -> str | None:
+    """The name the function sets to ``suppress`` before ``block`` and to an autocast in
+    another branch: the factory the training loop enters around its forward pass."""
+    function = ctx.function_of(block)
+    if function is None:
+        return None
+    candidates = []
+    node: cst.CSTNode | None = block
+    while node is not None and node is not function:
+        parent = ctx.parent(node)
+        if isinstance(parent, cst.IndentedBlock):
+            statements = list(parent.body)
+            for statement in statements[: statements.index(node)]:  # type: ignore[arg-type]
+                assigned = _assigned(statement)
+                if assigned is not None and isinstance(assigned[1], cst.Name) and assigned[1].value == suppress:
+                    candidates.append(assigned[0])
+        node = parent
+    set_in_branch = {assigned[0] for statement in block.body if (assigned := _assigned(statement)) is not None}
+    assignments = [
+        assigned
+        for statement in ctx.walk(function, into_definitions=False)
+        if (assigned := _assigned(statement)) is not None
+    ]
+    for name in candidates:
+        if name not in set_in_branch and any(
+            target == name and "autocast" in syntax.code(value) for target, value in assignments
+        ):
+            return name
+    return None
+
+
+def _leaves_head_out(ctx: ModuleContext) -> bool:
+    """A scaler call that clips ``parameters=...exclude_head...`` (timm's AGC mode)."""
+    return any(
+        arg.keyword is not None and arg.keyword.value == "parameters" and "exclude_head" in syntax.code(arg.value)
+        for call in ctx.nodes_of(cst.Call)
+        for arg in call.args
+    )
+
+
+def _partial(ctx: ModuleContext) -> str:
+    """How this module spells functools.partial (importing functools when it does not)."""
+    found = _imported(ctx, frozenset({"functools"}), "partial")
+    if found is not None:
+        return found[0]
+    if not ctx.imports[ctx.module].get("functools") and "functools" not in ctx.all_names():
+        ctx.plan.imports.add("functools")
+    return "functools.partial"
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """What the Apex branch becomes: ``line`` (the initialize) sets ``factory``, and
+    ``made`` (``ApexScaler()``) calls ``native`` instead."""
+
+    line: cst.SimpleStatementLine
+    factory: str
+    made: cst.Call
+    native: str
+
+
+def _recipe(ctx: ModuleContext, use: AmpCall, made: list[cst.Call]) -> _Recipe | str:
+    """The native recipe for ``use`` (an amp.initialize), or why there is none."""
+    native = _imported(ctx, _TIMM_UTILS, "NativeScaler")
+    suppress = _imported(ctx, frozenset({"contextlib"}), "suppress")
+    line = _initialize_of_o1(ctx, use.call)
+    if line is None:
+        return (
+            'the amp.initialize is not `model, optimizer = amp.initialize(model, optimizer, opt_level="O1")` '
+            "(O2 and O3 cast the model itself, which the native branch does not)"
+        )
+    block = ctx.parent(line)
+    later = list(block.body)[list(block.body).index(line) + 1 :] if isinstance(block, cst.IndentedBlock) else []
+    made_here = [call for call in made if ctx.statement_of(call) in later and not call.args]
+    if len(made_here) != 1 or len(made) != 1:
+        return "ApexScaler() is not made once, right after the amp.initialize in the same branch"
+    if native is None:
+        return "NativeScaler is not imported from timm.utils"
+    factory = (
+        _autocast_factory(ctx, block, suppress[0])
+        if suppress is not None and isinstance(block, cst.IndentedBlock)
+        else None
+    )
+    if factory is None:
+        return (
+            "no autocast factory was found (a name set to contextlib's suppress before this branch and to an "
+            "autocast in another, entered around the forward pass: `with amp_autocast():`)"
+        )
+    if _leaves_head_out(ctx):
+        return (
+            "the scaler is given `parameters` without the head (exclude_head, timm's AGC mode): NativeScaler clips "
+            "those, ApexScaler clipped every parameter of the optimizer (to clip what it clipped, pass "
+            "`parameters=[p for group in optimizer.param_groups for p in group['params']]`)"
+        )
+    assert isinstance(line, cst.SimpleStatementLine)
+    return _Recipe(line, factory, made_here[0], native[0])
+
+
+def plan(ctx: ModuleContext) -> None:
+    apex_scaler = _imported(ctx, _TIMM_UTILS, "ApexScaler")
+    if apex_scaler is None:
+        return
+    local, statement = apex_scaler
+    made = [call for call in ctx.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and call.func.value == local]
+    calls = ctx.amp.calls
+    if not made or not calls:
+        return
+    use = calls[0]
+    if len(calls) != 1 or use.api != "initialize":
+        recipe: _Recipe | str = "this module calls Apex amp beside the amp.initialize"
+    else:
+        recipe = _recipe(ctx, use, made)
+    if ctx.skipped(use.call):
+        return
+    if isinstance(recipe, str):
+        ctx.unfinished.extend(made)  # the setup stays as it was (AMP025)
+        ctx.report(
+            "AMP032",
+            made[0],
+            f"timm's ApexScaler runs amp.scale_loss inside timm, so it stays with its amp setup: {recipe}. Its "
+            "native twin: in place of the amp.initialize, set the autocast factory the loop enters, "
+            f'`amp_autocast = functools.partial(torch.autocast, "{ctx.options.device}", '
+            f"dtype=torch.{ctx.options.dtype})`, and write `NativeScaler()` for `ApexScaler()`",
+        )
+        return
+    autocast = f'{_partial(ctx)}(torch.autocast, "{ctx.options.device}", dtype=torch.{ctx.options.dtype})'
+    ctx.plan.replace_statement[recipe.line] = [cst.parse_statement(f"{recipe.factory} = {autocast}\n")]
+    ctx.plan.substitute(recipe.made.func, cst.Name(recipe.native))
+    ctx.plan.needs_torch_import = True
+    ctx.consumed.add(use.base)
+    if sum(name.value == local for name in ctx.nodes_of(cst.Name)) == 2:  # the import and the call
+        assert not isinstance(statement.names, cst.ImportStar)
+        drop_aliases(ctx, statement, {alias for alias in statement.names if _local(alias) == local})
+    ctx.report(
+        "AMP041",
+        use.call,
+        f"amp.initialize (O1) with timm's ApexScaler became timm's native recipe: `{recipe.factory}` enters "
+        "torch.autocast around the forward pass and loss, and NativeScaler scales the loss with a GradScaler "
+        "(it clips the `parameters` it is given; its checkpoint entry is 'amp_scaler', so an Apex checkpoint's "
+        "loss scale is not restored)",
+    )
+
+
+def _local(alias: cst.ImportAlias) -> str:
+    """The name an import alias binds."""
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    return dotted_name(alias.name) or ""
