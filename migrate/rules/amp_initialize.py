@@ -387,10 +387,10 @@ def _default_in_init(ctx: ModuleContext, klass: cst.ClassDef, name: str) -> bool
     # after the docstring and the super().__init__() call, before anything that may use it
     while index < len(body) and (syntax.is_docstring(body[index]) or _calls_super_init(body[index])):
         index += 1
-    if index < len(body):
-        ctx.plan.before[body[index]].append(default)
-    else:
-        ctx.plan.after[body[-1]].append(default)
+    planned = ctx.plan.before[body[index]] if index < len(body) else ctx.plan.after[body[-1]]
+    # two methods of the class may each create the scaler (fit, lr_find): one default is enough
+    if not any(statement.deep_equals(default) for statement in planned):
+        planned.append(default)
     return True
 
 
