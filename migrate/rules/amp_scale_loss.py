@@ -493,8 +493,14 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
                 "AMP022",
                 sites[0],
                 "no step() of the optimizer passed to amp.scale_loss was found where the GradScaler is "
-                "reachable: call scaler.step(optimizer) and scaler.update() there",
+                "reachable, so the amp setup stays as it was (a scaled backward followed by a plain step() would "
+                "apply gradients still multiplied by the loss scale, and skip no overflowing step): call step() on "
+                "the optimizer given to amp.scale_loss (not on a wrapper of it) where the GradScaler is reachable, "
+                "or migrate this step by hand (`scaler.step(<that optimizer>)`, `scaler.update()`), then run "
+                "ampmigrate again",
             )
+            # a scaled backward with no scaler.step()/update() after it trains wrong: leave it all
+            ctx.unfinished.extend(use.base for use in model.of("scale_loss") if use.call in sites)
         return
     per_loop = _rewrite_steps(ctx, model, steps)
     for stepped in per_loop.values():
