@@ -570,7 +570,29 @@ class ProjectPlan:
         ]
         again = {}
         alone = {group.paths[0] for group in self.groups if len(group.paths) == 1}
+        # orphans no import links to an amp.initialize of their own: they can only be using one
+        # set up elsewhere (a logging hook reading Apex's loss scalers, reached through a registry)
+        unowned = [
+            orphan
+            for orphan in orphans
+            if not any(
+                orphan in group.paths and any("initialize" in self.index.modules[p].amp_apis for p in group.paths)
+                for group in self.groups
+            )
+        ]
         for path, result in outcome.items():
+            if result.amp_migrated and not result.scaler_unused and "initialize" in self.index.modules[path].amp_apis:
+                reached = [orphan for orphan in unowned if project_root(orphan) == project_root(path)]
+                if reached:
+                    again[path] = replace(
+                        self.facts.get(path, ModuleFacts()),
+                        frozen=(
+                            f"{self.display(reached[0])} keeps Apex amp without an amp.initialize of its own, and no "
+                            "import links it to one: reached at run time (a hook, a registry), it would use Apex amp "
+                            "on a setup that no longer exists once this amp.initialize is gone"
+                        ),
+                    )
+                continue
             if not (result.scaler_unused and result.amp_migrated):
                 continue
             related = [orphan for orphan in orphans if project_root(orphan) == project_root(path)]
