@@ -609,8 +609,8 @@ class ProjectPlan:
                 reason = (
                     "no backward in this module or in a project module it is linked to scales a loss with the "
                     "GradScaler that would replace this amp.initialize: the training step that uses Apex amp is out "
-                    "of sight (a library helper such as timm's ApexScaler, a method inherited from a library class such as "
-                    "transformers' Trainer.training_step, or a module linked at run time), and "
+                    "of sight (a library helper such as timm's ApexScaler, a method inherited from a library class "
+                    "such as transformers' Trainer.training_step, or a module linked at run time), and "
                     "removing the initialize would leave it calling Apex on a setup that no longer exists; migrate "
                     "that step to `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()` (or "
                     "include its module), then run ampmigrate again"
