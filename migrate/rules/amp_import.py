@@ -366,6 +366,8 @@ def _plan_imports(
                     continue
                 if scope is ctx.module and (bound in exported or "*" in exported):
                     continue  # other modules of the project import it from here
+                if binding.kind == "amp" and not uses and _escaping_probe(ctx, binding):
+                    continue  # reported as a presence check (AMP043): its flag tells code elsewhere about Apex
                 if bound == "*" and binding.kind == "other_apex":
                     # `from apex.X import *`: removable once the rule that knows its names consumed it
                     if binding.alias.name in ctx.consumed:
@@ -405,6 +407,39 @@ def _plan_imports(
         line = ctx.statement_of(statement)
         if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
             _drop_import_statement(ctx, line)
+
+
+def _escaping_probe(ctx: ModuleContext, binding: Binding) -> bool:
+    """Whether an amp import nothing here uses only sets a flag that code elsewhere reads, and so
+    reports AMP043: ``def is_apex_available(): try: from apex import amp ... return True``, or a
+    module-level ``HAS_APEX`` other modules import. Such a flag still has to say whether Apex is
+    installed: callers may import Apex under it, and ``True`` there would fail without Apex."""
+    line = ctx.statement_of(binding.statement)
+    block = ctx.parent(line)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not (isinstance(owner, cst.Try) and owner.body is block):
+        return False
+    if not all(_catches_import_error(handler) for handler in owner.handlers):
+        return False
+    if ctx.function_of(owner) is None:
+        exported = ctx.options.facts.exported
+        flags = {
+            name
+            for node in ctx.walk(owner)
+            if isinstance(node, cst.AssignTarget)
+            for name in [dotted_name(node.target)]
+            if name is not None
+        }
+        if not (flags & exported or "*" in exported):
+            return False
+    ctx.report(
+        "AMP043",
+        binding.alias,
+        "`from apex import amp` is only a check that Apex is installed: nothing in this module uses the name, and "
+        "the flag it sets is read elsewhere (returned by a function, or imported by other modules), where code may "
+        "still import Apex under it; left as it was",
+    )
+    return True
 
 
 def _report_leftovers(
