@@ -50,7 +50,7 @@ import libcst as cst
 
 from migrate.rules import amp_private_state, apex_normalization
 from migrate.rules._amp import AmpModel
-from migrate.rules._bindings import Binding, dotted_name, is_import_fallback
+from migrate.rules._bindings import Binding, checks_presence, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
 from migrate.rules._exports import reached_from_outside
 from migrate.rules.amp_cast_functions import APIS as CAST_APIS
@@ -451,7 +451,19 @@ def _report_leftovers(
 ) -> None:
     for name in model.value_uses:
         if name not in ctx.consumed:
-            ctx.report("AMP030", name)
+            if checks_presence(ctx, name):
+                statement = ctx.statement_of(name)
+                check = ctx.code(statement).strip().splitlines()[0]
+                asserted = any(isinstance(node, cst.Assert) for node in ctx.walk(statement))
+                effect = "fails" if asserted else "takes its no-Apex branch"
+                ctx.report(
+                    "AMP030",
+                    name,
+                    f"`{check}` only checks that Apex is installed: it keeps the Apex import, and where Apex is "
+                    f"missing it still {effect}: delete it once nothing here needs Apex",
+                )
+            else:
+                ctx.report("AMP030", name)
     state = amp_private_state.state_uses(ctx)
     roots = {id(private.root) for private in state}
     for private in state:
