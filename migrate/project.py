@@ -570,7 +570,29 @@ class ProjectPlan:
         ]
         again = {}
         alone = {group.paths[0] for group in self.groups if len(group.paths) == 1}
+        # orphans no import links to an amp.initialize of their own: they can only be using one
+        # set up elsewhere (a logging hook reading Apex's loss scalers, reached through a registry)
+        unowned = [
+            orphan
+            for orphan in orphans
+            if not any(
+                orphan in group.paths and any("initialize" in self.index.modules[p].amp_apis for p in group.paths)
+                for group in self.groups
+            )
+        ]
         for path, result in outcome.items():
+            if result.amp_migrated and not result.scaler_unused and "initialize" in self.index.modules[path].amp_apis:
+                reached = [orphan for orphan in unowned if project_root(orphan) == project_root(path)]
+                if reached:
+                    again[path] = replace(
+                        self.facts.get(path, ModuleFacts()),
+                        frozen=(
+                            f"{self.display(reached[0])} keeps Apex amp without an amp.initialize of its own, and no "
+                            "import links it to one: reached at run time (a hook, a registry), it would use Apex amp "
+                            "on a setup that no longer exists once this amp.initialize is gone"
+                        ),
+                    )
+                continue
             if not (result.scaler_unused and result.amp_migrated):
                 continue
             related = [orphan for orphan in orphans if project_root(orphan) == project_root(path)]
@@ -587,7 +609,8 @@ class ProjectPlan:
                 reason = (
                     "no backward in this module or in a project module it is linked to scales a loss with the "
                     "GradScaler that would replace this amp.initialize: the training step that uses Apex amp is out "
-                    "of sight (a library helper such as timm's ApexScaler, or a module linked at run time), and "
+                    "of sight (a library helper such as timm's ApexScaler, a method inherited from a library class "
+                    "such as transformers' Trainer.training_step, or a module linked at run time), and "
                     "removing the initialize would leave it calling Apex on a setup that no longer exists; migrate "
                     "that step to `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()` (or "
                     "include its module), then run ampmigrate again"
@@ -683,12 +706,14 @@ class ProjectPlan:
         return any(target == exporter for _, target in self.index.imported(self.index.modules[importer]))
 
 
-_BACKWARD = re.compile(r"\.backward\s*\(")
+# A backward, or an optimizer step whose backward runs out of sight (a trainer subclass that
+# inherits transformers' training_step, which scales the loss with Apex amp itself).
+_BACKWARD = re.compile(r"\.(backward|step)\s*\(")
 
 
 def _trains(path: str) -> bool:
-    """Whether the module's text calls ``.backward(`` (read again only for the rare module whose
-    GradScaler no backward uses; a fragment without one is migrated as before)."""
+    """Whether the module's text calls ``.backward(`` or ``.step(`` (read again only for the rare
+    module whose GradScaler no backward uses; a fragment without either is migrated as before)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return _BACKWARD.search(handle.read()) is not None

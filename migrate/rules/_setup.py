@@ -176,6 +176,8 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
         api = func.attr.value
         if not looks_like_amp_call(name, api) or ctx.amp_api(func) is not None:
             continue
+        if api in ("state_dict", "load_state_dict") and "scaler" in name.rsplit(".", 1)[-1].lower():
+            continue  # `self.amp_grad_scaler.state_dict()`: a GradScaler's own checkpoint, not Apex's
         if imported is None:
             imported = _imported_names(ctx.source)
         if name in imported:

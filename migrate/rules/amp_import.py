@@ -52,7 +52,7 @@ import libcst as cst
 
 from migrate.rules import amp_private_state, apex_normalization
 from migrate.rules._amp import AmpModel
-from migrate.rules._bindings import Binding, dotted_name, is_import_fallback
+from migrate.rules._bindings import Binding, checks_presence, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
 from migrate.rules._exports import reached_from_outside
 from migrate.rules.amp_cast_functions import APIS as CAST_APIS
@@ -383,6 +383,8 @@ def _plan_imports(
                     continue
                 if scope is ctx.module and (bound in exported or "*" in exported):
                     continue  # other modules of the project import it from here
+                if binding.kind == "amp" and not uses and _escaping_probe(ctx, binding):
+                    continue  # reported as a presence check (AMP043): its flag tells code elsewhere about Apex
                 if bound == "*" and binding.kind == "other_apex":
                     # `from apex.X import *`: removable once the rule that knows its names consumed it
                     if binding.alias.name in ctx.consumed:
@@ -428,6 +430,39 @@ def drop_aliases(ctx: ModuleContext, statement: cst.Import | cst.ImportFrom, ali
     ctx.plan.replace[statement] = shrink
 
 
+def _escaping_probe(ctx: ModuleContext, binding: Binding) -> bool:
+    """Whether an amp import nothing here uses only sets a flag that code elsewhere reads, and so
+    reports AMP043: ``def is_apex_available(): try: from apex import amp ... return True``, or a
+    module-level ``HAS_APEX`` other modules import. Such a flag still has to say whether Apex is
+    installed: callers may import Apex under it, and ``True`` there would fail without Apex."""
+    line = ctx.statement_of(binding.statement)
+    block = ctx.parent(line)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not (isinstance(owner, cst.Try) and owner.body is block):
+        return False
+    if not all(_catches_import_error(handler) for handler in owner.handlers):
+        return False
+    if ctx.function_of(owner) is None:
+        exported = ctx.options.facts.exported
+        flags = {
+            name
+            for node in ctx.walk(owner)
+            if isinstance(node, cst.AssignTarget)
+            for name in [dotted_name(node.target)]
+            if name is not None
+        }
+        if not (flags & exported or "*" in exported):
+            return False
+    ctx.report(
+        "AMP043",
+        binding.alias,
+        "`from apex import amp` is only a check that Apex is installed: nothing in this module uses the name, and "
+        "the flag it sets is read elsewhere (returned by a function, or imported by other modules), where code may "
+        "still import Apex under it; left as it was",
+    )
+    return True
+
+
 def _report_leftovers(
     ctx: ModuleContext,
     model: AmpModel,
@@ -437,7 +472,19 @@ def _report_leftovers(
 ) -> None:
     for name in model.value_uses:
         if name not in ctx.consumed:
-            ctx.report("AMP030", name)
+            if checks_presence(ctx, name):
+                statement = ctx.statement_of(name)
+                check = ctx.code(statement).strip().splitlines()[0]
+                asserted = any(isinstance(node, cst.Assert) for node in ctx.walk(statement))
+                effect = "fails" if asserted else "takes its no-Apex branch"
+                ctx.report(
+                    "AMP030",
+                    name,
+                    f"`{check}` only checks that Apex is installed: it keeps the Apex import, and where Apex is "
+                    f"missing it still {effect}: delete it once nothing here needs Apex",
+                )
+            else:
+                ctx.report("AMP030", name)
     state = amp_private_state.state_uses(ctx)
     roots = {id(private.root) for private in state}
     for private in state:

@@ -387,10 +387,10 @@ def _default_in_init(ctx: ModuleContext, klass: cst.ClassDef, name: str) -> bool
     # after the docstring and the super().__init__() call, before anything that may use it
     while index < len(body) and (syntax.is_docstring(body[index]) or _calls_super_init(body[index])):
         index += 1
-    if index < len(body):
-        ctx.plan.before[body[index]].append(default)
-    else:
-        ctx.plan.after[body[-1]].append(default)
+    planned = ctx.plan.before[body[index]] if index < len(body) else ctx.plan.after[body[-1]]
+    # two methods of the class may each create the scaler (fit, lr_find): one default is enough
+    if not any(statement.deep_equals(default) for statement in planned):
+        planned.append(default)
     return True
 
 
@@ -562,6 +562,30 @@ def _result_alias(
         )
         return syntax.assign_statement(target, conditional)
     return _alias_assignment(target, result)
+
+
+def _inference_message(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> str | None:
+    """AMP011's message where the literal opt level says what Apex did (None: the generic one).
+
+    Only O1 patches ops globally; O2/O3 cast the model itself, O0 did nothing."""
+    level = syntax.literal(bound["opt_level"].value) if "opt_level" in bound else "O1"
+    if level == "O0":
+        return (
+            "amp.initialize without optimizers (inference) at opt_level O0: Apex changed nothing, the call was removed"
+        )
+    if level not in ("O2", "O3"):
+        return None
+    if "keep_batchnorm_fp32" in bound:
+        how = "BatchNorm as keep_batchnorm_fp32 said"
+    else:
+        how = "BatchNorm kept in float32" if level == "O2" else "model.half()"
+    return (
+        f"amp.initialize without optimizers (inference) at opt_level {level}: Apex cast the model itself to float16 "
+        f"({how}) and the floating inputs of its forward to float16; the call was "
+        "removed, so the model now runs in float32, and an input cast to float16 by hand (`x.half()`) would now "
+        f'meet float32 weights: wrap the inference in `with torch.autocast("{ctx.options.device}", '
+        "dtype=torch.float16):` for float16 speed"
+    )
 
 
 def _opt_level(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> tuple[str | None, cst.BaseExpression | None] | None:
@@ -1076,7 +1100,7 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         ctx.consumed.add(use.base)
         for note in scale.notes:
             ctx.report(*note)
-        ctx.report("AMP011", use.call)
+        ctx.report("AMP011", use.call, _inference_message(ctx, bound))
         _drop_call(ctx, found)
         return
     home = _home(ctx, model, use.call, settings)

@@ -230,6 +230,19 @@ def _wrap(
             kept = ctx.plan.wrap.pop(other_first)[1]
             ctx.plan.wrap[block[min(a, c)]] = (block[max(b, d)], kept)
             return True
+    switched = _switchable_region_inside(ctx, block[block.index(first) : block.index(last) + 1])
+    if switched is not None:
+        ctx.report(
+            "AMP022",
+            report_at,
+            f"the forward pass runs in `with {switched}:`, an autocast region bound elsewhere with an `enabled` "
+            "switch of its own: where that switch is off (the Apex path), it would turn off the torch.autocast "
+            "put around it, and the forward pass would run in float32 where Apex ran it in float16; the amp setup "
+            f"stays as it was: write that autocast at the `with` itself, in place of `with {switched}:` "
+            '(`with torch.autocast("cuda", enabled=<its switch>):`, whose switch ampmigrate widens), or make it '
+            "`contextlib.nullcontext()` on the Apex path, then run ampmigrate again",
+        )
+        return False
     item = model.autocast_item(scaler, access, first)
     if item is None:
         if scaler.autocast_enabled != "off":
@@ -243,6 +256,55 @@ def _wrap(
         return True
     ctx.plan.wrap[first] = (last, item)
     return True
+
+
+def _switchable_region_inside(ctx: ModuleContext, statements: list[cst.CSTNode]) -> str | None:
+    """The context expression of a ``with`` among ``statements`` that is an autocast bound elsewhere
+    with an ``enabled`` switch (``ctx = torch.cuda.amp.autocast(enabled=native)``; ``with ctx:``).
+
+    Such a region, when its switch is off, turns off any autocast around it: wrapping it would
+    leave the Apex path's forward pass in float32. A region written at the ``with`` itself is
+    widened instead (see _widen_autocast)."""
+    opaque = [
+        item.item
+        for statement in statements
+        for node in ctx.walk(statement, into_definitions=False)
+        if isinstance(node, cst.With)
+        for item in node.items
+        if isinstance(item.item.func if isinstance(item.item, cst.Call) else item.item, (cst.Name, cst.Attribute))
+        and not (dotted_name(item.item.func if isinstance(item.item, cst.Call) else item.item) or "").startswith(
+            "torch."
+        )
+    ]
+    if not opaque:
+        return None
+    assigns = [node for node in ctx.walk(ctx.module) if isinstance(node, cst.Assign)]
+    for expression in opaque:
+        bound = expression.func if isinstance(expression, cst.Call) else expression
+        if _bound_to_switched_autocast(ctx, assigns, syntax.code(bound)):
+            return syntax.code(expression)
+    return None
+
+
+def _bound_to_switched_autocast(ctx: ModuleContext, assigns: list[cst.Assign], target: str) -> bool:
+    """Whether one of ``assigns`` gives ``target`` a value that makes an autocast with an ``enabled``
+    argument other than a literal True (directly, or through ``functools.partial``)."""
+    for assign in assigns:
+        if not any(syntax.code(t.target) == target for t in assign.targets):
+            continue
+        for call in ctx.walk(assign.value, into_definitions=False):
+            if not isinstance(call, cst.Call):
+                continue
+            names = [dotted_name(call.func)] + [dotted_name(arg.value) for arg in call.args if not arg.keyword]
+            if not any(name is not None and name.rsplit(".", 1)[-1] == "autocast" for name in names):
+                continue
+            switch = next((arg.value for arg in call.args if arg.keyword and arg.keyword.value == "enabled"), None)
+            if switch is None and dotted_name(call.func) in ("torch.cuda.amp.autocast", "autocast"):
+                # torch.cuda.amp.autocast(enabled) takes the switch first
+                switch = next((arg.value for arg in call.args if not arg.keyword), None)
+            if switch is not None and syntax.literal(switch) is not True:
+                return True
+    return False
 
 
 def _fp32_branch(
@@ -431,8 +493,14 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
                 "AMP022",
                 sites[0],
                 "no step() of the optimizer passed to amp.scale_loss was found where the GradScaler is "
-                "reachable: call scaler.step(optimizer) and scaler.update() there",
+                "reachable, so the amp setup stays as it was (a scaled backward followed by a plain step() would "
+                "apply gradients still multiplied by the loss scale, and skip no overflowing step): call step() on "
+                "the optimizer given to amp.scale_loss (not on a wrapper of it) where the GradScaler is reachable, "
+                "or migrate this step by hand (`scaler.step(<that optimizer>)`, `scaler.update()`), then run "
+                "ampmigrate again",
             )
+            # a scaled backward with no scaler.step()/update() after it trains wrong: leave it all
+            ctx.unfinished.extend(use.base for use in model.of("scale_loss") if use.call in sites)
         return
     per_loop = _rewrite_steps(ctx, model, steps)
     for stepped in per_loop.values():
