@@ -24,6 +24,13 @@ What it rewrites
     apex.optimizers' (one flat fp32 master and flat Adam moments per group, split over the group's
     parameters; the scale, and the clean-step count ``(cur_iter - last_overflow_iter - 1) % 1000``).
 
+    ``optimizer.step(closure)`` (apex.fp16_utils) becomes ``optimizer.step(scaled_closure(closure,
+    optimizer, scaler))``, a helper written once that runs the closure as FP16_Optimizer's wrapper did:
+    after each call (LBFGS calls it several times per step) the gradients are unscaled and the scale
+    updated (held at S for a static scale), and while they overflow under a dynamic scale the closure
+    is called again at the lowered scale; the wrapped optimizer then steps and returns its loss. The
+    closure may be nested in the function of the set-up (the scaler reaches it as a closure variable).
+
     Loss scales, from Apex's source: ``dynamic_loss_scale=True`` is Apex's amp LossScaler
     (start ``min(2**16, max_loss_scale)``, halve on overflow and skip the step, double after
     ``scale_window`` clean steps; Apex ignores ``scale_factor``): a GradScaler with
@@ -85,10 +92,14 @@ touches stays as it was)
     ``state_dict`` / ``load_state_dict`` not called on the spot, ``load_state_dict`` after a model
     halved by network_to_half / FP16Model / BN_convert_float (the masters cover only the float16
     parameters, which the float32 model cannot tell apart) or followed by the model's
-    ``load_state_dict`` in the same function (its float16 weights would overwrite the masters), ``.overflow``, ``update_master_grads``, a closure passed to
-    ``step``, a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads``
-    with no ``step()`` after it in its block, a model still halved elsewhere in the function.
-    ``apex.contrib.optimizers.FP16_Optimizer``. For ``apex.optimizers.FP16_Optimizer`` also:
+    ``load_state_dict`` in the same function (its float16 weights would overwrite the masters),
+    ``.overflow``, ``update_master_grads``, a closure passed to ``step`` that is not a function of
+    the module calling ``optimizer.backward`` or that does not zero the gradients (the unscaled
+    gradients of several calls would add up where Apex rebuilt the master gradients at each call),
+    a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads`` with no
+    ``step()`` (without closure) after it in its block, a model still halved elsewhere in the
+    function. ``apex.contrib.optimizers.FP16_Optimizer``. For ``apex.optimizers.FP16_Optimizer`` also:
+    ``step(closure)`` (it never called the closure),
     ``dynamic_loss_args`` (Apex raised SystemError), an optimizer not built by a FusedAdam call in
     the same function, FusedAdam arguments through ``*args``/``**kwargs`` or ``amsgrad=True``
     (Apex raised), ``clip_master_grads`` / ``loss_scale`` (it had neither). The FusedAdam it wraps
@@ -114,7 +125,8 @@ Safety
     parameter needed a gradient (Apex flattened them), LegacyFusedAdam skips those without one.
 
 References
-    NVIDIA/apex@2f0bf59: apex/fp16_utils/fp16_optimizer.py, apex/fp16_utils/fp16util.py,
+    NVIDIA/apex@2f0bf59: apex/fp16_utils/fp16_optimizer.py (state_dict, load_state_dict, step and
+    _step_with_closure included), apex/fp16_utils/fp16util.py,
     apex/amp/scaler.py (2019). The apex.optimizers pair, read at NVIDIA/apex@37795aa (the last
     commit before 690b1f7 of Aug 2019 replaced them; unchanged in substance since c8ca4bf of Dec
     2018 but for the start scale): apex/optimizers/fp16_optimizer.py (per group a flat fp16 buffer
@@ -333,6 +345,30 @@ def {name}(optimizer, scaler, state):
             window = state["scale_window"]
             scaler_state["_growth_tracker"] = (state["cur_iter"] - state["last_overflow_iter"] - 1) % window
         scaler.load_state_dict(scaler_state)
+"""
+_CLOSURE_HELPER = "scaled_closure"
+# apex.fp16_utils' step(closure) wrapped the closure: each call's backward unscaled the gradients into
+# the masters and updated the scale; while the gradients overflowed (dynamic scale only) it called the
+# closure again at the lowered scale, then handed the loss to the wrapped optimizer's step
+_CLOSURE_RUNNER = """\
+def {name}(closure, optimizer, scaler, new_scale=None):
+    \"\"\"The closure for optimizer.step(), run as FP16_Optimizer ran it: after each call the gradients are
+    unscaled and the scale updated (held at new_scale if given); on inf/NaN gradients under a dynamic scale
+    the closure runs again at the lowered scale.\"\"\"
+
+    def run():
+        while True:
+            loss = closure()
+            if not scaler.is_enabled():
+                return loss
+            scaler.unscale_(optimizer)
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            overflow = not all(bool(torch.isfinite(grad).all()) for grad in grads)
+            scaler.update(new_scale)
+            if not overflow or new_scale is not None:
+                return loss
+
+    return run
 """
 
 
@@ -634,6 +670,19 @@ class _Planner:
         self.partly_half = False
         self.load_helper: str | None = None
         self.load_needed = False
+        self.stepped = False
+        self.closure_helper: str | None = None
+        # the functions passed to `X.step(...)` as closures: they may use X (and the scaler) inside
+        self.closures = {
+            arg.value.value
+            for call in ctx.nodes_of(cst.Call)
+            if isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "step"
+            and isinstance(call.func.value, cst.Name)
+            and call.func.value.value == self.name
+            for arg in call.args[:1]
+            if isinstance(arg.value, cst.Name)
+        }
         statements = [c.statement for c in setup.constructions]
         self.start_line = min(ctx.position(s)[0] for s in statements)
 
@@ -767,7 +816,9 @@ class _Planner:
             return False  # a sibling function: its own name
         if any(self.name in ctx.locals.get(inner, set()) for inner in chain):  # type: ignore[call-overload]
             return False  # a local (or parameter) of the same name
-        if not isinstance(scope, cst.Module):
+        if not isinstance(scope, cst.Module) and not all(
+            isinstance(inner, cst.FunctionDef) and inner.name.value in self.closures for inner in chain
+        ):
             raise _Blocked(node, f"`{self.name}` is used in a nested function: pass `{self.scaler}` to it as well")
         return True
 
@@ -793,7 +844,7 @@ class _Planner:
     def plan_uses(self) -> None:
         for node in self.uses():
             self._plan_use(node)
-        if not self.edits.after:
+        if not self.stepped:
             raise _Blocked(
                 self.setup.first.call,
                 f"no `{self.name}.step()` is found where `{self.name}` is in scope: write `{self.scaler}.step({self.name})` "
@@ -957,11 +1008,9 @@ class _Planner:
 
     def _step(self, call: cst.Call) -> None:
         if call.args:
-            raise _Blocked(
-                call,
-                "step(closure): GradScaler does not take closures; call the closure, then "
-                f"`{self.scaler}.step({self.name})` and `{self.scaler}.update()`",
-            )
+            self._step_with_closure(call)
+            return
+        self.stepped = True
         statement = self._statement_line(call)
         self.edits.substitute[call] = syntax.attribute_call(
             cst.Name(self.scaler), "step", [cst.Arg(cst.Name(self.name))]
@@ -973,6 +1022,78 @@ class _Planner:
         floor = self._scale_floor()
         if floor is not None:
             self.edits.after[statement].append(floor)
+
+    def _step_with_closure(self, call: cst.Call) -> None:
+        """``X.step(closure)`` -> ``X.step(scaled_closure(closure, X, scaler))``: the wrapped optimizer
+        steps on what the closure leaves, unscaled after each call, as FP16_Optimizer's step did."""
+        ctx, name = self.ctx, self.name
+        if self.flavor != "fp16_utils":
+            raise _Blocked(
+                call,
+                "apex.optimizers' FP16_Optimizer.step ignored its closure (it never called it): call the closure "
+                f"before the step yourself, or drop it, then `{self.scaler}.step({name})` and `{self.scaler}.update()`",
+            )
+        bound = syntax.bind_arguments(call, ("closure",))
+        closure = bound.get("closure") if bound is not None else None
+        wanted = closure.value.value if closure is not None and isinstance(closure.value, cst.Name) else None
+        definitions = [
+            scope for scope in ctx.locals if isinstance(scope, cst.FunctionDef) and scope.name.value == wanted
+        ]
+        backward = [
+            node
+            for f in definitions
+            for node in _walk(f.body)
+            if isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "backward"
+            and isinstance(node.func.value, cst.Name)
+            and node.func.value.value == name
+        ]
+        zeroed = any(
+            isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "zero_grad"
+            for f in definitions
+            for node in _walk(f.body)
+        )
+        if closure is None or len(definitions) != 1 or not backward:
+            raise _Blocked(
+                call,
+                f"step(closure) with a closure that is not a function of this module calling `{name}.backward(loss)`: "
+                f"write the closure with `{self.scaler}.scale(loss).backward()`, then unscale and update after each "
+                f"call (`{self.scaler}.unscale_({name})`, `{self.scaler}.update()`) and call `{name}.step(closure)`",
+            )
+        if not zeroed:
+            raise _Blocked(
+                call,
+                "the closure does not zero the gradients: the optimizer may call it more than once per step, and "
+                "Apex rebuilt the master gradients from the fp16 ones at each call where the unscaled gradients "
+                f"would now add up; call `{name}.zero_grad()` at the start of the closure",
+            )
+        self.stepped = True
+        hold = None if self._disabled_scaler() else self._scale_expression("hold")
+        args = [cst.Arg(closure.value.deep_clone()), cst.Arg(cst.Name(name)), cst.Arg(cst.Name(self.scaler))]
+        if hold is not None:
+            args.append(cst.Arg(hold))
+        if self.closure_helper is None:
+            self.closure_helper = self._module_helper(_CLOSURE_RUNNER, _CLOSURE_HELPER)
+        wrapped = syntax.call(self.closure_helper, args)
+        self.edits.substitute[call] = call.with_changes(args=[cst.Arg(wrapped)])
+        self.edits.notes.append(
+            (
+                "AMP041",
+                call,
+                f"`{name}.step(closure)` became `{name}.step({self.closure_helper}(closure, {name}, {self.scaler}"
+                + (", new_scale)" if hold is not None else ")")
+                + ")`: after each call of the closure the gradients are unscaled and the scale updated, and an "
+                "overflow under a dynamic scale calls the closure again at the lowered scale, as FP16_Optimizer did",
+            )
+        )
+
+    def _module_helper(self, template: str, preferred: str) -> str:
+        """The name of ``template``'s helper: one already planned in the module, else a fresh one."""
+        for helper in self.ctx.plan.module_helpers:
+            if isinstance(helper, cst.FunctionDef) and syntax.code(helper) == template.format(name=helper.name.value):
+                return helper.name.value
+        return self.ctx.fresh_name(preferred)
 
     def _scale_floor(self) -> Statement | None:
         """apex.optimizers' FP16_Optimizer halved its dynamic scale down to 1, never below; GradScaler
@@ -1036,14 +1157,7 @@ class _Planner:
         """One loader per flavour per module, written once when the setup commits."""
         if self.load_helper is None:
             template = _LOAD_LEGACY if self.flavor == "optimizers" else _LOAD_FP16_UTILS
-            for helper in self.ctx.plan.module_helpers:
-                if isinstance(helper, cst.FunctionDef) and syntax.code(helper) == template.format(
-                    name=helper.name.value
-                ):
-                    self.load_helper = helper.name.value
-                    break
-            else:
-                self.load_helper = self.ctx.fresh_name(_LOAD_HELPER)
+            self.load_helper = self._module_helper(template, _LOAD_HELPER)
         return self.load_helper
 
     def _load_state_dict(self, call: cst.Call) -> None:
@@ -1171,6 +1285,7 @@ class _Planner:
         call = small.value if isinstance(small, cst.Expr) else None
         return (
             isinstance(call, cst.Call)
+            and not call.args  # a step(closure) recomputes the gradients the clip just clipped
             and isinstance(call.func, cst.Attribute)
             and call.func.attr.value == "step"
             and isinstance(call.func.value, cst.Name)
@@ -1326,6 +1441,11 @@ class _Planner:
         ):
             template = _LOAD_LEGACY if self.flavor == "optimizers" else _LOAD_FP16_UTILS
             ctx.plan.module_helpers.append(cst.parse_statement(template.format(name=self._load_helper_name())))
+        closure = self.closure_helper
+        if closure is not None and not any(
+            isinstance(h, cst.FunctionDef) and h.name.value == closure for h in ctx.plan.module_helpers
+        ):
+            ctx.plan.module_helpers.append(cst.parse_statement(_CLOSURE_RUNNER.format(name=closure)))
         ctx.plan.remove |= edits.remove
         ctx.plan.replace_statement.update(edits.replace_statement)
         for node, statements in edits.before.items():
