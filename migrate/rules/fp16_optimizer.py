@@ -15,7 +15,8 @@ What it rewrites
     where apex.fp16_utils' version zeroed them). ``to_python_float(t)`` becomes ``t.item()``.
 
     Checkpoints: ``optimizer.state_dict()`` becomes ``{"optimizer": optimizer.state_dict(), "scaler":
-    scaler.state_dict()}`` (one value, wherever the old one went), and ``optimizer.load_state_dict(s)``
+    scaler.state_dict()}`` (one value, wherever the old one went; under an fp16 switch only where the
+    scaler is enabled, the float32 path saving the plain state dict it saved before), and ``optimizer.load_state_dict(s)``
     ``load_fp16_optimizer_state(optimizer, scaler, s)``, a helper written into the module once. It
     loads that pair, a plain optimizer state dict (the fp32 path of a guarded setup), or a checkpoint
     Apex's FP16_Optimizer wrote: apex.fp16_utils' (the wrapped optimizer's state dict, whose indices are
@@ -1139,14 +1140,18 @@ class _Planner:
         wherever the old one went, which the load helper reads back."""
         if call.args:
             raise _Blocked(call, "state_dict() takes no arguments: write `" + self._checkpoint_code() + "`")
-        self.edits.substitute[call] = cst.parse_expression(self._checkpoint_code())
+        code = self._checkpoint_code()
+        if self.enabled is not None:
+            # the float32 path saves what it saved before: a plain optimizer's state dict
+            code = f"({code} if {self.scaler}.is_enabled() else {self.name}.state_dict())"
+        self.edits.substitute[call] = cst.parse_expression(code)
         self.edits.notes.append(
             (
                 "AMP041",
                 call,
-                f"`{self.name}.state_dict()` became `{self._checkpoint_code()}`: the optimizer's and the scaler's "
-                f"states, which the migrated `{self.name}.load_state_dict(...)` reads back (the float32 master "
-                "weights are the model's own parameters now)",
+                f"`{self.name}.state_dict()` became `{code}`: the optimizer's and the scaler's states, which the "
+                f"migrated `{self.name}.load_state_dict(...)` reads back (the float32 master weights are the model's "
+                "own parameters now)",
             )
         )
 

@@ -7,7 +7,8 @@ with a window of 10, so it skips, halves and grows); the migration does the same
 (b) the migration resumes from its own checkpoint. (a) must load exactly what Apex loads (the fp32
 master weights into the float32 model, the momentum buffers, the loss scale) and go on with the
 same scale history (the count of clean steps carried over) and the same losses but for fp16
-rounding; (b) must go on bit for bit like the migration that never stopped.
+rounding; (b) must go on bit for bit like the migration that never stopped. Without ``--fp16`` the
+migration saves a plain optimizer state dict as the original did, and resumes from the original's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ STEPS = 40
 SAVE_AT = 28
 WINDOW = 10  # the scale_window the script passes
 # the same bounds as test_fp16_optimizer_e2e (an fp16 model with fp32 masters against autocast)
+FP32_REL_TOL = 1e-4  # float32 runs do the same arithmetic (test_fp16_optimizer_e2e)
 MIXED_LOSS_ABS_TOL = 5e-3
 MIXED_LOSS_REL_TOL = 2e-2
 
@@ -37,7 +39,9 @@ def metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], 
     folder = tmp_path_factory.mktemp("fp16_optimizer_checkpoint")
     migrated = write_migration(SCRIPT, folder)
     common = ["--fp16", "--steps", str(STEPS)]
-    results = original_and_migrated_runs(SCRIPT, migrated, {"first": [*common, "--save_at", str(SAVE_AT)]}, folder)
+    fp32 = ["--steps", str(STEPS)]
+    first = {"first": [*common, "--save_at", str(SAVE_AT)], "fp32": [*fp32, "--save_at", str(SAVE_AT)]}
+    results = original_and_migrated_runs(SCRIPT, migrated, first, folder)
     apex_checkpoint = folder / "first-original.json.pt"
     own_checkpoint = folder / "first-migrated.json.pt"
     assert apex_checkpoint.exists() and own_checkpoint.exists()
@@ -45,7 +49,14 @@ def metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], 
         SCRIPT, migrated, {"apex": [*common, "--resume", str(apex_checkpoint)]}, folder
     )
     own = shim_metrics(migrated, [*common, "--resume", str(own_checkpoint)], folder / "own.json", original=False)
-    return {**results, **resumed, ("own", False): own}
+    # the float32 path saves a plain optimizer state dict, as the original's did: it reads the original's
+    fp32_resumed = shim_metrics(
+        migrated,
+        [*fp32, "--resume", str(folder / "fp32-original.json.pt")],
+        folder / "fp32-resumed.json",
+        original=False,
+    )
+    return {**results, **resumed, ("own", False): own, ("fp32_resumed", False): fp32_resumed}
 
 
 def test_apex_checkpoint_loads_what_apex_loads(metrics: dict[tuple[str, bool], dict[str, Any]]) -> None:
@@ -76,3 +87,9 @@ def test_own_checkpoint_resumes_bit_for_bit(metrics: dict[tuple[str, bool], dict
     assert own["loaded_scale"] == first["loss_scale"][SAVE_AT - 1]
     assert own["loss"] == first["loss"][SAVE_AT:]
     assert own["loss_scale"] == first["loss_scale"][SAVE_AT:]
+
+
+def test_fp32_path_reads_the_original_checkpoint(metrics: dict[tuple[str, bool], dict[str, Any]]) -> None:
+    original, resumed = metrics[("fp32", True)], metrics[("fp32_resumed", False)]
+    assert resumed["loaded"] == original["saved"]
+    assert resumed["loss"] == pytest.approx(original["loss"][SAVE_AT:], rel=FP32_REL_TOL)
