@@ -14,6 +14,24 @@ What it rewrites
     ``optimizer.zero_grad()`` zeroes the gradients as FP16_Optimizer did (``set_to_none=False``
     where apex.fp16_utils' version zeroed them). ``to_python_float(t)`` becomes ``t.item()``.
 
+    Checkpoints: ``optimizer.state_dict()`` becomes ``{"optimizer": optimizer.state_dict(), "scaler":
+    scaler.state_dict()}`` (one value, wherever the old one went; under an fp16 switch only where the
+    scaler is enabled, the float32 path saving the plain state dict it saved before), and ``optimizer.load_state_dict(s)``
+    ``load_fp16_optimizer_state(optimizer, scaler, s)``, a helper written into the module once. It
+    loads that pair, a plain optimizer state dict (the fp32 path of a guarded setup), or a checkpoint
+    Apex's FP16_Optimizer wrote: apex.fp16_utils' (the wrapped optimizer's state dict, whose indices are
+    the float32 model's parameters; the fp32 master copies of the float16 parameters, copied onto them
+    as Apex's load copied them onto its masters; the amp LossScaler's scale and clean-step count) or
+    apex.optimizers' (one flat fp32 master and flat Adam moments per group, split over the group's
+    parameters; the scale, and the clean-step count ``(cur_iter - last_overflow_iter - 1) % 1000``).
+
+    ``optimizer.step(closure)`` (apex.fp16_utils) becomes ``optimizer.step(scaled_closure(closure,
+    optimizer, scaler))``, a helper written once that runs the closure as FP16_Optimizer's wrapper did:
+    after each call (LBFGS calls it several times per step) the gradients are unscaled and the scale
+    updated (held at S for a static scale), and while they overflow under a dynamic scale the closure
+    is called again at the lowered scale; the wrapped optimizer then steps and returns its loss. The
+    closure may be nested in the function of the set-up (the scaler reaches it as a closure variable).
+
     Loss scales, from Apex's source: ``dynamic_loss_scale=True`` is Apex's amp LossScaler
     (start ``min(2**16, max_loss_scale)``, halve on overflow and skip the step, double after
     ``scale_window`` clean steps; Apex ignores ``scale_factor``): a GradScaler with
@@ -72,11 +90,17 @@ After::
 Not rewritten (reported instead, AMP040 with the code to write; everything FP16_Optimizer
 touches stays as it was)
     The optimizer passed to other functions or stored (the scaler would have to go along),
-    ``state_dict()`` / ``load_state_dict()`` (an FP16_Optimizer checkpoint pickles Apex's scaler
-    and the fp32 master copies), ``.overflow``, ``update_master_grads``, a closure passed to
-    ``step``, a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads``
-    with no ``step()`` after it in its block, a model still halved elsewhere in the function.
-    ``apex.contrib.optimizers.FP16_Optimizer``. For ``apex.optimizers.FP16_Optimizer`` also:
+    ``state_dict`` / ``load_state_dict`` not called on the spot, ``load_state_dict`` after a model
+    halved by network_to_half / FP16Model / BN_convert_float (the masters cover only the float16
+    parameters, which the float32 model cannot tell apart) or followed by the model's
+    ``load_state_dict`` in the same function (its float16 weights would overwrite the masters),
+    ``.overflow``, ``update_master_grads``, a closure passed to ``step`` that is not a function of
+    the module calling ``optimizer.backward`` or that does not zero the gradients (the unscaled
+    gradients of several calls would add up where Apex rebuilt the master gradients at each call),
+    a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads`` with no
+    ``step()`` (without closure) after it in its block, a model still halved elsewhere in the
+    function. ``apex.contrib.optimizers.FP16_Optimizer``. For ``apex.optimizers.FP16_Optimizer`` also:
+    ``step(closure)`` (it never called the closure),
     ``dynamic_loss_args`` (Apex raised SystemError), an optimizer not built by a FusedAdam call in
     the same function, FusedAdam arguments through ``*args``/``**kwargs`` or ``amsgrad=True``
     (Apex raised), ``clip_master_grads`` / ``loss_scale`` (it had neither). The FusedAdam it wraps
@@ -84,6 +108,10 @@ touches stays as it was)
     FP16_Optimizer wraps is apex_optimizers' business.
 
 Safety
+    Checkpoints: Apex's load also took the checkpoint's dynamic/static mode and scale window, the
+    scaler keeps the script's; an apex.fp16_utils checkpoint pickled ``apex.amp.scaler.LossScaler``,
+    so ``torch.load`` needs ``weights_only=False`` and that class importable (the finding says so);
+    checkpoints of apex.fp16_utils before March 2019 (its own LossScaler classes) are not read.
     Apex updated the scale once per ``backward``, GradScaler once per ``update()``: with
     gradient accumulation the scale grows after that many times fewer optimizer steps in Apex.
     Apex's dynamic scale had a cap of 2**24; GradScaler has none. ``network_to_half`` /
@@ -98,7 +126,8 @@ Safety
     parameter needed a gradient (Apex flattened them), LegacyFusedAdam skips those without one.
 
 References
-    NVIDIA/apex@2f0bf59: apex/fp16_utils/fp16_optimizer.py, apex/fp16_utils/fp16util.py,
+    NVIDIA/apex@2f0bf59: apex/fp16_utils/fp16_optimizer.py (state_dict, load_state_dict, step and
+    _step_with_closure included), apex/fp16_utils/fp16util.py,
     apex/amp/scaler.py (2019). The apex.optimizers pair, read at NVIDIA/apex@37795aa (the last
     commit before 690b1f7 of Aug 2019 replaced them; unchanged in substance since c8ca4bf of Dec
     2018 but for the start scale): apex/optimizers/fp16_optimizer.py (per group a flat fp16 buffer
@@ -117,6 +146,7 @@ References
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -241,6 +271,106 @@ _RECIPE = (
     '`with torch.autocast("cuda", dtype=torch.float16):`, `scaler.scale(loss).backward()`, '
     "`scaler.step(optimizer)` and `scaler.update()`"
 )
+
+_LOAD_HELPER = "load_fp16_optimizer_state"
+# apex.fp16_utils: FP16_Optimizer.state_dict() held the wrapped optimizer's state dict, one float32
+# master per float16 parameter that required grad (in group order) and the amp LossScaler object
+_LOAD_FP16_UTILS = """\
+def {name}(optimizer, scaler, state):
+    \"\"\"Load {{"optimizer": ..., "scaler": ...}}, a plain optimizer state dict, or what
+    apex.fp16_utils.FP16_Optimizer.state_dict() saved (its float32 master weights become the parameters).\"\"\"
+    if "optimizer_state_dict" not in state:
+        if "scaler" in state:
+            optimizer.load_state_dict(state["optimizer"])
+            scaler.load_state_dict(state["scaler"])
+        else:
+            optimizer.load_state_dict(state)
+        return
+    optimizer.load_state_dict(state["optimizer_state_dict"])
+    with torch.no_grad():
+        for group, masters in zip(optimizer.param_groups, state["fp32_from_fp16"]):
+            params = [p for p in group["params"] if p.requires_grad]
+            if len(params) != len(masters):
+                raise ValueError(
+                    f"this Apex checkpoint holds float32 masters of {{len(masters)}} of the {{len(params)}} parameters "
+                    "of a group (the others were float32 under Apex): copy each onto the parameter it was made from"
+                )
+            for param, master in zip(params, masters):
+                param.copy_(master)
+    if scaler.is_enabled():
+        apex_scaler = state["loss_scaler"]
+        scaler_state = scaler.state_dict()
+        scaler_state["scale"] = float(apex_scaler.loss_scale())
+        # Apex's clean steps since the scale last changed (it counted them without bound under a static scale)
+        scaler_state["_growth_tracker"] = apex_scaler._unskipped if state["dynamic_loss_scale"] else 0
+        scaler.load_state_dict(scaler_state)
+"""
+# apex.optimizers: one flat float32 master per group, and the old FusedAdam's flat moments
+_LOAD_LEGACY = """\
+def {name}(optimizer, scaler, state):
+    \"\"\"Load {{"optimizer": ..., "scaler": ...}}, a plain optimizer state dict, or what
+    apex.optimizers.FP16_Optimizer.state_dict() saved (one flat float32 master and flat Adam moments per
+    group, split here over the group's parameters).\"\"\"
+    if "optimizer_state_dict" not in state:
+        if "scaler" in state:
+            optimizer.load_state_dict(state["optimizer"])
+            scaler.load_state_dict(state["scaler"])
+        else:
+            optimizer.load_state_dict(state)
+        return
+    saved = state["optimizer_state_dict"]
+    param_state, groups, index = {{}}, [], 0
+    with torch.no_grad():
+        apex_groups = zip(saved["param_groups"], state["fp32_groups_flat"])
+        for group, (saved_group, master) in zip(optimizer.param_groups, apex_groups):
+            flat_state = saved["state"].get(saved_group["params"][0])
+            indices, offset = [], 0
+            for param in group["params"]:
+                end = offset + param.numel()
+                param.copy_(master[offset:end].view_as(param))
+                if flat_state:
+                    param_state[index] = {{
+                        "step": flat_state["step"],
+                        "exp_avg": flat_state["exp_avg"][offset:end].view_as(param).clone(),
+                        "exp_avg_sq": flat_state["exp_avg_sq"][offset:end].view_as(param).clone(),
+                    }}
+                indices.append(index)
+                index, offset = index + 1, end
+            groups.append({{**group, **saved_group, "params": indices}})
+    optimizer.load_state_dict({{"state": param_state, "param_groups": groups}})
+    if scaler.is_enabled():
+        scaler_state = scaler.state_dict()
+        scaler_state["scale"] = float(state["cur_scale"])
+        if state["dynamic_loss_scale"]:
+            # Apex doubled the scale on a clean step once (iteration - last overflow) was a multiple of the window
+            window = state["scale_window"]
+            scaler_state["_growth_tracker"] = (state["cur_iter"] - state["last_overflow_iter"] - 1) % window
+        scaler.load_state_dict(scaler_state)
+"""
+_CLOSURE_HELPER = "scaled_closure"
+# apex.fp16_utils' step(closure) wrapped the closure: each call's backward unscaled the gradients into
+# the masters and updated the scale; while the gradients overflowed (dynamic scale only) it called the
+# closure again at the lowered scale, then handed the loss to the wrapped optimizer's step
+_CLOSURE_RUNNER = """\
+def {name}(closure, optimizer, scaler, new_scale=None):
+    \"\"\"The closure for optimizer.step(), run as FP16_Optimizer ran it: after each call the gradients are
+    unscaled and the scale updated (held at new_scale if given); on inf/NaN gradients under a dynamic scale
+    the closure runs again at the lowered scale.\"\"\"
+
+    def run():
+        while True:
+            loss = closure()
+            if not scaler.is_enabled():
+                return loss
+            scaler.unscale_(optimizer)
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            overflow = not all(bool(torch.isfinite(grad).all()) for grad in grads)
+            scaler.update(new_scale)
+            if not overflow or new_scale is not None:
+                return loss
+
+    return run
+"""
 
 
 class _Blocked(Exception):
@@ -514,6 +644,7 @@ class _Edits:
     """What one setup changes; committed to the plan only when the whole setup can migrate."""
 
     substitute: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
+    replace: dict[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]] = field(default_factory=dict)
     remove: set[cst.CSTNode] = field(default_factory=set)
     replace_statement: dict[cst.CSTNode, list[Statement]] = field(default_factory=dict)
     before: dict[cst.CSTNode, list[Statement]] = field(default_factory=dict)
@@ -536,6 +667,23 @@ class _Planner:
         self.scaler = ctx.fresh_name(ctx.options.scaler_name)
         self.helper = _legacy_helper_name(ctx) if self.flavor == "optimizers" else _LEGACY_HELPER
         self.model_names: set[str] = set()
+        # network_to_half / FP16Model / BN_convert_float kept batch norms float32 (no master copies)
+        self.partly_half = False
+        self.load_helper: str | None = None
+        self.load_needed = False
+        self.stepped = False
+        self.closure_helper: str | None = None
+        # the functions passed to `X.step(...)` as closures: they may use X (and the scaler) inside
+        self.closures = {
+            arg.value.value
+            for call in ctx.nodes_of(cst.Call)
+            if isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "step"
+            and isinstance(call.func.value, cst.Name)
+            and call.func.value.value == self.name
+            for arg in call.args[:1]
+            if isinstance(arg.value, cst.Name)
+        }
         statements = [c.statement for c in setup.constructions]
         self.start_line = min(ctx.position(s)[0] for s in statements)
 
@@ -669,7 +817,9 @@ class _Planner:
             return False  # a sibling function: its own name
         if any(self.name in ctx.locals.get(inner, set()) for inner in chain):  # type: ignore[call-overload]
             return False  # a local (or parameter) of the same name
-        if not isinstance(scope, cst.Module):
+        if not isinstance(scope, cst.Module) and not all(
+            isinstance(inner, cst.FunctionDef) and inner.name.value in self.closures for inner in chain
+        ):
             raise _Blocked(node, f"`{self.name}` is used in a nested function: pass `{self.scaler}` to it as well")
         return True
 
@@ -695,7 +845,7 @@ class _Planner:
     def plan_uses(self) -> None:
         for node in self.uses():
             self._plan_use(node)
-        if not self.edits.after:
+        if not self.stepped:
             raise _Blocked(
                 self.setup.first.call,
                 f"no `{self.name}.step()` is found where `{self.name}` is in scope: write `{self.scaler}.step({self.name})` "
@@ -736,6 +886,8 @@ class _Planner:
             "step": self._step,
             "zero_grad": self._zero_grad,
             "clip_master_grads": self._clip if self.flavor == "fp16_utils" else None,
+            "state_dict": self._state_dict,
+            "load_state_dict": self._load_state_dict,
         }.get(attribute)
         if handler is None:
             raise _Blocked(outer, self._advice(attribute))
@@ -745,8 +897,9 @@ class _Planner:
         name, scaler = self.name, self.scaler
         if attribute in ("state_dict", "load_state_dict"):
             return (
-                f"`{name}.{attribute}()` of an FP16_Optimizer (its checkpoints pickle Apex's loss scaler and the fp32 "
-                f"master copies): save and load `{name}.state_dict()` and `{scaler}.state_dict()` separately"
+                f'`{name}.{attribute}` is not called here: save `{{"optimizer": {name}.state_dict(), "scaler": '
+                f"{scaler}.state_dict()}}` and load both halves with `{name}.load_state_dict(...)` and "
+                f"`{scaler}.load_state_dict(...)`"
             )
         if attribute == "overflow":
             return (
@@ -856,11 +1009,9 @@ class _Planner:
 
     def _step(self, call: cst.Call) -> None:
         if call.args:
-            raise _Blocked(
-                call,
-                "step(closure): GradScaler does not take closures; call the closure, then "
-                f"`{self.scaler}.step({self.name})` and `{self.scaler}.update()`",
-            )
+            self._step_with_closure(call)
+            return
+        self.stepped = True
         statement = self._statement_line(call)
         self.edits.substitute[call] = syntax.attribute_call(
             cst.Name(self.scaler), "step", [cst.Arg(cst.Name(self.name))]
@@ -872,6 +1023,78 @@ class _Planner:
         floor = self._scale_floor()
         if floor is not None:
             self.edits.after[statement].append(floor)
+
+    def _step_with_closure(self, call: cst.Call) -> None:
+        """``X.step(closure)`` -> ``X.step(scaled_closure(closure, X, scaler))``: the wrapped optimizer
+        steps on what the closure leaves, unscaled after each call, as FP16_Optimizer's step did."""
+        ctx, name = self.ctx, self.name
+        if self.flavor != "fp16_utils":
+            raise _Blocked(
+                call,
+                "apex.optimizers' FP16_Optimizer.step ignored its closure (it never called it): call the closure "
+                f"before the step yourself, or drop it, then `{self.scaler}.step({name})` and `{self.scaler}.update()`",
+            )
+        bound = syntax.bind_arguments(call, ("closure",))
+        closure = bound.get("closure") if bound is not None else None
+        wanted = closure.value.value if closure is not None and isinstance(closure.value, cst.Name) else None
+        definitions = [
+            scope for scope in ctx.locals if isinstance(scope, cst.FunctionDef) and scope.name.value == wanted
+        ]
+        backward = [
+            node
+            for f in definitions
+            for node in _walk(f.body)
+            if isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "backward"
+            and isinstance(node.func.value, cst.Name)
+            and node.func.value.value == name
+        ]
+        zeroed = any(
+            isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "zero_grad"
+            for f in definitions
+            for node in _walk(f.body)
+        )
+        if closure is None or len(definitions) != 1 or not backward:
+            raise _Blocked(
+                call,
+                f"step(closure) with a closure that is not a function of this module calling `{name}.backward(loss)`: "
+                f"write the closure with `{self.scaler}.scale(loss).backward()`, then unscale and update after each "
+                f"call (`{self.scaler}.unscale_({name})`, `{self.scaler}.update()`) and call `{name}.step(closure)`",
+            )
+        if not zeroed:
+            raise _Blocked(
+                call,
+                "the closure does not zero the gradients: the optimizer may call it more than once per step, and "
+                "Apex rebuilt the master gradients from the fp16 ones at each call where the unscaled gradients "
+                f"would now add up; call `{name}.zero_grad()` at the start of the closure",
+            )
+        self.stepped = True
+        hold = None if self._disabled_scaler() else self._scale_expression("hold")
+        args = [cst.Arg(closure.value.deep_clone()), cst.Arg(cst.Name(name)), cst.Arg(cst.Name(self.scaler))]
+        if hold is not None:
+            args.append(cst.Arg(hold))
+        if self.closure_helper is None:
+            self.closure_helper = self._module_helper(_CLOSURE_RUNNER, _CLOSURE_HELPER)
+        wrapped = syntax.call(self.closure_helper, args)
+        self.edits.substitute[call] = call.with_changes(args=[cst.Arg(wrapped)])
+        self.edits.notes.append(
+            (
+                "AMP041",
+                call,
+                f"`{name}.step(closure)` became `{name}.step({self.closure_helper}(closure, {name}, {self.scaler}"
+                + (", new_scale)" if hold is not None else ")")
+                + ")`: after each call of the closure the gradients are unscaled and the scale updated, and an "
+                "overflow under a dynamic scale calls the closure again at the lowered scale, as FP16_Optimizer did",
+            )
+        )
+
+    def _module_helper(self, template: str, preferred: str) -> str:
+        """The name of ``template``'s helper: one already planned in the module, else a fresh one."""
+        for helper in self.ctx.plan.module_helpers:
+            if isinstance(helper, cst.FunctionDef) and syntax.code(helper) == template.format(name=helper.name.value):
+                return helper.name.value
+        return self.ctx.fresh_name(preferred)
 
     def _scale_floor(self) -> Statement | None:
         """apex.optimizers' FP16_Optimizer halved its dynamic scale down to 1, never below; GradScaler
@@ -911,6 +1134,99 @@ class _Planner:
                 inner = inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
             value = cst.UnaryOperation(cst.Not(), inner)
         self.edits.substitute[call] = call.with_changes(args=[syntax.keyword("set_to_none", value)])
+
+    def _state_dict(self, call: cst.Call) -> None:
+        """``X.state_dict()`` -> ``{"optimizer": X.state_dict(), "scaler": scaler.state_dict()}``: one value
+        wherever the old one went, which the load helper reads back."""
+        if call.args:
+            raise _Blocked(call, "state_dict() takes no arguments: write `" + self._checkpoint_code() + "`")
+        code = self._checkpoint_code()
+        if self.enabled is not None:
+            # the float32 path saves what it saved before: a plain optimizer's state dict
+            code = f"({code} if {self.scaler}.is_enabled() else {self.name}.state_dict())"
+        self.edits.substitute[call] = cst.parse_expression(code)
+        self.edits.notes.append(
+            (
+                "AMP041",
+                call,
+                f"`{self.name}.state_dict()` became `{code}`: the optimizer's and the scaler's states, which the "
+                f"migrated `{self.name}.load_state_dict(...)` reads back (the float32 master weights are the model's "
+                "own parameters now)",
+            )
+        )
+
+    def _checkpoint_code(self) -> str:
+        return f'{{"optimizer": {self.name}.state_dict(), "scaler": {self.scaler}.state_dict()}}'
+
+    def _load_helper_name(self) -> str:
+        """One loader per flavour per module, written once when the setup commits."""
+        if self.load_helper is None:
+            template = _LOAD_LEGACY if self.flavor == "optimizers" else _LOAD_FP16_UTILS
+            self.load_helper = self._module_helper(template, _LOAD_HELPER)
+        return self.load_helper
+
+    def _load_state_dict(self, call: cst.Call) -> None:
+        """``X.load_state_dict(s)`` -> ``load_fp16_optimizer_state(X, scaler, s)``, which also takes the
+        checkpoints Apex's FP16_Optimizer wrote."""
+        ctx, name = self.ctx, self.name
+        bound = syntax.bind_arguments(call, ("state_dict",))
+        if bound is None or "state_dict" not in bound:
+            raise _Blocked(
+                call, f"load_state_dict() is not called with one state dict: write `{name}.load_state_dict(state)`"
+            )
+        if self.partly_half:
+            raise _Blocked(
+                call,
+                "the model was halved by network_to_half/FP16Model/BN_convert_float, which kept batch norms float32: "
+                "an Apex checkpoint's float32 master weights cover only the float16 parameters, and which ones they "
+                f'were cannot be told from the float32 model: write `{name}.load_state_dict(state["optimizer_state_dict"])`, '
+                'copy `state["fp32_from_fp16"][i][j]` onto the j-th parameter of group i that was float16 under Apex '
+                "(batch norms excluded), and set the scale with "
+                f'`{self.scaler}.update(new_scale=float(state["loss_scaler"].loss_scale()))`',
+            )
+        line = ctx.position(call)[0]
+        function = ctx.function_of(call)
+        for other in ctx.nodes_of(cst.Call):
+            func = other.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value == "load_state_dict"):
+                continue
+            receiver = dotted_name(func.value)
+            if receiver is None or ctx.function_of(other) is not function or ctx.position(other)[0] <= line:
+                continue
+            if self._model_like(receiver.split(".")[-1]):
+                raise _Blocked(
+                    other,
+                    f"`{receiver}.load_state_dict(...)` runs after `{name}.load_state_dict(...)`: the model's "
+                    "float16 weights of an Apex checkpoint would overwrite the float32 master weights the optimizer "
+                    f"loaded into the now float32 model; load the model first, then `{name}`",
+                )
+
+        def load(updated: cst.CSTNode, helper: str = self._load_helper_name()) -> cst.CSTNode:
+            assert isinstance(updated, cst.Call)
+            # `load_state_dict(state_dict=sd)`: the helper takes the state positionally
+            state = updated.args[0].with_changes(
+                comma=cst.MaybeSentinel.DEFAULT, keyword=None, equal=cst.MaybeSentinel.DEFAULT
+            )
+            return syntax.call(helper, [cst.Arg(cst.Name(name)), cst.Arg(cst.Name(self.scaler)), state])
+
+        self.edits.replace[call] = load
+        self.load_needed = True
+        pickled = (
+            "; torch.load of an Apex checkpoint needs `weights_only=False` and Apex's `apex.amp.scaler.LossScaler` "
+            "importable (the checkpoint pickled that object)"
+            if self.flavor == "fp16_utils"
+            else ""
+        )
+        self.edits.notes.append(
+            (
+                "AMP041",
+                call,
+                f"`{name}.load_state_dict(...)` became `{self._load_helper_name()}({name}, {self.scaler}, ...)`: it "
+                f"loads what the migrated `{name}.state_dict()` saves, and a checkpoint Apex's FP16_Optimizer wrote "
+                "(its float32 master weights into the model's parameters, its loss scale and clean-step count into "
+                "the scaler)" + pickled,
+            )
+        )
 
     def _clip(self, call: cst.Call) -> None:
         ctx = self.ctx
@@ -974,6 +1290,7 @@ class _Planner:
         call = small.value if isinstance(small, cst.Expr) else None
         return (
             isinstance(call, cst.Call)
+            and not call.args  # a step(closure) recomputes the gradients the clip just clipped
             and isinstance(call.func, cst.Attribute)
             and call.func.attr.value == "step"
             and isinstance(call.func.value, cst.Name)
@@ -1055,14 +1372,18 @@ class _Planner:
             if name is None:
                 return None
             last = name.split(".")[-1]
-            lowered = last.lower()
-            model_like = lowered.endswith(("model", "net")) or lowered.startswith("net") or last in self.model_names
-            return name if model_like else None
+            return name if self._model_like(last) else None
         found = self.ctx.apex_path(func)
         if found is not None and found[0] in _HALVING and len(call.args) == 1:
             self.edits.consumed.add(found[1])
+            self.partly_half = True
             return dotted_name(call.args[0].value) or ""
         return None
+
+    def _model_like(self, last: str) -> bool:
+        """Whether the last part of a dotted name looks like the model's (``model``, ``net``, ``resnet``...)."""
+        lowered = last.lower()
+        return lowered.endswith(("model", "net")) or lowered.startswith("net") or last in self.model_names
 
     def _without_half(self, statement: cst.CSTNode) -> cst.SimpleStatementLine | None | object:
         """The statement with the model left float32; None to drop it; ``...`` for a shape not handled."""
@@ -1119,6 +1440,17 @@ class _Planner:
         ctx, edits = self.ctx, self.edits
         for node, replacement in edits.substitute.items():
             ctx.plan.substitute(node, replacement)
+        ctx.plan.replace.update(edits.replace)
+        if self.load_needed and not any(
+            isinstance(h, cst.FunctionDef) and h.name.value == self.load_helper for h in ctx.plan.module_helpers
+        ):
+            template = _LOAD_LEGACY if self.flavor == "optimizers" else _LOAD_FP16_UTILS
+            ctx.plan.module_helpers.append(cst.parse_statement(template.format(name=self._load_helper_name())))
+        closure = self.closure_helper
+        if closure is not None and not any(
+            isinstance(h, cst.FunctionDef) and h.name.value == closure for h in ctx.plan.module_helpers
+        ):
+            ctx.plan.module_helpers.append(cst.parse_statement(_CLOSURE_RUNNER.format(name=closure)))
         ctx.plan.remove |= edits.remove
         ctx.plan.replace_statement.update(edits.replace_statement)
         for node, statements in edits.before.items():

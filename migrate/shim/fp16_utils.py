@@ -300,11 +300,35 @@ class FP16_Optimizer:
                 print("Gradient overflow.  Skipping step, reducing loss scale to " f"{self.loss_scaler.loss_scale()}")
             events.emit("step_skipped", optimizer=self.optimizer, loss_id=0)
             return None
-        result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        result = self._step_with_closure(closure) if closure is not None else self.optimizer.step()
+        self._masters_to_model()
+        return result
+
+    def _masters_to_model(self) -> None:
         master_params_to_model_params(
             [p for g in self.fp16_groups for p in g],
             [p for g in self.fp32_from_fp16_groups for p in g],
         )
+
+    def _step_with_closure(self, closure: Any) -> Any:
+        """The wrapped optimizer steps with a closure that refreshes the fp16 model from the masters
+        before every call but the first, and calls the user's closure again while its backward
+        overflowed (the dynamic scale has been lowered by then)."""
+
+        def wrapped_closure() -> Any:
+            if self.first_closure_call_this_step:
+                self.first_closure_call_this_step = False
+            else:
+                self._masters_to_model()
+            loss = closure()
+            while self.overflow:
+                if self.verbose:
+                    print(f"OVERFLOW within closure! Skipping step, reducing loss scale to {self.loss_scale}")
+                loss = closure()
+            return loss
+
+        result = self.optimizer.step(wrapped_closure)
+        self.first_closure_call_this_step = True
         return result
 
     def inspect_master_grad_data(self) -> list[list[torch.Tensor | None]]:
