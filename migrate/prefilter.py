@@ -26,7 +26,10 @@ def may_need_migration(data: bytes | str) -> bool:
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     # Substring tests are a memchr-fast scan: "apex" covers every Apex import.
-    if b"apex" in data or b"scale_loss" in data or b"master_params" in data:
+    # "FP16_" and "network_to_half": a project's own copy of apex.fp16_utils, imported under its name
+    if b"apex" in data or b"scale_loss" in data or b"master_params" in data or b"FP16_" in data:
+        return True
+    if b"network_to_half" in data:
         return True
     if b"amp" not in data:
         return False
