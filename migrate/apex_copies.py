@@ -333,10 +333,12 @@ def copy_facts(index: ProjectIndex, display: Callable[[str], str]) -> dict[str, 
     such name (what it copies, where, and what keeps it from being treated like Apex)."""
     resolver = _Resolver(index)
     facts: dict[str, tuple[CopyFact, ...]] = {}
+    copies: set[str] = {path for path, summary in index.modules.items() if summary.apex_defs}
     for path, summary in index.modules.items():
         if not summary.given:
             continue
         found: list[CopyFact] = []
+        targets: set[str] = set()
         for edge in summary.imports:
             if not edge.names or not edge.spelled:
                 continue
@@ -349,6 +351,8 @@ def copy_facts(index: ProjectIndex, display: Callable[[str], str]) -> dict[str, 
                     found.append((edge.spelled, "*", "", f"{display(star[0])}:{star[1]['line']}", "", ""))
                 continue
             origins = {name: resolver.origin(target, name) for name in edge.names}
+            if any(o is not None for o in origins.values()):
+                targets.add(target)  # the copy, or a package re-exporting it
             if not any(o is not None and o[1]["kind"] in _APEX_PATHS for o in origins.values()):
                 if "FP16_Optimizer" in edge.names:
                     # a project module of its own: left alone, and no finding that asks for it
@@ -375,6 +379,54 @@ def copy_facts(index: ProjectIndex, display: Callable[[str], str]) -> dict[str, 
                 found.append((edge.spelled, name, apex, where, problem, dynamic))
         if found:
             facts[path] = tuple(found)
+        copies.update(targets)
+    return _halved_in_other_modules(index, facts, copies, display)
+
+
+_HALVING_PATHS = frozenset({_APEX_PATHS["wrapper"], _APEX_PATHS["network_to_half"], _APEX_PATHS["bn_convert_float"]})
+
+
+def _halved_in_other_modules(
+    index: ProjectIndex, facts: dict[str, tuple[CopyFact, ...]], copies: set[str], display: Callable[[str], str]
+) -> dict[str, tuple[CopyFact, ...]]:
+    """Hold a copied FP16_Optimizer whose module is linked by imports (not through the copy itself)
+    to a module that halves the model with a copied FP16_Module / network_to_half: the migration
+    keeps the model float32 only where the optimizer is set up."""
+    halving = {
+        path: next(name for _, name, apex, *_ in found if apex in _HALVING_PATHS)
+        for path, found in facts.items()
+        if any(apex in _HALVING_PATHS for _, _, apex, *_ in found)
+        and all(apex != OPTIMIZER for _, _, apex, *_ in found)
+    }
+    if not halving:
+        return facts
+    neighbours: dict[str, set[str]] = {}
+    for path, summary in index.modules.items():
+        for _, target in index.imported(summary):
+            if path not in copies and target not in copies:
+                neighbours.setdefault(path, set()).add(target)
+                neighbours.setdefault(target, set()).add(path)
+    for path, found in list(facts.items()):
+        if not any(apex == OPTIMIZER and not problem for _, _, apex, _, problem, _ in found):
+            continue
+        seen, pending = {path}, [path]
+        while pending:
+            for other in neighbours.get(pending.pop(), ()):
+                if other in seen:
+                    continue
+                seen.add(other)
+                pending.append(other)
+                if other in halving:
+                    problem = (
+                        f"{display(other)} makes the model float16 with `{halving[other]}` from the copy, apart from this "
+                        "FP16_Optimizer set-up, and the migration would leave it float16 under a GradScaler"
+                    )
+                    facts[path] = tuple(
+                        (*fact[:4], problem, fact[5]) if fact[2] == OPTIMIZER and not fact[4] else fact
+                        for fact in found
+                    )
+                    pending = []
+                    break
     return facts
 
 

@@ -161,3 +161,27 @@ def test_star_import_of_the_copy_is_reported_and_left(tmp_path: Path) -> None:
     text, findings = _review(root)
     assert text == script
     assert any("comes through `from fp16 import *`" in f for f in findings), findings
+
+
+def test_model_halved_in_another_function_leaves_the_setup(tmp_path: Path) -> None:
+    script = SCRIPT.replace(
+        "def train(model, loader):\n    model = FP16_Module(model.cuda())\n",
+        "def build(model):\n    return FP16_Module(model.cuda())\n\n\ndef train(model, loader):\n    model = build(model)\n",
+    )
+    root = _project(tmp_path, script)
+    text, findings = _review(root)
+    assert text == script
+    assert any("line 6 makes the model float16 (`FP16_Module`) in another function" in f for f in findings), findings
+
+
+def test_model_halved_in_another_module_leaves_the_setup(tmp_path: Path) -> None:
+    script = SCRIPT.replace("from fp16 import FP16_Module, FP16_Optimizer", "from fp16 import FP16_Optimizer")
+    script = script.replace("import torch\n", "import torch\nfrom models import build\n")
+    script = script.replace("model = FP16_Module(model.cuda())", "model = build(model)")
+    root = _project(tmp_path, script)
+    (root / "models.py").write_text(
+        "from fp16 import FP16_Module\n\n\ndef build(model):\n    return FP16_Module(model)\n"
+    )
+    text, findings = _review(root)
+    assert text == script
+    assert any("models.py makes the model float16 with `FP16_Module`" in f for f in findings), findings

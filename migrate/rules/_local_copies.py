@@ -66,6 +66,38 @@ def _module_attribute_reads(ctx: ModuleContext, wrappers: set[str]) -> str | Non
     return None
 
 
+def _halved_elsewhere(ctx: ModuleContext, halving: set[str], optimizers: set[str]) -> str | None:
+    """A model made float16 (``FP16_Module(m)``, ``network_to_half(m)``, ``model.half()``) in another
+    function than every FP16_Optimizer set-up: the rule keeps the model float32 only in the set-up's
+    function, and a float16 model under a GradScaler fails in ``unscale_``."""
+    scopes = {
+        ctx.scope_of(call)
+        for call in ctx.nodes_of(cst.Call)
+        if isinstance(call.func, cst.Name) and call.func.value in optimizers
+    }
+    for call in ctx.nodes_of(cst.Call):
+        func = call.func
+        if isinstance(func, cst.Name) and func.value in halving:
+            what = func.value
+        elif isinstance(func, cst.Attribute) and func.attr.value == "half" and not call.args:
+            base = func.value
+            while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute):
+                base = base.func.value
+            last = (dotted_name(base) or "").rsplit(".", 1)[-1].lower()
+            if not (last.endswith(("model", "net")) or last.startswith("net")):
+                continue
+            what = "half"
+        else:
+            continue
+        if ctx.scope_of(call) not in scopes:
+            line = ctx.position(call)[0]
+            return (
+                f"line {line} makes the model float16 (`{what}`) in another function than the FP16_Optimizer set-up, "
+                "which the migration would leave float16 under a GradScaler"
+            )
+    return None
+
+
 def bind(ctx: ModuleContext) -> None:
     """Bind the names this module imports from a local copy of fp16_utils as Apex's (see module doc)."""
     facts = {(spelled, name): fact for spelled, name, *fact in ctx.options.facts.apex_copies}
@@ -108,6 +140,9 @@ def bind(ctx: ModuleContext) -> None:
     ]
     wrappers = {entry[2] for entry in aliases if entry[3][1] == "apex.fp16_utils.FP16Model"}
     reach = _module_attribute_reads(ctx, wrappers) if wrappers and optimizer else None
+    if optimizer and reach is None:
+        halving = {entry[2] for entry in aliases if entry[3][1] in _HALVING}
+        reach = _halved_elsewhere(ctx, halving, {entry[2] for entry in optimizer})
     optimizer_ok = bool(optimizer)
     for _node, alias, _bound, (name, _apex, where, problem, _dynamic) in optimizer:
         reason = problem
