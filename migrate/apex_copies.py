@@ -400,40 +400,51 @@ def _halved_in_other_modules(
     }
     if not halving:
         return facts
-    neighbours: dict[str, set[str]] = {}
+    # imports within one project, not through the copy: the modules the set-up's module imports
+    # (a model builder) and those that import it (a script handing it the model), transitively
+    from migrate.project import project_root  # here: migrate.project imports this module
+
+    forward: dict[str, set[str]] = {}
+    backward: dict[str, set[str]] = {}
     for path, summary in index.modules.items():
         for _, target in index.imported(summary):
-            if path not in copies and target not in copies:
-                neighbours.setdefault(path, set()).add(target)
-                neighbours.setdefault(target, set()).add(path)
+            if path not in copies and target not in copies and project_root(path) == project_root(target):
+                forward.setdefault(path, set()).add(target)
+                backward.setdefault(target, set()).add(path)
     for path, found in list(facts.items()):
         if not any(apex == OPTIMIZER and not problem for _, _, apex, _, problem, _ in found):
             continue
-        seen, pending = {path}, [path]
-        while pending:
-            for other in neighbours.get(pending.pop(), ()):
-                if other in seen:
-                    continue
+        linked = _reached(forward, path) | _reached(backward, path)
+        other = min((module for module in linked if module in halving), default=None)
+        if other is None:
+            continue
+        problem = (
+            f"{display(other)} makes the model float16 with `{halving[other]}` from the copy, apart from this "
+            "FP16_Optimizer set-up, and the migration would leave it float16 under a GradScaler"
+        )
+        facts[path] = tuple((*f[:4], problem, f[5]) if f[2] == OPTIMIZER and not f[4] else f for f in found)
+    return facts
+
+
+def _reached(edges: dict[str, set[str]], start: str) -> set[str]:
+    seen, pending = {start}, [start]
+    while pending:
+        for other in edges.get(pending.pop(), ()):
+            if other not in seen:
                 seen.add(other)
                 pending.append(other)
-                if other in halving:
-                    problem = (
-                        f"{display(other)} makes the model float16 with `{halving[other]}` from the copy, apart from this "
-                        "FP16_Optimizer set-up, and the migration would leave it float16 under a GradScaler"
-                    )
-                    facts[path] = tuple(
-                        (*fact[:4], problem, fact[5]) if fact[2] == OPTIMIZER and not fact[4] else fact
-                        for fact in found
-                    )
-                    pending = []
-                    break
-    return facts
+    return seen - {start}
 
 
 def _optimizer_problem(resolver: _Resolver, path: str, definition: Definition) -> str:
     """What keeps this copy of FP16_Optimizer from training like Apex's whatever scale it is given."""
     static = definition["static"]
     scaler = resolver.origin(path, static) if static else None
+    if static and scaler is None:
+        return (
+            f"where its static loss scaler `{static}` is defined could not be read (give that module too, so "
+            "the tool can check it is fp16_utils' LossScaler: a fixed scale, no overflow check)"
+        )
     if scaler is None or scaler[1]["kind"] != "static_scaler":
         return (
             f"its static loss scaler ({static or 'none found'}) is not fp16_utils' LossScaler (a fixed scale, no "

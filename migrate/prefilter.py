@@ -26,10 +26,11 @@ def may_need_migration(data: bytes | str) -> bool:
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     # Substring tests are a memchr-fast scan: "apex" covers every Apex import.
-    # "FP16_" and "network_to_half": a project's own copy of apex.fp16_utils, imported under its name
-    if b"apex" in data or b"scale_loss" in data or b"master_params" in data or b"FP16_" in data:
+    if b"apex" in data or b"scale_loss" in data or b"master_params" in data:
         return True
-    if b"network_to_half" in data:
+    # a project's own copy of apex.fp16_utils and the modules that import from it (its loss scalers
+    # are read for the plan): the names the copies and their users spell out
+    if b"FP16_Optimizer" in data or b"FP16_Module" in data or b"network_to_half" in data or b"LossScaler" in data:
         return True
     if b"amp" not in data:
         return False
