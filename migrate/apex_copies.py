@@ -184,7 +184,18 @@ def _wrapper(cls: ast.ClassDef) -> Definition | None:
         (_dotted(call.func) or "").endswith(".state_dict") and (_dotted(call.func) or "").startswith("self.")
         for call in _calls(state_dict)
     )
-    return {"kind": "wrapper", "line": cls.lineno, "delegates": delegates}
+    # where it holds the child: its state_dict keys carry that prefix unless state_dict delegates
+    child_attribute = "module"
+    for node in ast.walk(init):
+        if isinstance(node, ast.Call) and (_dotted(node.func) or "") == "self.add_module" and node.args:
+            name = _literal(node.args[0])
+            child_attribute = name if isinstance(name, str) else child_attribute
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(n, ast.Name) and n.id == child for n in ast.walk(node.value)
+        ):
+            targets = [t.attr for t in node.targets if isinstance(t, ast.Attribute) and _dotted(t.value) == "self"]
+            child_attribute = targets[0] if targets else child_attribute
+    return {"kind": "wrapper", "line": cls.lineno, "delegates": delegates, "child": child_attribute}
 
 
 def _function(function: ast.FunctionDef) -> Definition | None:
@@ -324,7 +335,8 @@ class _Resolver:
         return None
 
 
-# spelled module, name, apex path ("": none), where, problem ("": none), problem of dynamic scaling ("": none)
+# spelled module, name, apex path ("": none), where, problem ("": none), problem of dynamic scaling ("": none;
+# for a wrapper that does not delegate its state_dict: the attribute holding the child, its keys' prefix)
 CopyFact = tuple[str, str, str, str, str, str]
 
 
@@ -376,6 +388,8 @@ def copy_facts(index: ProjectIndex, display: Callable[[str], str]) -> dict[str, 
                 elif definition["kind"] == "optimizer":
                     problem = _optimizer_problem(resolver, where_path, definition)
                     dynamic = _dynamic_problem(resolver, where_path, definition, display)
+                elif definition["kind"] == "wrapper" and not definition["delegates"]:
+                    dynamic = definition["child"]  # for a wrapper: the prefix its state_dict keys had
                 found.append((edge.spelled, name, apex, where, problem, dynamic))
         if found:
             facts[path] = tuple(found)

@@ -185,3 +185,15 @@ def test_model_halved_in_another_module_leaves_the_setup(tmp_path: Path) -> None
     text, findings = _review(root)
     assert text == script
     assert any("models.py makes the model float16 with `FP16_Module`" in f for f in findings), findings
+
+
+def test_wrapper_without_its_own_state_dict_notes_the_key_prefix(tmp_path: Path) -> None:
+    old = '    def state_dict(self, destination=None, prefix="", keep_vars=False):\n'
+    old += "        return self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)\n"
+    root = _project(tmp_path, edit=("fp16.py", old, ""))
+    text, findings = _review(root)
+    assert "FP16_Module" not in text
+    assert any(f.startswith("AMP041 FP16_Module (") and "lose the `module.` prefix" in f for f in findings), findings
+    # the fixture's copy delegates its state_dict to the child: the keys do not change
+    text, findings = _review(_project(tmp_path / "delegating"))
+    assert not any("prefix" in f for f in findings), findings

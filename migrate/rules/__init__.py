@@ -125,6 +125,7 @@ def _plan(
             rule.plan(ctx)
     if migrating:
         unshared += project_scaler.pass_on(ctx, model, options.facts)
+    local_copies.report_prefixes(ctx)
     if ctx.plan.needs_torch_import and ctx.imports[ctx.module].get("torch"):
         ctx.plan.needs_torch_import = False
     return ctx, unshared

@@ -160,8 +160,27 @@ def bind(ctx: ModuleContext) -> None:
     for node, alias, bound, (_name, apex, where, problem, dynamic) in aliases:
         if not apex or problem or (apex == OPTIMIZER or apex in _HALVING) and not optimizer_ok:
             continue
-        binding = Binding("other_apex", apex, alias, node, copy=where, copy_dynamic=dynamic)
+        binding = Binding("other_apex", apex, alias, node, copy=where, copy_dynamic=dynamic)  # see CopyFact
         ctx.bind_at(ctx.scope_of(node), bound, binding)
+
+
+def report_prefixes(ctx: ModuleContext) -> None:
+    """A copied wrapper that was migrated away and whose state_dict did not delegate to its child:
+    the model's state_dict keys lose the wrapper's prefix (AMP041, as for Apex's FP16Model)."""
+    for name in ctx.consumed:
+        if not isinstance(name, cst.Name):
+            continue
+        binding = ctx.resolve(name.value, name)
+        if binding is None or binding.copy is None or binding.target != "apex.fp16_utils.FP16Model":
+            continue
+        if binding.copy_dynamic:
+            ctx.report(
+                "AMP041",
+                name,
+                f"{name.value} ({binding.copy}, a local copy of Apex's FP16Model) was removed: the model's state_dict "
+                f"keys lose the `{binding.copy_dynamic}.` prefix the wrapper gave them (checkpoints saved through it "
+                f"load with `{{k.removeprefix('{binding.copy_dynamic}.'): v for k, v in state.items()}}`)",
+            )
 
 
 def describe(ctx: ModuleContext, root: cst.Name, path: str) -> str:
