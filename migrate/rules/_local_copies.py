@@ -101,6 +101,8 @@ def _halved_elsewhere(ctx: ModuleContext, halving: set[str], optimizers: set[str
 def bind(ctx: ModuleContext) -> None:
     """Bind the names this module imports from a local copy of fp16_utils as Apex's (see module doc)."""
     facts = {(spelled, name): fact for spelled, name, *fact in ctx.options.facts.apex_copies}
+    if not facts and "FP16_Optimizer" not in ctx.source:
+        return  # nothing imported from a copy, and no FP16_Optimizer to report (most modules)
     used = _used_names(ctx)
     aliases: list[tuple[cst.ImportFrom, cst.ImportAlias, str, list[str]]] = []
     for node in ctx.nodes_of(cst.ImportFrom):
@@ -167,6 +169,8 @@ def bind(ctx: ModuleContext) -> None:
 def report_prefixes(ctx: ModuleContext) -> None:
     """A copied wrapper that was migrated away and whose state_dict did not delegate to its child:
     the model's state_dict keys lose the wrapper's prefix (AMP041, as for Apex's FP16Model)."""
+    if not ctx.options.facts.apex_copies:
+        return
     for name in ctx.consumed:
         if not isinstance(name, cst.Name):
             continue
