@@ -32,6 +32,10 @@ class ModuleFacts:
     # ...and the module that defines them gives these top-level functions that parameter
     receives_scaler: tuple[str, ...] = ()
     shared_scaler: ScalerInfo | None = None
+    # names imported from a project module that copies Apex's fp16_utils (``migrate.apex_copies``):
+    # (module as spelled, name, Apex path or "", where it is defined, what keeps it from being treated
+    # like Apex or "", what keeps dynamic loss scaling with it from being migrated or "")
+    apex_copies: tuple[tuple[str, str, str, str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ def may_need_migration(data: bytes | str) -> bool:
     # Substring tests are a memchr-fast scan: "apex" covers every Apex import.
     if b"apex" in data or b"scale_loss" in data or b"master_params" in data:
         return True
+    # a project's own copy of apex.fp16_utils and the modules that import from it (its loss scalers
+    # are read for the plan): the names the copies and their users spell out
+    if b"FP16_Optimizer" in data or b"FP16_Module" in data or b"network_to_half" in data or b"LossScaler" in data:
+        return True
     if b"amp" not in data:
         return False
     # The regex engine scans for a literal prefix more slowly than `in` does: ask `in` first.

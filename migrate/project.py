@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from migrate import apex_copies
 from migrate.options import ModuleFacts, ScalerInfo
 
 # amp functions whose call on a name that no import binds means "the amp module came
@@ -44,6 +45,7 @@ class ImportEdge:
     line: int
     # the names the importer binds: one per imported name, or the one name `import module` binds
     aliases: tuple[str, ...] = ()
+    spelled: str = ""  # `from <spelled> import ...` as written (".x" for a relative import); "" for `import`
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class ModuleSummary:
     amp_apis: set[str] = field(default_factory=set)  # amp functions the module calls
     amp_outside_functions: bool = False  # an amp call at module level or in a class
     calls_outside_functions: frozenset[str] = frozenset()  # names called at module level or in classes
+    # top-level definitions shaped like Apex's fp16_utils API (a local copy of it): name -> facts
+    apex_defs: dict[str, Any] = field(default_factory=dict)
 
 
 def summarize(path: str, source: str) -> ModuleSummary | None:
@@ -137,7 +141,8 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
                     summary.amp_names.update(a.asname or a.name for a in node.names if a.name == "amp")
             if module is not None:
                 aliases = tuple(alias.asname or alias.name for alias in node.names)
-                summary.imports.append(ImportEdge(module, names, node.lineno, aliases))
+                spelled = "." * node.level + (node.module or "")
+                summary.imports.append(ImportEdge(module, names, node.lineno, aliases, spelled))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.add(node.name)
     for name, api, call in calls:
@@ -154,6 +159,7 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
             summary.unbound_uses.append(use)
     summary.uses_amp = summary.uses_amp or bool(summary.unbound_uses or summary.parameter_uses)
     _summarize_functions(tree, summary, called, called_on)
+    summary.apex_defs = apex_copies.scan(tree)
     return summary
 
 
@@ -203,7 +209,9 @@ def _summarize_functions(
 def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
     """``summary`` as JSON data for the cache (its path and ``given`` are the caller's)."""
     return {
-        "imports": [[edge.module, list(edge.names), edge.line, list(edge.aliases)] for edge in summary.imports],
+        "imports": [
+            [edge.module, list(edge.names), edge.line, list(edge.aliases), edge.spelled] for edge in summary.imports
+        ],
         "amp_names": sorted(summary.amp_names),
         "uses_amp": summary.uses_amp,
         "unbound_uses": [[use.name, use.api, use.line, use.column] for use in summary.unbound_uses],
@@ -214,6 +222,7 @@ def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
         "amp_apis": sorted(summary.amp_apis),
         "amp_outside_functions": summary.amp_outside_functions,
         "calls_outside_functions": sorted(summary.calls_outside_functions),
+        "apex_defs": summary.apex_defs,
     }
 
 
@@ -222,8 +231,8 @@ def summary_from_json(path: str, data: dict[str, Any]) -> ModuleSummary:
     return ModuleSummary(
         path,
         imports=[
-            ImportEdge(str(module), tuple(map(str, names)), int(line), tuple(map(str, aliases)))
-            for module, names, line, aliases in data["imports"]
+            ImportEdge(str(module), tuple(map(str, names)), int(line), tuple(map(str, aliases)), str(spelled))
+            for module, names, line, aliases, spelled in data["imports"]
         ],
         amp_names=set(map(str, data["amp_names"])),
         uses_amp=bool(data["uses_amp"]),
@@ -236,6 +245,7 @@ def summary_from_json(path: str, data: dict[str, Any]) -> ModuleSummary:
         amp_apis=set(map(str, data["amp_apis"])),
         amp_outside_functions=bool(data["amp_outside_functions"]),
         calls_outside_functions=frozenset(map(str, data["calls_outside_functions"])),
+        apex_defs=dict(data["apex_defs"]),
     )
 
 
@@ -462,6 +472,8 @@ class ProjectPlan:
         self.facts = module_facts(self.index)
         self._display = dict(displays or {})
         self._stage: dict[int | None, str] = {}
+        for path, copies in apex_copies.copy_facts(self.index, self.display).items():
+            self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_copies=copies)
         self._freeze_outside_context()
 
     def display(self, path: str) -> str:

@@ -14,6 +14,7 @@ from migrate.prefilter import may_need_migration
 REFERENCE = re.compile(
     rb"apex|(?:cuda|cpu)\b[\s\\]*(?:\.|import)[\s\\(]*amp|scale_loss|master_params"
     rb"|amp\.(?:initialize|state_dict|load_state_dict)"
+    rb"|FP16_Optimizer|FP16_Module|network_to_half|LossScaler"
 )
 
 
@@ -31,13 +32,18 @@ REFERENCE = re.compile(
         "clip(master_params(opt), 1.0)",
         "model, opt = amp.initialize(model, opt)",
         "amp.load_state_dict(checkpoint['amp'])",
+        "from fp16 import FP16_Module, FP16_Optimizer",  # a project's own copy of apex.fp16_utils
+        "from fp16util import network_to_half",
+        "class DynamicLossScaler:",
     ],
 )
 def test_what_may_need_migration_passes(source: str) -> None:
     assert may_need_migration(source.encode())
 
 
-@pytest.mark.parametrize("source", ["import torch\nx = torch.amp.autocast('cuda')", "clamp(cuda_x)", "sample = 1"])
+@pytest.mark.parametrize(
+    "source", ["import torch\nx = torch.amp.autocast('cuda')", "clamp(cuda_x)", "sample = 1", "FP16_PyT_ckpt = path"]
+)
 def test_what_cannot_is_dropped(source: str) -> None:
     assert not may_need_migration(source.encode())
 
@@ -63,6 +69,10 @@ def test_same_answers_as_the_reference_regex() -> None:
         b"state_dict",
         b"load_",
         b"scale",
+        b"FP16_",
+        b"Optimizer",
+        b"Module",
+        b"LossScaler",
     ]
     rng = random.Random(11)
     for _ in range(20000):

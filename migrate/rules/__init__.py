@@ -16,6 +16,7 @@ import libcst as cst
 
 from migrate.findings import Finding
 from migrate.options import Options, ScalerInfo
+from migrate.rules import _local_copies as local_copies
 from migrate.rules import _project_scaler as project_scaler
 from migrate.rules import _setup as setup
 from migrate.rules import (
@@ -117,6 +118,7 @@ def _plan(
     """Plan every rule; returns the context and how many cross-module scaler hand-overs failed."""
     ctx = ModuleContext(module, source, options, handed_over)
     setup.bind_project_amp(ctx, options.facts.amp_from)  # before the amp model resolves names
+    local_copies.bind(ctx)  # names from a project's copy of apex.fp16_utils, as Apex's
     model = ctx.amp
     migrating = not frozen and options.rule_enabled("amp_initialize")
     unshared = project_scaler.receive(ctx, model, options.facts) if migrating else 0
@@ -125,6 +127,7 @@ def _plan(
             rule.plan(ctx)
     if migrating:
         unshared += project_scaler.pass_on(ctx, model, options.facts)
+    local_copies.report_prefixes(ctx)
     if ctx.plan.needs_torch_import and ctx.imports[ctx.module].get("torch"):
         ctx.plan.needs_torch_import = False
     return ctx, unshared

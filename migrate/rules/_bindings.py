@@ -35,6 +35,10 @@ class Binding:
     target: str
     alias: cst.ImportAlias
     statement: cst.Import | cst.ImportFrom
+    # an "other_apex" name imported from a project module that copies Apex (``migrate.apex_copies``):
+    # where the copy defines it, and why dynamic loss scaling with it cannot be migrated ("": it can)
+    copy: str | None = None
+    copy_dynamic: str = ""
 
 
 def dotted_name(node: cst.BaseExpression) -> str | None:

@@ -304,6 +304,11 @@ class ModuleContext:
         self.imports[self.module][name].append(binding)
         self._tracked.add(name)
 
+    def bind_at(self, scope: Scope, name: str, binding: Binding) -> None:
+        """Bind ``name`` in ``scope`` to an import we track (a name from a local copy of Apex)."""
+        self.imports[scope][name].append(binding)
+        self._tracked.add(name)
+
     def all_names(self) -> set[str]:
         """Every identifier in the file (names and attribute names), for clash checks."""
         if self._all_names is None:

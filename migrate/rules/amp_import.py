@@ -326,6 +326,8 @@ def unused_imports(
             for binding in bindings:
                 if binding.kind != "other_apex" or binding.target in amp_private_state.STATE_TARGETS:
                     continue
+                if binding.copy is not None:
+                    continue  # a name from the project's own copy of Apex: importing it is its business
                 if id(binding.alias) in rebound:
                     continue  # the name stays, bound to the torch class
                 if any(not is_import_fallback(ctx, name) for name in references.get(binding.alias, [])):
@@ -509,6 +511,8 @@ def _report_leftovers(
             for binding in bindings:
                 if binding.kind == "other_apex" and binding.target in amp_private_state.STATE_TARGETS:
                     continue  # each use is reported (AMP031) with the code to write
+                if binding.copy is not None:
+                    continue  # the project's own copy of Apex runs without Apex (its rule says what stayed)
                 if binding.kind == "other_apex" and id(binding.alias) in unused[0]:
                     continue  # nothing uses it: the import goes
                 if id(binding.alias) in rebound and all(

@@ -151,6 +151,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from migrate.rules import _local_copies as local_copies
 from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext, Statement
@@ -538,6 +539,9 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
         path=path,
         flavor=flavor,
     )
+    dynamic = bound.get("dynamic_loss_scale")
+    if dynamic is not None and syntax.literal(dynamic.value) is not False and local_copies.dynamic_problem(ctx, root):
+        raise _Blocked(call, local_copies.dynamic_problem(ctx, root))  # a local copy that scales otherwise
     if flavor == "optimizers":
         _read_legacy(ctx, construction, bound)
     else:
@@ -1468,7 +1472,8 @@ class _Planner:
         ctx.report(
             "AMP041",
             construction.call,
-            f"{construction.path} became torch.amp.GradScaler `{self.scaler}` over the float32 model under "
+            f"{local_copies.describe(ctx, construction.root, construction.path)} became torch.amp.GradScaler "
+            f"`{self.scaler}` over the float32 model under "
             "torch.autocast"
             + (
                 " (state_dict keys lose the `1.`/`network.` prefix network_to_half/FP16Model added)"
@@ -1660,7 +1665,8 @@ def _wrapped_fused(ctx: ModuleContext, construction: cst.Call) -> list[cst.Call]
 
 def _report_blocked(ctx: ModuleContext, error: _Blocked, construction: cst.Call) -> None:
     """AMP040 at the construction: everything FP16_Optimizer touches stays as it was."""
-    path = (_flavor(ctx, construction) or ("FP16_Optimizer",))[0]
+    found = _flavor(ctx, construction)
+    path = local_copies.describe(ctx, found[2], found[0]) if found is not None else "FP16_Optimizer"
     if error.node is not construction:
         line = ctx.position(error.node)[0]
         message = f"{path} left as it was, with the code it touches (line {line}: {error.message})"
