@@ -1663,6 +1663,20 @@ def _wrapped_fused(ctx: ModuleContext, construction: cst.Call) -> list[cst.Call]
     return [fused] if fused is not None else []
 
 
+def _halving_outside(ctx: ModuleContext, setups: list[_Setup]) -> cst.Call | None:
+    """An Apex halving wrapper (``FP16Model(net)``, ``network_to_half(net)``) called outside every
+    setup's function: ``get_model()`` returning ``FP16Model(net)`` for ``train()`` to wrap its
+    optimizer. The rule keeps the model float32 only where it sets up the optimizer."""
+    if not setups:
+        return None
+    scopes = [setup.scope for setup in setups]
+    for call in ctx.nodes_of(cst.Call):
+        found = ctx.apex_path(call.func)
+        if found is not None and found[0] in _HALVING and not any(ctx.scope_of(call) is scope for scope in scopes):
+            return call
+    return None
+
+
 def _report_blocked(ctx: ModuleContext, error: _Blocked, construction: cst.Call) -> None:
     """AMP040 at the construction: everything FP16_Optimizer touches stays as it was."""
     found = _flavor(ctx, construction)
@@ -1759,9 +1773,18 @@ def plan(ctx: ModuleContext) -> None:
     for error, call in blocked:
         _report_blocked(ctx, error, call)
         _keep_fused_adam(ctx, _wrapped_fused(ctx, call), ctx.position(call)[0])
+    stray = _halving_outside(ctx, setups)
     for setup in setups:
         planner = _Planner(ctx, setup)
         try:
+            if stray is not None:
+                raise _Blocked(
+                    stray,
+                    f"`{syntax.code(stray.func)}(...)` halves a model outside the function that sets up the "
+                    "FP16_Optimizer, so the model it trains may be float16, which a GradScaler cannot unscale: "
+                    "make the model float32 there (the model itself for the wrapper, no .half()) and run "
+                    "ampmigrate again",
+                )
             planner.model_names_from_setup()
             planner.plan_scaler()
             planner.plan_model()
