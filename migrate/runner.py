@@ -430,7 +430,13 @@ class _LazyPool:
             if forks():
                 # Imported once here, so that every forked worker shares it, rather than
                 # each paying for libcst again (imported, never used: nothing is parsed here).
+                import gc
+
                 import migrate.engine  # noqa: F401
+
+                # What is alive now (the modules, above all) stays for the whole run: moved out
+                # of the cycle collector's sight, its passes here and in every worker skip it.
+                gc.freeze()
             self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, self._done)
         # a batch of jobs is queued whole before the workers pick (see _Project._pass)
         self.pool.submit(job, size, prefer, dispatch=not isinstance(job, Job))

@@ -174,3 +174,32 @@ def test_a_worker_holds_no_more_than_its_room(monkeypatch: pytest.MonkeyPatch) -
     handle = runner._setup_worker(Settings(Options(), write=False, want_diff=False, cache_dir=None, fingerprint=None))
     held = [handle(Prepare(Candidate(f"m{index}.py", f"m{index}.py"), APEX.encode())) for index in range(3)]
     assert [ready.worker for ready in held] == [os.getpid(), os.getpid(), None]  # type: ignore[union-attr]
+
+
+def test_trees_parsed_ahead_leave_the_cycle_collectors_sight_before_it_runs_again() -> None:
+    # A collection right after the parse would walk every node of the trees just kept, only to
+    # find them all alive (tens of ms a file): they are frozen first.
+    import gc
+
+    settings = Settings(Options(), write=False, want_diff=False, cache_dir=None, fingerprint=None)
+    handle = runner._setup_worker(settings)
+    source = APEX + "".join(f"\n\ndef helper_{n}(x):\n    return [x * i for i in range({n})]\n" for n in range(300))
+    pending: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            pending.append(gc.get_count()[0])
+
+    was_enabled = gc.isenabled()
+    gc.enable()
+    gc.callbacks.append(note)
+    try:
+        frozen = gc.get_freeze_count()
+        assert handle(Prepare(Candidate("big.py", "big.py"), source.encode())) == Ready("big.py", os.getpid())
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(note)
+        if not was_enabled:
+            gc.disable()
+    assert gc.get_freeze_count() - frozen > 10_000  # the trees
+    assert all(count < 5_000 for count in pending), pending
