@@ -99,6 +99,8 @@ class FileResult:
     scaler_unused: bool = False
     # the bytes to write (the main process writes, once the project is settled)
     new_data: bytes | None = field(default=None, repr=False, compare=False)
+    # the worker (process id) that kept the file's trees: a later pass migrates it there
+    held_by: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def needs_review(self) -> bool:
@@ -372,7 +374,12 @@ class _Project:
             return
         ticks = progress(len(jobs)) if progress is not None else None
 
+        path_of = {job.candidate.display: str(job.candidate.path) for job in jobs}
+
         def done(result: FileResult) -> None:
+            if result.held_by is not None:
+                self.pool.holders[path_of[result.path]] = result.held_by
+                result = replace(result, held_by=None)
             self.results[result.path] = result
             if ticks is not None:
                 next(ticks, None)
@@ -706,7 +713,7 @@ def _setup_worker(settings: Settings) -> Callable[[Job | Prepare], FileResult | 
     cache = None
     if settings.cache_dir is not None:
         cache = Cache(Path(settings.cache_dir), settings.options, settings.fingerprint)
-    from migrate.ahead import prepare
+    from migrate.ahead import Prepare, prepare
 
     ahead: dict[str, Held] = {}  # path: its trees, parsed ahead
 
@@ -715,7 +722,14 @@ def _setup_worker(settings: Settings) -> Callable[[Job | Prepare], FileResult | 
         if not isinstance(job, Job):
             return prepare(job, ahead)
         held = ahead.get(path)
-        return process(job, settings, cache, held if held is not None and held.data == job.data else None)
+        if (held is None or held.data != job.data) and not job.candidate.is_notebook:
+            # parsed as ahead and kept (room allowing): a pass that migrates the file again
+            # with new facts (a project's group settling) takes its trees instead of parsing
+            prepare(Prepare(job.candidate, job.data), ahead)
+            held = ahead.get(path)
+        if held is None or held.data != job.data:
+            return process(job, settings, cache)
+        return replace(process(job, settings, cache, held), held_by=os.getpid())
 
     return handle
 

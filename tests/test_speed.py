@@ -22,7 +22,7 @@ from migrate import ahead, runner, workers
 from migrate.ahead import Prepare, Ready
 from migrate.config import build_config
 from migrate.discovery import Candidate
-from migrate.options import Options
+from migrate.options import ModuleFacts, Options
 from migrate.runner import FileResult, Job, Settings, Status, run
 
 APEX = """\
@@ -203,3 +203,26 @@ def test_trees_parsed_ahead_leave_the_cycle_collectors_sight_before_it_runs_agai
             gc.disable()
     assert gc.get_freeze_count() - frozen > 10_000  # the trees
     assert all(count < 5_000 for count in pending), pending
+
+
+def test_a_file_migrated_again_with_new_facts_takes_the_trees_of_its_first_migration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a project's group settles in further passes: the worker that migrated a file keeps its
+    # trees (it says so, and the main process sends the file's next migration there)
+    settings = Settings(Options(), write=False, want_diff=True, cache_dir=None, fingerprint=None)
+    candidate = Candidate("train.py", "train.py")
+    data = APEX.encode()
+    frozen = Options(facts=ModuleFacts(frozen="the setup continues elsewhere"))
+    expected = [runner._setup_worker(settings)(Job(candidate, data, options)) for options in (Options(), frozen)]
+
+    handle = runner._setup_worker(settings)
+    first = handle(Job(candidate, data, Options()))
+    assert isinstance(first, FileResult) and first.held_by == os.getpid()
+
+    def no_second_parse(source: str) -> cst.Module:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(migrate.engine, "parse", no_second_parse)
+    again = handle(Job(candidate, data, frozen))
+    assert [first, again] == expected and again.status is Status.UNCHANGED  # type: ignore[union-attr]
