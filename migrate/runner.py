@@ -404,6 +404,7 @@ class _LazyPool:
         self.done: Callable[[FileResult], None] = lambda result: None
         self.ahead = 0  # bytes sent to be parsed ahead
         self.holders: dict[str, int] = {}  # path: the worker that holds its trees
+        self.frozen = False  # this process's objects are out of the cycle collector's sight
 
     def prepare(self, task: _Task) -> None:
         """Have a worker parse ``task``'s file ahead, if the workers' room for trees allows."""
@@ -443,6 +444,7 @@ class _LazyPool:
 
                 # What is alive now (the modules, above all) stays for the whole run: moved out
                 # of the cycle collector's sight, its passes here and in every worker skip it.
+                self.frozen = gc.get_freeze_count() == 0  # else not ours to undo at the end
                 gc.freeze()
             self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, self._done)
         # a batch of jobs is queued whole before the workers pick (see _Project._pass)
@@ -467,6 +469,12 @@ class _LazyPool:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+        if self.frozen:
+            import gc
+
+            # back in sight for a process that goes on (a library caller, a test session)
+            gc.unfreeze()
+            self.frozen = False
 
 
 class _Interrupt:

@@ -226,3 +226,27 @@ def test_a_file_migrated_again_with_new_facts_takes_the_trees_of_its_first_migra
     monkeypatch.setattr(migrate.engine, "parse", no_second_parse)
     again = handle(Job(candidate, data, frozen))
     assert [first, again] == expected and again.status is Status.UNCHANGED  # type: ignore[union-attr]
+
+
+@linux_only
+def test_a_run_with_workers_puts_what_it_froze_back_in_the_cycle_collectors_sight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the main process freezes what it has imported before forking workers (their collections
+    # skip it), and undoes that at the end: a library caller or a test session goes on
+    import gc
+
+    (tmp_path / "train.py").write_text(APEX)
+    gc.unfreeze()
+    frozen_during: list[int] = []
+    real_close = workers.Pool.close
+
+    def close(pool: workers.Pool) -> None:
+        frozen_during.append(gc.get_freeze_count())
+        real_close(pool)
+
+    monkeypatch.setattr(workers.Pool, "close", close)
+    results = migrate_tree(tmp_path, monkeypatch, jobs=2)
+    assert results["train.py"].status is Status.CHANGED
+    assert frozen_during and frozen_during[0] > 0
+    assert gc.get_freeze_count() == 0
