@@ -64,9 +64,18 @@ def prepare(job: Prepare, ahead: dict[str, Held]) -> Ready:
         text = job.data.decode(encoding)
     except (SyntaxError, UnicodeDecodeError, LookupError):
         return Ready(str(job.candidate.path), None)
-    parsed = parse_ahead(text)
-    if parsed is None:
-        return Ready(str(job.candidate.path), None)
-    ahead[str(job.candidate.path)] = Held(job.data, encoding, parsed)
-    gc.freeze()  # kept for a while: the cycle collector need not walk these trees again
+    # The trees are kept for a while: they go to the permanent generation before the cycle
+    # collector runs again, else its next pass walks every node of them (tens of ms a file)
+    # only to find them all alive.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        parsed = parse_ahead(text)
+        if parsed is None:
+            return Ready(str(job.candidate.path), None)
+        ahead[str(job.candidate.path)] = Held(job.data, encoding, parsed)
+        gc.freeze()
+    finally:
+        if collecting:
+            gc.enable()
     return Ready(str(job.candidate.path), os.getpid())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 import os
 import re
 from collections import deque
@@ -87,6 +88,19 @@ class ModuleSummary:
 
 def summarize(path: str, source: str) -> ModuleSummary | None:
     """Index one module; None when it does not parse (the engine reports that)."""
+    # An ast tree holds no reference cycles (reference counting frees it): the cycle
+    # collector's passes over its nodes while it is built and read are pure overhead,
+    # and in a process that has imported libcst they cost as much as the parse.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _summarize(path, source)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _summarize(path: str, source: str) -> ModuleSummary | None:
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -483,24 +497,35 @@ class ProjectPlan:
         """Summarize the project modules the given ones import, so imports can be followed."""
         frontier = list(self.index.modules)
         for _depth in range(self.CONTEXT_DEPTH):
-            found: dict[str, ModuleSummary] = {}
-            for path in frontier:
-                for edge in self.index.modules[path].imports:
-                    if edge.module.split(".")[0] in ("apex", "torch") or self.index.resolve(path, edge.module):
-                        continue
-                    names = [edge.module, *(f"{edge.module}.{name}" for name in edge.names if name != "*")]
-                    for candidate in (file for name in names for file in _module_files(path, name)):
-                        if candidate in self.index.modules or candidate in found:
-                            continue
-                        summary = context(candidate)
-                        if summary is not None:
-                            summary.given = False
-                            found[candidate] = summary
-                            break
-            if not found or len(self.index.modules) + len(found) > self.CONTEXT_FILES:
+            found = self._context_layer(frontier, context, self.CONTEXT_FILES - len(self.index.modules))
+            if not found:
                 break
             self.index = ProjectIndex([*self.index.modules.values(), *found.values()])
             frontier = list(found)
+
+    def _context_layer(
+        self, frontier: list[str], context: Callable[[str], ModuleSummary | None], room: int
+    ) -> dict[str, ModuleSummary]:
+        """The modules ``frontier`` imports that are not indexed yet; {} when there are none,
+        or more than ``room`` (the layer is left out whole, so the search stops there: the
+        rest of it would be summarized for nothing)."""
+        found: dict[str, ModuleSummary] = {}
+        for path in frontier:
+            for edge in self.index.modules[path].imports:
+                if edge.module.split(".")[0] in ("apex", "torch") or self.index.resolve(path, edge.module):
+                    continue
+                names = [edge.module, *(f"{edge.module}.{name}" for name in edge.names if name != "*")]
+                for candidate in (file for name in names for file in _module_files(path, name)):
+                    if candidate in self.index.modules or candidate in found:
+                        continue
+                    summary = context(candidate)
+                    if summary is not None:
+                        summary.given = False
+                        found[candidate] = summary
+                        if len(found) > room:
+                            return {}
+                        break
+        return found
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""

@@ -99,6 +99,8 @@ class FileResult:
     scaler_unused: bool = False
     # the bytes to write (the main process writes, once the project is settled)
     new_data: bytes | None = field(default=None, repr=False, compare=False)
+    # the worker (process id) that kept the file's trees: a later pass migrates it there
+    held_by: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def needs_review(self) -> bool:
@@ -372,7 +374,12 @@ class _Project:
             return
         ticks = progress(len(jobs)) if progress is not None else None
 
+        path_of = {job.candidate.display: str(job.candidate.path) for job in jobs}
+
         def done(result: FileResult) -> None:
+            if result.held_by is not None:
+                self.pool.holders[path_of[result.path]] = result.held_by
+                result = replace(result, held_by=None)
             self.results[result.path] = result
             if ticks is not None:
                 next(ticks, None)
@@ -397,6 +404,7 @@ class _LazyPool:
         self.done: Callable[[FileResult], None] = lambda result: None
         self.ahead = 0  # bytes sent to be parsed ahead
         self.holders: dict[str, int] = {}  # path: the worker that holds its trees
+        self.frozen = False  # this process's objects are out of the cycle collector's sight
 
     def prepare(self, task: _Task) -> None:
         """Have a worker parse ``task``'s file ahead, if the workers' room for trees allows."""
@@ -430,7 +438,14 @@ class _LazyPool:
             if forks():
                 # Imported once here, so that every forked worker shares it, rather than
                 # each paying for libcst again (imported, never used: nothing is parsed here).
+                import gc
+
                 import migrate.engine  # noqa: F401
+
+                # What is alive now (the modules, above all) stays for the whole run: moved out
+                # of the cycle collector's sight, its passes here and in every worker skip it.
+                self.frozen = gc.get_freeze_count() == 0  # else not ours to undo at the end
+                gc.freeze()
             self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, self._done)
         # a batch of jobs is queued whole before the workers pick (see _Project._pass)
         self.pool.submit(job, size, prefer, dispatch=not isinstance(job, Job))
@@ -454,6 +469,12 @@ class _LazyPool:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+        if self.frozen:
+            import gc
+
+            # back in sight for a process that goes on (a library caller, a test session)
+            gc.unfreeze()
+            self.frozen = False
 
 
 class _Interrupt:
@@ -700,7 +721,7 @@ def _setup_worker(settings: Settings) -> Callable[[Job | Prepare], FileResult | 
     cache = None
     if settings.cache_dir is not None:
         cache = Cache(Path(settings.cache_dir), settings.options, settings.fingerprint)
-    from migrate.ahead import prepare
+    from migrate.ahead import Prepare, prepare
 
     ahead: dict[str, Held] = {}  # path: its trees, parsed ahead
 
@@ -709,7 +730,14 @@ def _setup_worker(settings: Settings) -> Callable[[Job | Prepare], FileResult | 
         if not isinstance(job, Job):
             return prepare(job, ahead)
         held = ahead.get(path)
-        return process(job, settings, cache, held if held is not None and held.data == job.data else None)
+        if (held is None or held.data != job.data) and not job.candidate.is_notebook:
+            # parsed as ahead and kept (room allowing): a pass that migrates the file again
+            # with new facts (a project's group settling) takes its trees instead of parsing
+            prepare(Prepare(job.candidate, job.data), ahead)
+            held = ahead.get(path)
+        if held is None or held.data != job.data:
+            return process(job, settings, cache)
+        return replace(process(job, settings, cache, held), held_by=os.getpid())
 
     return handle
 

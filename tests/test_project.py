@@ -10,13 +10,14 @@ would; then a second run must change nothing. ``pytest --update-fixtures`` rewri
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from migrate.config import Config
-from migrate.project import amp_groups, build_index, module_facts
+from migrate.project import ModuleSummary, ProjectPlan, amp_groups, build_index, module_facts, summarize
 from migrate.runner import Status, run
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "project"
@@ -142,3 +143,58 @@ def test_amp_function_called_on_a_parameter_or_an_unbound_name_is_noticed(tmp_pa
     assert [use.api for use in modules[str(tmp_path / "tracker.py")].parameter_uses] == ["state_dict"]
     assert [use.api for use in modules[str(tmp_path / "nb.py")].unbound_uses] == ["initialize"]
     assert not modules[str(tmp_path / "unrelated.py")].uses_amp
+
+
+def test_a_context_layer_over_the_limit_is_left_out_without_summarizing_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one given module imports eight helper modules that were not given; with room for five,
+    # that layer is left out whole, and the search stops at the sixth summary it finds
+    helpers = [f"helper{number}" for number in range(8)]
+    (tmp_path / "train.py").write_text("from apex import amp\n" + "".join(f"import {name}\n" for name in helpers))
+    for name in helpers:
+        (tmp_path / f"{name}.py").write_text("def work():\n    pass\n")
+    given = summarize(str(tmp_path / "train.py"), (tmp_path / "train.py").read_text())
+    assert given is not None
+    read: list[str] = []
+
+    def context(path: str) -> ModuleSummary | None:
+        if not os.path.isfile(path):
+            return None
+        read.append(path)
+        return summarize(path, Path(path).read_text())
+
+    monkeypatch.setattr(ProjectPlan, "CONTEXT_FILES", 6)
+    plan = ProjectPlan([given], context=context)
+    assert list(plan.index.modules) == [given.path]
+    assert len(read) == 6
+
+    monkeypatch.setattr(ProjectPlan, "CONTEXT_FILES", 9)
+    read.clear()
+    plan = ProjectPlan([given], context=context)
+    assert len(plan.index.modules) == 9 and len(read) == 8
+
+
+def test_summarizing_a_module_does_not_run_the_cycle_collector_over_its_tree() -> None:
+    # an ast tree holds no cycles: the collector's passes while it is built are pure cost
+    import gc
+
+    source = "".join(f"def helper_{n}(x):\n    return [x * i for i in range({n})]\n\n\n" for n in range(300))
+    starts: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            starts.append(info["generation"])
+
+    was_enabled = gc.isenabled()
+    gc.enable()
+    gc.callbacks.append(note)
+    try:
+        summary = summarize("helpers.py", source)
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(note)
+        if not was_enabled:
+            gc.disable()
+    assert summary is not None and len(summary.functions) == 300
+    assert len(starts) <= 1, starts

@@ -22,7 +22,7 @@ from migrate import ahead, runner, workers
 from migrate.ahead import Prepare, Ready
 from migrate.config import build_config
 from migrate.discovery import Candidate
-from migrate.options import Options
+from migrate.options import ModuleFacts, Options
 from migrate.runner import FileResult, Job, Settings, Status, run
 
 APEX = """\
@@ -174,3 +174,79 @@ def test_a_worker_holds_no_more_than_its_room(monkeypatch: pytest.MonkeyPatch) -
     handle = runner._setup_worker(Settings(Options(), write=False, want_diff=False, cache_dir=None, fingerprint=None))
     held = [handle(Prepare(Candidate(f"m{index}.py", f"m{index}.py"), APEX.encode())) for index in range(3)]
     assert [ready.worker for ready in held] == [os.getpid(), os.getpid(), None]  # type: ignore[union-attr]
+
+
+def test_trees_parsed_ahead_leave_the_cycle_collectors_sight_before_it_runs_again() -> None:
+    # A collection right after the parse would walk every node of the trees just kept, only to
+    # find them all alive (tens of ms a file): they are frozen first.
+    import gc
+
+    settings = Settings(Options(), write=False, want_diff=False, cache_dir=None, fingerprint=None)
+    handle = runner._setup_worker(settings)
+    source = APEX + "".join(f"\n\ndef helper_{n}(x):\n    return [x * i for i in range({n})]\n" for n in range(300))
+    pending: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            pending.append(gc.get_count()[0])
+
+    was_enabled = gc.isenabled()
+    gc.enable()
+    gc.callbacks.append(note)
+    try:
+        frozen = gc.get_freeze_count()
+        assert handle(Prepare(Candidate("big.py", "big.py"), source.encode())) == Ready("big.py", os.getpid())
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(note)
+        if not was_enabled:
+            gc.disable()
+    assert gc.get_freeze_count() - frozen > 10_000  # the trees
+    assert all(count < 5_000 for count in pending), pending
+
+
+def test_a_file_migrated_again_with_new_facts_takes_the_trees_of_its_first_migration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a project's group settles in further passes: the worker that migrated a file keeps its
+    # trees (it says so, and the main process sends the file's next migration there)
+    settings = Settings(Options(), write=False, want_diff=True, cache_dir=None, fingerprint=None)
+    candidate = Candidate("train.py", "train.py")
+    data = APEX.encode()
+    frozen = Options(facts=ModuleFacts(frozen="the setup continues elsewhere"))
+    expected = [runner._setup_worker(settings)(Job(candidate, data, options)) for options in (Options(), frozen)]
+
+    handle = runner._setup_worker(settings)
+    first = handle(Job(candidate, data, Options()))
+    assert isinstance(first, FileResult) and first.held_by == os.getpid()
+
+    def no_second_parse(source: str) -> cst.Module:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(migrate.engine, "parse", no_second_parse)
+    again = handle(Job(candidate, data, frozen))
+    assert [first, again] == expected and again.status is Status.UNCHANGED  # type: ignore[union-attr]
+
+
+@linux_only
+def test_a_run_with_workers_puts_what_it_froze_back_in_the_cycle_collectors_sight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the main process freezes what it has imported before forking workers (their collections
+    # skip it), and undoes that at the end: a library caller or a test session goes on
+    import gc
+
+    (tmp_path / "train.py").write_text(APEX)
+    gc.unfreeze()
+    frozen_during: list[int] = []
+    real_close = workers.Pool.close
+
+    def close(pool: workers.Pool) -> None:
+        frozen_during.append(gc.get_freeze_count())
+        real_close(pool)
+
+    monkeypatch.setattr(workers.Pool, "close", close)
+    results = migrate_tree(tmp_path, monkeypatch, jobs=2)
+    assert results["train.py"].status is Status.CHANGED
+    assert frozen_during and frozen_during[0] > 0
+    assert gc.get_freeze_count() == 0
