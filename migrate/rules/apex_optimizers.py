@@ -86,13 +86,22 @@ def _adam_added(fused: bool) -> Callable[[dict[str, object]], dict[str, str]]:
     return added
 
 
+# FusedAdam counts steps per param group; torch's Adam/AdamW keep a per-parameter state["step"]
+# and their load_state_dict raises KeyError: 'step' on a state saved by FusedAdam.
+_ADAM_CHECKPOINTS = (
+    "; an optimizer state FusedAdam saved keeps its step count in param_groups (`group['step']`), and "
+    "torch's load_state_dict raises KeyError: 'step' on it: to resume from such a checkpoint, give each "
+    "parameter's state `state['step'] = torch.tensor(float(group['step']))` before loading"
+)
+
+
 def _adam_note(values: dict[str, object]) -> str:
     mode = values.get("adam_w_mode", True)
     if mode is False:
-        return "adam_w_mode=False is Adam with L2 weight decay"
+        return "adam_w_mode=False is Adam with L2 weight decay" + _ADAM_CHECKPOINTS
     if mode is ...:
-        return "adam_w_mode chosen at run time: AdamW when true, Adam (L2 weight decay) when false"
-    return "adam_w_mode=True is AdamW, and weight_decay is explicit (AdamW's default is 0.01)"
+        return "adam_w_mode chosen at run time: AdamW when true, Adam (L2 weight decay) when false" + _ADAM_CHECKPOINTS
+    return "adam_w_mode=True is AdamW, and weight_decay is explicit (AdamW's default is 0.01)" + _ADAM_CHECKPOINTS
 
 
 REPLACEMENTS = (
