@@ -186,9 +186,11 @@ def _autocast_factory(ctx: ModuleContext, block: cst.IndentedBlock, suppress: st
 
 
 def _leaves_head_out(ctx: ModuleContext) -> bool:
-    """A scaler call that clips ``parameters=...exclude_head...`` (timm's AGC mode)."""
+    """Parameters chosen without the head (``exclude_head=...``, timm's AGC mode) anywhere in the
+    module: given to the scaler directly or through a name (``clip_params = ...``), NativeScaler
+    would clip those where ApexScaler clipped every parameter of the optimizer."""
     return any(
-        arg.keyword is not None and arg.keyword.value == "parameters" and "exclude_head" in syntax.code(arg.value)
+        arg.keyword is not None and arg.keyword.value == "exclude_head"
         for call in ctx.nodes_of(cst.Call)
         for arg in call.args
     )
@@ -204,6 +206,23 @@ def _partial(ctx: ModuleContext) -> str:
     return "functools.partial"
 
 
+def _utils_module(ctx: ModuleContext) -> str | None:
+    """The name timm.utils is bound to: ``from timm import utils`` or ``import timm.utils as utils``."""
+    found = _imported(ctx, frozenset({"timm"}), "utils")
+    if found is not None:
+        return found[0]
+    names = [
+        alias.asname.name.value
+        for node in ctx.walk(ctx.module, into_definitions=False)
+        if isinstance(node, cst.Import)
+        for alias in node.names
+        if dotted_name(alias.name) == "timm.utils"
+        and alias.asname is not None
+        and isinstance(alias.asname.name, cst.Name)
+    ]
+    return names[0] if len(names) == 1 and not _rebound(ctx, names[0]) else None
+
+
 @dataclass(frozen=True)
 class _Recipe:
     """What the Apex branch becomes: ``line`` (the initialize) sets ``factory``, and
@@ -215,9 +234,11 @@ class _Recipe:
     native: str
 
 
-def _recipe(ctx: ModuleContext, use: AmpCall, made: list[cst.Call]) -> _Recipe | str:
-    """The native recipe for ``use`` (an amp.initialize), or why there is none."""
-    native = _imported(ctx, _TIMM_UTILS, "NativeScaler")
+def _recipe(ctx: ModuleContext, use: AmpCall, made: list[cst.Call], utils: str | None) -> _Recipe | str:
+    """The native recipe for ``use`` (an amp.initialize), or why there is none (``utils``: the
+    name of ``from timm import utils`` where the scalers are reached as ``utils.ApexScaler``)."""
+    imported = _imported(ctx, _TIMM_UTILS, "NativeScaler")
+    native = (f"{utils}.NativeScaler", None) if utils is not None else imported
     suppress = _imported(ctx, frozenset({"contextlib"}), "suppress")
     line = _initialize_of_o1(ctx, use.call)
     if line is None:
@@ -254,10 +275,14 @@ def _recipe(ctx: ModuleContext, use: AmpCall, made: list[cst.Call]) -> _Recipe |
 
 def plan(ctx: ModuleContext) -> None:
     apex_scaler = _imported(ctx, _TIMM_UTILS, "ApexScaler")
-    if apex_scaler is None:
+    module = _utils_module(ctx) if apex_scaler is None else None
+    if apex_scaler is not None:
+        spelled = apex_scaler[0]
+    elif module is not None:
+        spelled = f"{module}.ApexScaler"  # `from timm import utils`, `utils.ApexScaler()`
+    else:
         return
-    local, statement = apex_scaler
-    made = [call for call in ctx.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and call.func.value == local]
+    made = [call for call in ctx.nodes_of(cst.Call) if dotted_name(call.func) == spelled]
     calls = ctx.amp.calls
     if not made or not calls:
         return
@@ -265,7 +290,7 @@ def plan(ctx: ModuleContext) -> None:
     if len(calls) != 1 or use.api != "initialize":
         recipe: _Recipe | str = "this module calls Apex amp beside the amp.initialize"
     else:
-        recipe = _recipe(ctx, use, made)
+        recipe = _recipe(ctx, use, made, module)
     if ctx.skipped(use.call):
         return
     if isinstance(recipe, str):
@@ -281,12 +306,13 @@ def plan(ctx: ModuleContext) -> None:
         return
     autocast = f'{_partial(ctx)}(torch.autocast, "{ctx.options.device}", dtype=torch.{ctx.options.dtype})'
     ctx.plan.replace_statement[recipe.line] = [cst.parse_statement(f"{recipe.factory} = {autocast}\n")]
-    ctx.plan.substitute(recipe.made.func, cst.Name(recipe.native))
+    ctx.plan.substitute(recipe.made.func, cst.parse_expression(recipe.native))
     ctx.plan.needs_torch_import = True
     ctx.consumed.add(use.base)
-    if sum(name.value == local for name in ctx.nodes_of(cst.Name)) == 2:  # the import and the call
+    if apex_scaler is not None and sum(name.value == spelled for name in ctx.nodes_of(cst.Name)) == 2:
+        statement = apex_scaler[1]  # only the import and the call named it: the import goes
         assert not isinstance(statement.names, cst.ImportStar)
-        drop_aliases(ctx, statement, {alias for alias in statement.names if _local(alias) == local})
+        drop_aliases(ctx, statement, {alias for alias in statement.names if _local(alias) == spelled})
     ctx.report(
         "AMP041",
         use.call,
