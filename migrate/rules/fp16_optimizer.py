@@ -274,12 +274,8 @@ _RECIPE = (
 )
 
 _LOAD_HELPER = "load_fp16_optimizer_state"
-# apex.fp16_utils: FP16_Optimizer.state_dict() held the wrapped optimizer's state dict, one float32
-# master per float16 parameter that required grad (in group order) and the amp LossScaler object
-_LOAD_FP16_UTILS = """\
-def {name}(optimizer, scaler, state):
-    \"\"\"Load {{"optimizer": ..., "scaler": ...}}, a plain optimizer state dict, or what
-    apex.fp16_utils.FP16_Optimizer.state_dict() saved (its float32 master weights become the parameters).\"\"\"
+# both loaders first take what the migration itself saved: the pair, or a plain state dict
+_LOAD_OWN = """\
     if "optimizer_state_dict" not in state:
         if "scaler" in state:
             optimizer.load_state_dict(state["optimizer"])
@@ -287,6 +283,17 @@ def {name}(optimizer, scaler, state):
         else:
             optimizer.load_state_dict(state)
         return
+"""
+# apex.fp16_utils: FP16_Optimizer.state_dict() held the wrapped optimizer's state dict, one float32
+# master per float16 parameter that required grad (in group order) and the amp LossScaler object
+_LOAD_FP16_UTILS = (
+    """\
+def {name}(optimizer, scaler, state):
+    \"\"\"Load {{"optimizer": ..., "scaler": ...}}, a plain optimizer state dict, or what
+    apex.fp16_utils.FP16_Optimizer.state_dict() saved (its float32 master weights become the parameters).\"\"\"
+"""
+    + _LOAD_OWN
+    + """\
     optimizer.load_state_dict(state["optimizer_state_dict"])
     with torch.no_grad():
         for group, masters in zip(optimizer.param_groups, state["fp32_from_fp16"]):
@@ -306,19 +313,17 @@ def {name}(optimizer, scaler, state):
         scaler_state["_growth_tracker"] = apex_scaler._unskipped if state["dynamic_loss_scale"] else 0
         scaler.load_state_dict(scaler_state)
 """
+)
 # apex.optimizers: one flat float32 master per group, and the old FusedAdam's flat moments
-_LOAD_LEGACY = """\
+_LOAD_LEGACY = (
+    """\
 def {name}(optimizer, scaler, state):
     \"\"\"Load {{"optimizer": ..., "scaler": ...}}, a plain optimizer state dict, or what
     apex.optimizers.FP16_Optimizer.state_dict() saved (one flat float32 master and flat Adam moments per
     group, split here over the group's parameters).\"\"\"
-    if "optimizer_state_dict" not in state:
-        if "scaler" in state:
-            optimizer.load_state_dict(state["optimizer"])
-            scaler.load_state_dict(state["scaler"])
-        else:
-            optimizer.load_state_dict(state)
-        return
+"""
+    + _LOAD_OWN
+    + """\
     saved = state["optimizer_state_dict"]
     param_state, groups, index = {{}}, [], 0
     with torch.no_grad():
@@ -348,6 +353,7 @@ def {name}(optimizer, scaler, state):
             scaler_state["_growth_tracker"] = (state["cur_iter"] - state["last_overflow_iter"] - 1) % window
         scaler.load_state_dict(scaler_state)
 """
+)
 _CLOSURE_HELPER = "scaled_closure"
 # apex.fp16_utils' step(closure) wrapped the closure: each call's backward unscaled the gradients into
 # the masters and updated the scale; while the gradients overflowed (dynamic scale only) it called the
