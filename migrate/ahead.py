@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from migrate.discovery import Candidate
+from migrate.gcpause import cycle_collector_paused
 
 if TYPE_CHECKING:
     from migrate.engine import Parsed
@@ -67,15 +68,10 @@ def prepare(job: Prepare, ahead: dict[str, Held]) -> Ready:
     # The trees are kept for a while: they go to the permanent generation before the cycle
     # collector runs again, else its next pass walks every node of them (tens of ms a file)
     # only to find them all alive.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with cycle_collector_paused():
         parsed = parse_ahead(text)
         if parsed is None:
             return Ready(str(job.candidate.path), None)
         ahead[str(job.candidate.path)] = Held(job.data, encoding, parsed)
         gc.freeze()
-    finally:
-        if collecting:
-            gc.enable()
     return Ready(str(job.candidate.path), os.getpid())

@@ -6,7 +6,6 @@ The runner owns files; tests call this directly.
 from __future__ import annotations
 
 import ast
-import gc
 import warnings
 from dataclasses import dataclass
 
@@ -14,6 +13,7 @@ import libcst as cst
 
 from migrate import pytree
 from migrate.findings import Finding, make_finding
+from migrate.gcpause import cycle_collector_paused
 from migrate.options import Options, ScalerInfo
 from migrate.rules import run_rules
 from migrate.rules._render import render
@@ -118,20 +118,17 @@ def parse_ahead(source: str) -> Parsed | None:
     """Parse ``source`` as ``migrate_source`` would, before its options are known (a worker
     does this while the project is planned); None where ``migrate_source`` would not parse
     it with libcst (an error, or a file-level skip): that path runs as usual then."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        check_syntax(source)
-        tree = pytree.parse(source)
-        if _file_skip_line(source) is not None:
+    with cycle_collector_paused():
+        try:
+            check_syntax(source)
+            tree = pytree.parse(source)
+            if _file_skip_line(source) is not None:
+                return None
+            return Parsed(source, tree, parse(source))
+        except Exception:  # migrate_source meets the same error again and reports it
             return None
-        return Parsed(source, tree, parse(source))
-    except Exception:  # migrate_source meets the same error again and reports it
-        return None
-    finally:
-        pytree.forget()
-        if collecting:
-            gc.enable()
+        finally:
+            pytree.forget()
 
 
 _held: Parsed | None = None
@@ -155,14 +152,11 @@ def migrate_source(source: str, options: Options = Options()) -> MigrationResult
     parsed, _held = _held, None
     # libcst trees are large and acyclic (reference counting frees them): the cycle
     # collector's passes over them during one file are pure overhead (about 10%)
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return _migrate(source, options, parsed if parsed is not None and parsed.source is source else None)
-    finally:
-        pytree.forget()
-        if collecting:
-            gc.enable()
+    with cycle_collector_paused():
+        try:
+            return _migrate(source, options, parsed if parsed is not None and parsed.source is source else None)
+        finally:
+            pytree.forget()
 
 
 def _migrate(source: str, options: Options, parsed: Parsed | None = None) -> MigrationResult:

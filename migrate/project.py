@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import gc
 import os
 import re
 from collections import deque
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from migrate import apex_copies
+from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
 
 # amp functions whose call on a name that no import binds means "the amp module came
@@ -91,13 +91,8 @@ def summarize(path: str, source: str) -> ModuleSummary | None:
     # An ast tree holds no reference cycles (reference counting frees it): the cycle
     # collector's passes over its nodes while it is built and read are pure overhead,
     # and in a process that has imported libcst they cost as much as the parse.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with cycle_collector_paused():
         return _summarize(path, source)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _summarize(path: str, source: str) -> ModuleSummary | None:
