@@ -41,6 +41,14 @@ class Binding:
     copy_dynamic: str = ""
 
 
+def bound_name(alias: cst.ImportAlias) -> str:
+    """The name an import alias binds: its ``as`` name, else the first part of what it imports
+    (``import a.b`` binds ``a``; ``from m import x`` binds ``x``)."""
+    if alias.asname is not None:
+        return dotted_name(alias.asname.name) or ""  # type: ignore[arg-type]
+    return (dotted_name(alias.name) or "").split(".")[0]
+
+
 def dotted_name(node: cst.BaseExpression) -> str | None:
     """``a.b.c`` for a chain of Names and Attributes, else None."""
     if isinstance(node, cst.Name):
@@ -277,8 +285,8 @@ class Indexer:
         scope = self._stack[-1]
         for alias in node.names:
             path = dotted_name(alias.name) or ""
+            bound = bound_name(alias)
             if alias.asname is not None:
-                bound = dotted_name(alias.asname.name) or ""  # type: ignore[arg-type]
                 if path == "apex.amp":
                     kind, target = "amp", "apex.amp"
                 elif path == "apex" or path.startswith("apex."):
@@ -290,15 +298,13 @@ class Indexer:
                 else:
                     self.locals[scope].add(bound)
                     continue
+            elif bound == "apex":
+                kind, target = "apex", path
+            elif bound == "torch":
+                kind, target = "torch", "torch"
             else:
-                bound = path.split(".")[0]
-                if bound == "apex":
-                    kind, target = "apex", path
-                elif bound == "torch":
-                    kind, target = "torch", "torch"
-                else:
-                    self.locals[scope].add(bound)
-                    continue
+                self.locals[scope].add(bound)
+                continue
             self.imports[scope][bound].append(Binding(kind, target, alias, node))
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
@@ -314,9 +320,7 @@ class Indexer:
             return
         for alias in node.names:
             name = dotted_name(alias.name) or ""
-            bound = (
-                dotted_name(alias.asname.name) or name if alias.asname is not None else name  # type: ignore[arg-type]
-            )
+            bound = bound_name(alias)
             classified = _classify_import(module_path, name)
             if classified is None:
                 self.locals[scope].add(bound)

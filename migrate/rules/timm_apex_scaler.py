@@ -77,6 +77,7 @@ import libcst as cst
 
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall
+from migrate.rules._bindings import bound_name
 from migrate.rules._context import ModuleContext, dotted_name
 from migrate.rules.amp_import import drop_aliases
 
@@ -98,7 +99,7 @@ def _imported(ctx: ModuleContext, modules: frozenset[str], name: str) -> tuple[s
             if dotted_name(alias.name) == name:
                 if found is not None:
                     return None
-                found = (_local(alias), statement)
+                found = (bound_name(alias), statement)
     if found is None or _rebound(ctx, found[0]):
         return None
     return found
@@ -201,7 +202,7 @@ def _partial(ctx: ModuleContext) -> str:
     found = _imported(ctx, frozenset({"functools"}), "partial")
     if found is not None:
         return found[0]
-    if not ctx.imports[ctx.module].get("functools") and "functools" not in ctx.all_names():
+    if "functools" not in ctx.all_names():
         ctx.plan.imports.add("functools")
     return "functools.partial"
 
@@ -212,13 +213,11 @@ def _utils_module(ctx: ModuleContext) -> str | None:
     if found is not None:
         return found[0]
     names = [
-        alias.asname.name.value
+        bound_name(alias)
         for node in ctx.walk(ctx.module, into_definitions=False)
         if isinstance(node, cst.Import)
         for alias in node.names
-        if dotted_name(alias.name) == "timm.utils"
-        and alias.asname is not None
-        and isinstance(alias.asname.name, cst.Name)
+        if dotted_name(alias.name) == "timm.utils" and alias.asname is not None
     ]
     return names[0] if len(names) == 1 and not _rebound(ctx, names[0]) else None
 
@@ -238,7 +237,7 @@ def _recipe(ctx: ModuleContext, use: AmpCall, made: list[cst.Call], utils: str |
     """The native recipe for ``use`` (an amp.initialize), or why there is none (``utils``: the
     name of ``from timm import utils`` where the scalers are reached as ``utils.ApexScaler``)."""
     imported = _imported(ctx, _TIMM_UTILS, "NativeScaler")
-    native = (f"{utils}.NativeScaler", None) if utils is not None else imported
+    native = f"{utils}.NativeScaler" if utils is not None else imported[0] if imported is not None else None
     suppress = _imported(ctx, frozenset({"contextlib"}), "suppress")
     line = _initialize_of_o1(ctx, use.call)
     if line is None:
@@ -270,7 +269,7 @@ def _recipe(ctx: ModuleContext, use: AmpCall, made: list[cst.Call], utils: str |
             "`parameters=[p for group in optimizer.param_groups for p in group['params']]`)"
         )
     assert isinstance(line, cst.SimpleStatementLine)
-    return _Recipe(line, factory, made_here[0], native[0])
+    return _Recipe(line, factory, made_here[0], native)
 
 
 def plan(ctx: ModuleContext) -> None:
@@ -287,12 +286,12 @@ def plan(ctx: ModuleContext) -> None:
     if not made or not calls:
         return
     use = calls[0]
+    if ctx.skipped(use.call):
+        return
     if len(calls) != 1 or use.api != "initialize":
         recipe: _Recipe | str = "this module calls Apex amp beside the amp.initialize"
     else:
         recipe = _recipe(ctx, use, made, module)
-    if ctx.skipped(use.call):
-        return
     if isinstance(recipe, str):
         ctx.unfinished.extend(made)  # the setup stays as it was (AMP025)
         ctx.report(
@@ -312,7 +311,7 @@ def plan(ctx: ModuleContext) -> None:
     if apex_scaler is not None and sum(name.value == spelled for name in ctx.nodes_of(cst.Name)) == 2:
         statement = apex_scaler[1]  # only the import and the call named it: the import goes
         assert not isinstance(statement.names, cst.ImportStar)
-        drop_aliases(ctx, statement, {alias for alias in statement.names if _local(alias) == spelled})
+        drop_aliases(ctx, statement, {alias for alias in statement.names if bound_name(alias) == spelled})
     ctx.report(
         "AMP041",
         use.call,
@@ -321,10 +320,3 @@ def plan(ctx: ModuleContext) -> None:
         "(it clips the `parameters` it is given; its checkpoint entry is 'amp_scaler', so an Apex checkpoint's "
         "loss scale is not restored)",
     )
-
-
-def _local(alias: cst.ImportAlias) -> str:
-    """The name an import alias binds."""
-    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-        return alias.asname.name.value
-    return dotted_name(alias.name) or ""
