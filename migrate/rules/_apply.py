@@ -94,14 +94,6 @@ def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
     return position
 
 
-def _without_attached_comments(lines: Sequence[cst.EmptyLine]) -> list[cst.EmptyLine]:
-    """``lines`` without the comment lines that end them (those right above the statement)."""
-    end = len(lines)
-    while end and lines[end - 1].comment is not None:
-        end -= 1
-    return list(lines[:end])
-
-
 def _with_leading_lines(statement: Statement, lines: Sequence[cst.EmptyLine]) -> Statement:
     if not lines:
         return statement
@@ -235,23 +227,18 @@ class PlanApplier(cst.CSTTransformer):
         elif original in plan.remove or self._vacuous(updated):
             middle = []
             if original in plan.forget_comments:
-                leading = _without_attached_comments(leading)
+                leading = leading[: syntax.comments_right_above(leading)]  # they spoke of it
             leading.extend(_orphaned_comments(updated, middle))
-        elif original in plan.unwrap and isinstance(updated, cst.Try):
-            # an optional-import `try` that lost its import: its (updated) body, then its `else`
-            middle = list(cast(Sequence[Statement], cast(cst.IndentedBlock, updated.body).body))
-            if updated.orelse is not None:
-                middle.extend(cast(Sequence[Statement], cast(cst.IndentedBlock, updated.orelse.body).body))
-            header = updated.body.header if isinstance(updated.body, cst.IndentedBlock) else None
-            if header is not None and header.comment is not None:
-                leading.append(cst.EmptyLine(comment=header.comment))
         elif original in plan.unwrap:
-            # a `with amp.scale_loss(...)`, or an `if` whose test became always true (the rest of
-            # that `if` never runs): the (updated) body in its place
-            assert isinstance(updated, (cst.With, cst.If))
+            # the (updated) body in the statement's place: of a `with amp.scale_loss(...)`; of an
+            # `if` whose test became always true (the rest of that `if` never runs); of an
+            # optional-import `try` that lost its import (then its `else`)
+            assert isinstance(updated, (cst.With, cst.If, cst.Try))
             middle, header_comments = _body_statements(updated.body)
             leading.extend(header_comments)
-            if isinstance(updated, cst.If) and updated.orelse is not None:
+            if isinstance(updated, cst.Try) and updated.orelse is not None:
+                middle.extend(_body_statements(updated.orelse.body)[0])
+            elif isinstance(updated, cst.If) and updated.orelse is not None:
                 leading.extend(_orphaned_comments(cast(cst.BaseStatement, updated.orelse), middle))
         else:
             middle = [updated.with_changes(leading_lines=())]

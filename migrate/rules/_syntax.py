@@ -139,6 +139,14 @@ def with_keywords(call: cst.Call, parameters: Sequence[str]) -> list[cst.Arg] | 
     ]
 
 
+def comments_right_above(lines: Sequence[cst.EmptyLine]) -> int:
+    """Where, in a statement's leading lines, the comment lines right above it begin."""
+    start = len(lines)
+    while start and lines[start - 1].comment is not None:
+        start -= 1
+    return start
+
+
 def is_docstring(statement: cst.CSTNode) -> bool:
     """A statement that is only a string literal (a module, class or function docstring)."""
     return (

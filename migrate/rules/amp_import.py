@@ -50,6 +50,7 @@ import re
 
 import libcst as cst
 
+from migrate.rules import _syntax as syntax
 from migrate.rules import amp_private_state, apex_normalization
 from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, checks_presence, dotted_name, is_import_fallback
@@ -300,12 +301,8 @@ def _remove(ctx: ModuleContext, statement: cst.CSTNode) -> None:
     Apex (``# use apex for mixed precision``): it would be left describing nothing."""
     ctx.plan.remove.add(statement)
     lines = getattr(statement, "leading_lines", ())
-    attached: list[str] = []
-    for empty_line in reversed(lines):
-        if empty_line.comment is None:
-            break
-        attached.append(empty_line.comment.value)
-    if any(_MENTIONS_APEX.search(comment) for comment in attached):
+    attached = lines[syntax.comments_right_above(lines) :]
+    if any(_MENTIONS_APEX.search(line.comment.value) for line in attached):
         ctx.plan.forget_comments.add(statement)
 
 
