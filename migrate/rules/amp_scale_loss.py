@@ -266,21 +266,19 @@ def _switchable_region_inside(ctx: ModuleContext, statements: list[cst.CSTNode])
     leave the Apex path's forward pass in float32. A region written at the ``with`` itself is
     widened instead (see _widen_autocast)."""
     opaque = [
-        item.item
+        (item.item, bound)
         for statement in statements
         for node in ctx.walk(statement, into_definitions=False)
         if isinstance(node, cst.With)
         for item in node.items
-        if isinstance(item.item.func if isinstance(item.item, cst.Call) else item.item, (cst.Name, cst.Attribute))
-        and not (dotted_name(item.item.func if isinstance(item.item, cst.Call) else item.item) or "").startswith(
-            "torch."
-        )
+        # `with ctx:` / `with make_ctx():`: the name of the context, or of its factory
+        for bound in [item.item.func if isinstance(item.item, cst.Call) else item.item]
+        if isinstance(bound, (cst.Name, cst.Attribute)) and not (dotted_name(bound) or "").startswith("torch.")
     ]
     if not opaque:
         return None
     assigns = [node for node in ctx.walk(ctx.module) if isinstance(node, cst.Assign)]
-    for expression in opaque:
-        bound = expression.func if isinstance(expression, cst.Call) else expression
+    for expression, bound in opaque:
         if _bound_to_switched_autocast(ctx, assigns, syntax.code(bound)):
             return syntax.code(expression)
     return None

@@ -409,10 +409,8 @@ def _plan_available(ctx: ModuleContext) -> None:
     of the applier became one (while a call stays, so does Apex, and the check keeps its meaning)."""
     checks: list[tuple[cst.Attribute, cst.Name]] = []
     for name in ctx.nodes_of(cst.Name):
-        attribute = ctx.parent(name)
-        if not (
-            isinstance(attribute, cst.Attribute) and attribute.value is name and attribute.attr.value == "available"
-        ):
+        attribute = _available_of(ctx, name)
+        if attribute is None:
             continue
         found = ctx.apex_path(name)
         if found is not None and found[0] in _APPLIER and not ctx.skipped(attribute):
@@ -429,6 +427,14 @@ def _plan_available(ctx: ModuleContext) -> None:
         ctx.report("AMP041", attribute, "multi_tensor_applier.available became True: torch._foreach_* are always there")
 
 
+def _available_of(ctx: ModuleContext, name: cst.Name) -> cst.Attribute | None:
+    """``name.available``, where ``name`` is read for that attribute."""
+    attribute = ctx.parent(name)
+    if isinstance(attribute, cst.Attribute) and attribute.value is name and attribute.attr.value == "available":
+        return attribute
+    return None
+
+
 def _in_a_body(ctx: ModuleContext, statement: cst.If) -> bool:
     """Whether ``statement`` is a statement of a block (an ``elif`` is part of another ``if``)."""
     parent = ctx.parent(statement)
@@ -440,10 +446,7 @@ def _applier_still_called(ctx: ModuleContext, spellings: set[str]) -> bool:
     for name in ctx.nodes_of(cst.Name):
         if name.value not in spellings or name in ctx.consumed:
             continue
-        parent = ctx.parent(name)
-        if isinstance(parent, cst.ImportAlias) or (
-            isinstance(parent, cst.Attribute) and parent.value is name and parent.attr.value == "available"
-        ):
+        if isinstance(ctx.parent(name), cst.ImportAlias) or _available_of(ctx, name) is not None:
             continue
         found = ctx.apex_path(name)
         if found is not None and found[0] in _APPLIER:
