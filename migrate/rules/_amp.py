@@ -114,8 +114,8 @@ class AmpModel:
         if binding.kind == "amp_function" and binding.target == "_amp_state":
             return  # Apex's private state object: the amp_private_state rule's
         parent = ctx.parent(node)
-        if isinstance(parent, (cst.ImportAlias, cst.AsName)):
-            return
+        if isinstance(parent, (cst.ImportAlias, cst.AsName, cst.NameItem)):
+            return  # the import itself, or a `global amp` declaration
         if isinstance(parent, cst.Attribute) and parent.attr is node:
             return
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):

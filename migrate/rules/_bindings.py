@@ -49,6 +49,11 @@ def bound_name(alias: cst.ImportAlias) -> str:
     return (dotted_name(alias.name) or "").split(".")[0]
 
 
+def global_names(declarations: list[cst.Global]) -> set[str]:
+    """The names some ``global`` statements declare."""
+    return {item.name.value for declaration in declarations for item in declaration.names}
+
+
 def dotted_name(node: cst.BaseExpression) -> str | None:
     """``a.b.c`` for a chain of Names and Attributes, else None."""
     if isinstance(node, cst.Name):
@@ -169,6 +174,8 @@ class Indexer:
         self.children: dict[cst.CSTNode, list[cst.CSTNode]] = defaultdict(list)
         self.nodes: dict[type, list[cst.CSTNode]] = defaultdict(list)
         self.scope: dict[cst.CSTNode, Scope] = {}
+        # a function's `global` statements: what it binds to their names lives in the module's scope
+        self.globals: dict[cst.FunctionDef, list[cst.Global]] = defaultdict(list)
         self._stack: list[Scope] = []
 
     def index(self, root: cst.Module) -> None:
@@ -241,6 +248,22 @@ class Indexer:
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._stack.pop()
+        if original_node in self.globals:
+            # `from apex import amp` then `global amp` in a function binds the module's `amp`
+            # (the declaration holds for the whole function, wherever it stands)
+            module = self._stack[0]
+            for name in global_names(self.globals[original_node]):
+                moved = self.imports.get(original_node, {}).pop(name, None)
+                if moved:
+                    self.imports[module][name].extend(moved)
+                if name in self.locals.get(original_node, ()):
+                    self.locals[original_node].discard(name)
+                    self.locals[module].add(name)
+
+    def visit_Global(self, node: cst.Global) -> None:
+        scope = self._stack[-1]
+        if isinstance(scope, cst.FunctionDef):
+            self.globals[scope].append(node)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.locals[self._stack[-1]].add(node.name.value)

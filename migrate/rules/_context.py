@@ -56,6 +56,7 @@ class ModuleContext:
         self._index: Indexer = index
         self.imports = index.imports
         self.locals = index.locals
+        self.global_declarations = index.globals
         self.scope_parent = index.scope_parent
         self._parents = index.parents
         self._children = index.children

@@ -47,8 +47,8 @@ def amp_references(ctx: ModuleContext) -> Iterator[cst.Name]:
             continue
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):
             continue
-        if is_import_fallback(ctx, node):
-            continue
+        if is_import_fallback(ctx, node) or isinstance(ctx.parent(node), cst.NameItem):
+            continue  # `global amp` goes with the import (amp_import)
         yield node
 
 

@@ -53,7 +53,7 @@ import libcst as cst
 from migrate.rules import _syntax as syntax
 from migrate.rules import amp_private_state, apex_normalization
 from migrate.rules._amp import AmpModel
-from migrate.rules._bindings import Binding, checks_presence, dotted_name, is_import_fallback
+from migrate.rules._bindings import Binding, bound_name, checks_presence, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
 from migrate.rules._exports import reached_from_outside
 from migrate.rules.amp_cast_functions import APIS as CAST_APIS
@@ -249,6 +249,8 @@ def _references(ctx: ModuleContext) -> dict[cst.ImportAlias, list[cst.Name]]:
             continue
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):
             continue
+        if isinstance(ctx.parent(node), cst.NameItem):
+            continue  # `global amp`: a declaration, which goes with the import (_drop_global)
         found.setdefault(binding.alias, []).append(node)
     return found
 
@@ -268,7 +270,10 @@ def _is_simple(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
         return not any(isinstance(node, (cst.Import, cst.ImportFrom)) for node in ctx.walk(statement))
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
-    return all(isinstance(small, (cst.Assign, cst.AnnAssign, cst.Pass, cst.Expr)) for small in statement.body)
+    return all(
+        isinstance(small, (cst.Assign, cst.AnnAssign, cst.Pass, cst.Expr, cst.Global, cst.Nonlocal))
+        for small in statement.body
+    )
 
 
 def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode, kept: bool = False) -> None:
@@ -400,11 +405,31 @@ def _plan_imports(
                 removable.setdefault(binding.statement, set()).add(binding.alias)
     for statement, aliases in removable.items():
         if not isinstance(statement.names, cst.ImportStar):
+            for alias in aliases:
+                _drop_global(ctx, statement, bound_name(alias))
             drop_aliases(ctx, statement, aliases)
     for statement in stars:
         line = ctx.statement_of(statement)
         if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
             _drop_import_statement(ctx, line)
+
+
+def _drop_global(ctx: ModuleContext, statement: cst.Import | cst.ImportFrom, name: str) -> None:
+    """``global amp`` beside ``from apex import amp`` in a function declared the name the import
+    bound: it goes with the import (a ``global`` of other names too keeps them)."""
+    function = ctx.function_of(statement)
+    for declaration in ctx.global_declarations.get(function, ()) if function is not None else ():
+        kept = [item for item in declaration.names if item.name.value != name]
+        if len(kept) == len(declaration.names):
+            continue
+        line = ctx.statement_of(declaration)
+        if not kept and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+            ctx.plan.remove.add(line)
+        elif kept:
+            kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            ctx.plan.substitute(declaration, declaration.with_changes(names=kept))
+        else:
+            ctx.plan.substitute(declaration, cst.Pass())
 
 
 def drop_aliases(ctx: ModuleContext, statement: cst.Import | cst.ImportFrom, aliases: set[cst.ImportAlias]) -> None:

@@ -118,6 +118,8 @@ CASES = [
         converges=False,
     ),
     Case("trainer_class", ("--amp",), (), ("loss",), 40),
+    # 60 micro-batches, 2 per optimizer step
+    Case("mtdnn_global_amp", ("--fp16",), (), ("loss",), 30, clips=True),
 ]
 CASE_IDS = [case.id for case in CASES]
 
