@@ -312,7 +312,9 @@ class Indexer:
             if alias.asname is not None:
                 if path == "apex.amp":
                     kind, target = "amp", "apex.amp"
-                elif path == "apex" or path.startswith("apex."):
+                elif path == "apex":  # the package under another name (`import apex as amp`)
+                    kind, target = "apex", path
+                elif path.startswith("apex."):
                     kind, target = "other_apex", path
                 elif path in ("torch.cuda.amp", "torch.cpu.amp"):
                     kind, target = "torch_amp_module", path.split(".")[1]
