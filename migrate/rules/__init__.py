@@ -29,6 +29,7 @@ from migrate.rules import (
     amp_private_state,
     amp_scale_loss,
     amp_state_dict,
+    apex_clip_grad,
     apex_multi_tensor,
     apex_normalization,
     apex_optimizers,
@@ -57,6 +58,7 @@ RULES = (
     apex_syncbn,
     apex_parallel,
     apex_multi_tensor,
+    apex_clip_grad,
     amp_import,
     torch_cuda_amp,
 )

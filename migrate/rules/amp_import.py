@@ -51,7 +51,7 @@ import re
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules import amp_private_state, apex_normalization
+from migrate.rules import amp_private_state, apex_clip_grad, apex_normalization
 from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, bound_name, checks_presence, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
@@ -618,7 +618,12 @@ def _report_apex_package_uses(
 def plan(ctx: ModuleContext) -> None:
     model = ctx.amp
     references = _references(ctx)
-    rebound = apex_normalization.rebound_names(ctx) if ctx.options.rule_enabled(apex_normalization.RULE) else {}
+    rebound = {
+        alias: torch_name
+        for rule in (apex_normalization, apex_clip_grad)
+        if ctx.options.rule_enabled(rule.RULE)
+        for alias, torch_name in rule.rebound_names(ctx).items()
+    }
     unused = unused_imports(ctx, references, rebound)
     _report_leftovers(ctx, model, references, unused, rebound)
     _plan_imports(ctx, references, unused[0], rebound)
