@@ -26,6 +26,9 @@ class ModuleFacts:
     frozen: str | None = None
     # the module is a package's ``__init__.py``: code outside the run may import its names
     package_init: bool = False
+    # the given modules (as displayed) that import the amp module from here and keep using Apex
+    # amp: the import stays for them, and says so (AMP025)
+    amp_kept_by: tuple[str, ...] = ()
     # the GradScaler shared across modules: the module that creates it passes it (as a
     # keyword named ``Options.scaler_name``) to these imported functions ("f" or "mod.f")...
     passes_scaler: tuple[str, ...] = ()

@@ -578,9 +578,12 @@ class ProjectPlan:
                 continue
             member_of = next((n for n, g in enumerate(self.groups) if path in g.paths), None)
             users = [other for other, f in self.facts.items() if f.amp_from and self._gets_amp_from(other, path)]
-            if self._stage.get(member_of) == "frozen" or any(
-                outcome.get(u, Outcome(True, False)).amp_left for u in users
-            ):
+            keeping = [u for u in users if outcome.get(u, Outcome(True, False)).amp_left]
+            if self._stage.get(member_of) == "frozen" or keeping:
+                # named: the given modules seen keeping amp (one not run here uses no amp call)
+                kept_by = tuple(sorted(self.display(u) for u in keeping if u in outcome))
+                if kept_by != facts.amp_kept_by:
+                    again[path] = replace(facts, amp_kept_by=kept_by)
                 continue
             # every module that took amp from here no longer uses it
             again[path] = replace(facts, exported=facts.exported - self.index.modules[path].amp_names - {"*"})

@@ -386,6 +386,14 @@ def _plan_imports(
                     removable.setdefault(binding.statement, set()).add(binding.alias)
                     continue
                 if scope is ctx.module and (bound in exported or "*" in exported):
+                    kept_by = ctx.options.facts.amp_kept_by
+                    if binding.kind == "amp" and kept_by:
+                        ctx.report(
+                            "AMP025",
+                            binding.alias,
+                            f"the Apex amp import stays: {', '.join(kept_by)} import amp from here and keep "
+                            "Apex amp (see their findings)",
+                        )
                     continue  # other modules of the project import it from here
                 if binding.kind == "amp" and not uses and _escaping_probe(ctx, binding):
                     continue  # reported as a presence check (AMP043): its flag tells code elsewhere about Apex
