@@ -39,7 +39,9 @@ After::
 Not rewritten (reported instead)
     ``gradient_average`` chosen at run time, or ``False`` where the wrapped module has no name
     to register the hook on; unknown keywords (AMP042). A subclass of Apex DDP, or the class
-    stored or passed as a value (AMP040, from amp_import). Each message gives the code to write.
+    stored or passed as a value (AMP040, from amp_import). ``LARC`` in a module where Apex amp
+    stays (AMP040): Apex's ``amp.initialize`` accepts a torch optimizer or Apex's own LARC and
+    raises TypeError on any other wrapper. Each message gives the code to write.
 
 Safety
     Gradients are the same average; torch divides by the world size before the all-reduce,
@@ -58,6 +60,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from migrate.rules import _setup as setup
 from migrate.rules import _syntax as syntax
 from migrate.rules._context import ModuleContext, dotted_name
 
@@ -481,6 +484,7 @@ def _plan_allreduce_switches(ctx: ModuleContext) -> None:
 def plan(ctx: ModuleContext) -> None:
     migrated_ddp = False
     helper_names: dict[str, str] = {}
+    amp_stays: bool | None = None  # worked out at the first LARC
     for name in ctx.reference_names():
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
             continue
@@ -520,6 +524,12 @@ def plan(ctx: ModuleContext) -> None:
         elif apex_name in _HELPERS and path in _HELPERS[apex_name][0]:
             if ctx.skipped(reference):
                 continue
+            if apex_name == "LARC":
+                if amp_stays is None:
+                    amp_stays = bool(setup.leftovers(ctx))
+                if amp_stays:
+                    _keep_larc(ctx, holder if is_call else None)
+                    continue
             helper = helper_names.get(apex_name)
             if helper is None:
                 helper = helper_names[apex_name] = _helper_name(ctx, apex_name)
@@ -533,6 +543,22 @@ def plan(ctx: ModuleContext) -> None:
                 ctx.report("AMP041", holder, f"{path}: {_HELPER_NOTES[apex_name]}")
     if migrated_ddp:
         _plan_allreduce_switches(ctx)
+
+
+def _keep_larc(ctx: ModuleContext, call: cst.CSTNode | None) -> None:
+    """Apex's LARC stays where Apex amp stays: its amp.initialize takes a torch optimizer or Apex's
+    own LARC and raises TypeError on any other wrapper, a plain-torch LARC included."""
+    if call is None:
+        return
+    ctx.report(
+        "AMP040",
+        call,
+        "apex.parallel.LARC kept: Apex amp stays in this module (see its findings) and its amp.initialize "
+        "accepts only a torch optimizer or Apex's own LARC; once the amp setup is migrated, ampmigrate writes "
+        "`class LARC` in plain torch (each gradient, plus `weight_decay * p`, scaled by "
+        "trust_coefficient * |w| / (|g| + weight_decay * |w| + eps), over the group's lr and capped at 1 "
+        "when clip=True, then the wrapped optimizer steps with its weight decay off)",
+    )
 
 
 def _handled(path: str) -> bool:
