@@ -15,8 +15,9 @@ What it rewrites
     ``shared_param``, ``prof``), and so does ``gradient_predivide_factor`` with averaging on
     (the average is the same). ``gradient_average=False`` (a sum) becomes a communication hook
     that sums. ``ddp.disable_allreduce()`` / ``enable_allreduce()`` become
-    ``ddp.require_backward_grad_sync = False`` / ``True``; ``isinstance(m, DDP)`` checks name
-    torch's class. ``apex.parallel.ReduceOp`` is ``torch.distributed.ReduceOp``.
+    ``ddp.require_backward_grad_sync = False`` / ``True``; ``isinstance(m, DDP)`` checks and
+    annotations (``-> Tuple[DDP, Optimizer]``) name torch's class. ``apex.parallel.ReduceOp``
+    is ``torch.distributed.ReduceOp``.
 
     ``LARC``, ``Reducer``, ``create_syncbn_process_group`` and ``flat_dist_call`` have no torch
     counterpart: a plain-torch version of each (same arithmetic) is written once into the
@@ -510,7 +511,7 @@ def plan(ctx: ModuleContext) -> None:
                 continue
             if is_call:
                 migrated_ddp |= _rewrite_ddp(ctx, holder, path, root)  # type: ignore[arg-type]
-            elif _in_type_check(ctx, reference):
+            elif _in_type_check(ctx, reference) or _in_annotation(ctx, reference):
                 ctx.plan.substitute(reference, syntax.dotted(TORCH_DDP))
                 ctx.plan.needs_torch_import = True
                 ctx.consumed.add(root)
@@ -579,6 +580,11 @@ def _in_type_check(ctx: ModuleContext, reference: cst.BaseExpression) -> bool:
         if not isinstance(ancestor, (cst.Tuple, cst.Element, cst.Arg)):
             return False
     return False
+
+
+def _in_annotation(ctx: ModuleContext, reference: cst.BaseExpression) -> bool:
+    """Inside a parameter, return or variable annotation: the object there is torch's DDP now."""
+    return any(isinstance(ancestor, cst.Annotation) for ancestor in ctx.ancestors(reference))
 
 
 def _helper_name(ctx: ModuleContext, apex_name: str) -> str:
