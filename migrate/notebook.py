@@ -79,6 +79,8 @@ class Program:
     text: str
     spans: tuple[CellSpan, ...]
     magics: tuple[str, ...]  # original lines, by placeholder number
+    # placeholders of the lines a magic continues onto (`!cmd \`): put back exactly as they were
+    continued: frozenset[int] = frozenset()
 
     def locate(self, line: int) -> tuple[int, int]:
         """Map a program line to (1-based cell number, line within the cell)."""
@@ -122,6 +124,7 @@ def to_program(notebook: Notebook) -> Program | None:
     parts: list[str] = []
     spans: list[CellSpan] = []
     magics: list[str] = []
+    continued: set[int] = set()
     line = 1
     for index, cell in enumerate(notebook.cells):
         if cell.get("cell_type") != "code":
@@ -134,7 +137,7 @@ def to_program(notebook: Notebook) -> Program | None:
         if spans:  # the first cell needs no marker: whatever comes first is its
             parts.append(_MARKER.format(index) + "\n")
             line += 1
-        body = _hide_magics(source, magics)
+        body = _hide_magics(source, magics, continued)
         if body and not body.endswith("\n"):
             body += "\n"
         spans.append(CellSpan(index, line, body.count("\n")))
@@ -142,12 +145,14 @@ def to_program(notebook: Notebook) -> Program | None:
         line += body.count("\n")
     if not spans:
         return None
-    return Program("".join(parts), tuple(spans), tuple(magics))
+    return Program("".join(parts), tuple(spans), tuple(magics), frozenset(continued))
 
 
-def _hide_magics(source: str, magics: list[str]) -> str:
+def _hide_magics(source: str, magics: list[str], continued: set[int]) -> str:
     lines = source.splitlines(keepends=True)
-    for number, text in enumerate(lines):
+    number = 0
+    while number < len(lines):
+        text = lines[number]
         # `% 2)` continuing an open bracket is Python, not a magic.
         if _MAGIC_LINE.match(text) and not _inside_statement("".join(lines[:number])):
             content = text.rstrip("\r\n")
@@ -155,6 +160,15 @@ def _hide_magics(source: str, magics: list[str]) -> str:
             indent = content[: len(content) - len(content.lstrip(" \t"))]
             lines[number] = indent + _PLACEHOLDER.format(len(magics)) + ending
             magics.append(content.lstrip(" \t"))
+            # IPython joins a magic's backslash-continued lines into one command: each becomes a
+            # placeholder at the magic's indent (one per line, so line numbers hold)
+            while content.endswith("\\") and number + 1 < len(lines):
+                number += 1
+                content = lines[number].rstrip("\r\n")
+                continued.add(len(magics))
+                lines[number] = indent + _PLACEHOLDER.format(len(magics)) + lines[number][len(content) :]
+                magics.append(content)
+        number += 1
     return "".join(lines)
 
 
@@ -188,6 +202,8 @@ def from_program(notebook: Notebook, program: Program, migrated: str) -> dict[in
     def restore(match: re.Match[str]) -> str:
         number = int(match.group(2))
         seen.append(number)
+        if number in program.continued:
+            return program.magics[number]
         return match.group(1) + program.magics[number]
 
     changed: dict[int, str] = {}

@@ -630,7 +630,9 @@ class ProjectPlan:
                 continue
             if not (result.scaler_unused and result.amp_migrated):
                 continue
-            related = [orphan for orphan in orphans if project_root(orphan) == project_root(path)]
+            # an orphan import-linked to an amp.initialize belongs to that setup, not to this one
+            # (and once its scaler is threaded to it, it is no orphan at all)
+            related = [orphan for orphan in unowned if project_root(orphan) == project_root(path)]
             if related:
                 reason = (
                     f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "

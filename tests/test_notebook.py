@@ -181,3 +181,27 @@ def test_non_python_kernel_and_invalid_json(tmp_path: Path, monkeypatch: pytest.
     assert result.exit_code == 2
     assert "error: torn.ipynb: not a readable notebook" in result.stderr
     assert "r.ipynb" not in result.output
+
+
+def test_shell_escape_continued_with_backslashes_is_one_magic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """IPython joins `!cmd \\` with the lines it continues onto (indented shell arguments, as in
+    training notebooks that launch a script): they are part of the magic, not a Python indent."""
+    launch = "!python -m torch.distributed.launch train.py \\\n  --fp16 \\\n    --epochs 1\n"
+    cells = [
+        code(launch + "import torch\n"),
+        code("if True:\n    !echo a \\\n  b\n    with torch.cuda.amp.autocast():\n        y = 1"),
+    ]
+    notebook = nb.load(notebook_json(cells).encode())
+    program = nb.to_program(notebook)
+    assert program is not None
+    compile(program.text, "<notebook>", "exec")
+    assert program.text.count("\n") == sum(nb.cell_source(cell).count("\n") + 1 for cell in cells)
+    (tmp_path / "train.ipynb").write_text(notebook_json(cells), encoding="utf-8")
+    result = run_cli(tmp_path, monkeypatch, "--write", "train.ipynb")
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "train.ipynb").read_text(encoding="utf-8"))["cells"]
+    assert "".join(written[0]["source"]).startswith(launch)
+    assert (
+        "".join(written[1]["source"])
+        == 'if True:\n    !echo a \\\n  b\n    with torch.autocast("cuda"):\n        y = 1'
+    )

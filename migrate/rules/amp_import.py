@@ -95,8 +95,9 @@ REPLACEMENTS = {
     "track_running_stats, process_group)`",
     "apex.parallel.convert_syncbn_model": "`torch.nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)`",
     "apex.parallel.ReduceOp": "`torch.distributed.ReduceOp`",
-    "apex.parallel.LARC": "the plain-torch `class LARC` the apex_parallel rule writes into the module (torch has "
-    "none): each gradient scaled by trust_coefficient * |w| / (|g| + weight_decay * |w| + eps) before the step",
+    "apex.parallel.LARC": "the plain-torch `class LARC` the apex_parallel rule writes into the module once no Apex "
+    "amp stays there (torch has none): each gradient scaled by trust_coefficient * |w| / (|g| + weight_decay * |w| "
+    "+ eps) before the step",
     "apex.parallel.Reducer": "`torch.distributed.broadcast(p.data, 0)` for each parameter once, then per reduce: "
     "`torch.distributed.all_reduce(g); g /= torch.distributed.get_world_size()` for each gradient `g`",
     "apex.parallel.create_syncbn_process_group": "`torch.distributed.new_group(ranks=list(range(start, start + "

@@ -100,6 +100,26 @@ def _scaled_loss_names(ctx: ModuleContext, with_node: cst.With, name: str) -> li
     ]
 
 
+def _named_outside(ctx: ModuleContext, with_node: cst.With, name: str) -> bool:
+    """Whether the function around the block names the ``as`` target outside the block (and
+    outside every other ``with ... as <same name>`` block, which binds its own)."""
+    scope = ctx.function_of(with_node)
+    nodes = list(ctx.walk(scope.body if scope is not None else ctx.module, into_definitions=False))
+    inside: set[int] = set()
+    for node in nodes:
+        if isinstance(node, cst.With) and any(
+            item.asname is not None and isinstance(item.asname.name, cst.Name) and item.asname.name.value == name
+            for item in node.items
+        ):
+            inside.update(id(child) for child in ctx.walk(node))
+    for node in nodes:
+        if isinstance(node, cst.Name) and node.value == name and id(node) not in inside:
+            parent = ctx.parent(node)
+            if not (isinstance(parent, cst.Attribute) and parent.attr is node):
+                return True
+    return False
+
+
 def _plan_autocast(
     ctx: ModuleContext,
     model: AmpModel,
@@ -440,8 +460,14 @@ def _plan_one(
 
     loss = syntax.strip_parens(loss_arg.value)
     asname = with_node.items[0].asname.name.value  # type: ignore[union-attr]
-    for name in _scaled_loss_names(ctx, with_node, asname):
-        ctx.plan.substitute(name, syntax.attribute_call(access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())]))
+    scaled = syntax.attribute_call(access.deep_clone(), "scale", [cst.Arg(loss.deep_clone())])
+    if _named_outside(ctx, with_node, asname):
+        # the scaled loss is read after the block (`reduce_tensor(scaled.data)`): bind it as Apex did
+        target = cst.AssignTarget(cst.Name(asname))
+        ctx.plan.before[with_node].append(cst.SimpleStatementLine([cst.Assign(targets=[target], value=scaled)]))
+    else:
+        for name in _scaled_loss_names(ctx, with_node, asname):
+            ctx.plan.substitute(name, scaled.deep_clone())
     _collapse_fp32_branch(ctx, with_node, asname, loss, access)
     ctx.plan.unwrap.add(with_node)
     ctx.consumed.add(use.base)
@@ -594,16 +620,27 @@ def _rewrite_steps(
     keys) grouped by the loop whose iteration they end."""
     per_loop: dict[cst.CSTNode | None, list[tuple[cst.CSTNode, str]]] = defaultdict(list)
     for step, optimizer in steps:
-        if step.args:
-            ctx.report("AMP021", step, "optimizer.step(closure): GradScaler does not support closures")
+        if any(arg.star or arg.keyword is None or arg.keyword.value == "closure" for arg in step.args):
+            # a closure (or what may be one) runs its own backward, unscaled: the setup stays as it was
+            ctx.report(
+                "AMP021",
+                step,
+                f"`{ctx.code(step)}`: GradScaler.step takes no closure: run the closure's forward pass and "
+                "`scaler.scale(loss).backward()` yourself, then `scaler.step(optimizer)` and `scaler.update()`",
+            )
+            ctx.unfinished.append(step)
             continue
         found = model.scaler_access_or_report(step)
         if found is None:
             continue
+        # keyword arguments of a custom step(...) pass through: GradScaler.step forwards them
+        passed = [arg.deep_clone() for arg in step.args]
         ctx.plan.substitute(
             step,
             syntax.attribute_call(
-                found.expression.deep_clone(), "step", [cst.Arg(syntax.strip_parens(optimizer).deep_clone())]
+                found.expression.deep_clone(),
+                "step",
+                [cst.Arg(syntax.strip_parens(optimizer).deep_clone()), *passed],
             ),
         )
         key = optimizer_key(ctx, optimizer, step)

@@ -15,8 +15,9 @@ What it rewrites
     ``shared_param``, ``prof``), and so does ``gradient_predivide_factor`` with averaging on
     (the average is the same). ``gradient_average=False`` (a sum) becomes a communication hook
     that sums. ``ddp.disable_allreduce()`` / ``enable_allreduce()`` become
-    ``ddp.require_backward_grad_sync = False`` / ``True``; ``isinstance(m, DDP)`` checks name
-    torch's class. ``apex.parallel.ReduceOp`` is ``torch.distributed.ReduceOp``.
+    ``ddp.require_backward_grad_sync = False`` / ``True``; ``isinstance(m, DDP)`` checks and
+    annotations (``-> Tuple[DDP, Optimizer]``) name torch's class. ``apex.parallel.ReduceOp``
+    is ``torch.distributed.ReduceOp``.
 
     ``LARC``, ``Reducer``, ``create_syncbn_process_group`` and ``flat_dist_call`` have no torch
     counterpart: a plain-torch version of each (same arithmetic) is written once into the
@@ -39,7 +40,9 @@ After::
 Not rewritten (reported instead)
     ``gradient_average`` chosen at run time, or ``False`` where the wrapped module has no name
     to register the hook on; unknown keywords (AMP042). A subclass of Apex DDP, or the class
-    stored or passed as a value (AMP040, from amp_import). Each message gives the code to write.
+    stored or passed as a value (AMP040, from amp_import). ``LARC`` in a module where Apex amp
+    stays (AMP040): Apex's ``amp.initialize`` accepts a torch optimizer or Apex's own LARC and
+    raises TypeError on any other wrapper. Each message gives the code to write.
 
 Safety
     Gradients are the same average; torch divides by the world size before the all-reduce,
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from migrate.rules import _setup as setup
 from migrate.rules import _syntax as syntax
 from migrate.rules._context import ModuleContext, dotted_name
 
@@ -481,6 +485,7 @@ def _plan_allreduce_switches(ctx: ModuleContext) -> None:
 def plan(ctx: ModuleContext) -> None:
     migrated_ddp = False
     helper_names: dict[str, str] = {}
+    amp_stays: bool | None = None  # worked out at the first LARC
     for name in ctx.reference_names():
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
             continue
@@ -506,7 +511,7 @@ def plan(ctx: ModuleContext) -> None:
                 continue
             if is_call:
                 migrated_ddp |= _rewrite_ddp(ctx, holder, path, root)  # type: ignore[arg-type]
-            elif _in_type_check(ctx, reference):
+            elif _in_type_check(ctx, reference) or _in_annotation(ctx, reference):
                 ctx.plan.substitute(reference, syntax.dotted(TORCH_DDP))
                 ctx.plan.needs_torch_import = True
                 ctx.consumed.add(root)
@@ -520,6 +525,12 @@ def plan(ctx: ModuleContext) -> None:
         elif apex_name in _HELPERS and path in _HELPERS[apex_name][0]:
             if ctx.skipped(reference):
                 continue
+            if apex_name == "LARC":
+                if amp_stays is None:
+                    amp_stays = bool(setup.leftovers(ctx))
+                if amp_stays:
+                    _keep_larc(ctx, holder if is_call else None)
+                    continue
             helper = helper_names.get(apex_name)
             if helper is None:
                 helper = helper_names[apex_name] = _helper_name(ctx, apex_name)
@@ -533,6 +544,22 @@ def plan(ctx: ModuleContext) -> None:
                 ctx.report("AMP041", holder, f"{path}: {_HELPER_NOTES[apex_name]}")
     if migrated_ddp:
         _plan_allreduce_switches(ctx)
+
+
+def _keep_larc(ctx: ModuleContext, call: cst.CSTNode | None) -> None:
+    """Apex's LARC stays where Apex amp stays: its amp.initialize takes a torch optimizer or Apex's
+    own LARC and raises TypeError on any other wrapper, a plain-torch LARC included."""
+    if call is None:
+        return
+    ctx.report(
+        "AMP040",
+        call,
+        "apex.parallel.LARC kept: Apex amp stays in this module (see its findings) and its amp.initialize "
+        "accepts only a torch optimizer or Apex's own LARC; once the amp setup is migrated, ampmigrate writes "
+        "`class LARC` in plain torch (each gradient, plus `weight_decay * p`, scaled by "
+        "trust_coefficient * |w| / (|g| + weight_decay * |w| + eps), over the group's lr and capped at 1 "
+        "when clip=True, then the wrapped optimizer steps with its weight decay off)",
+    )
 
 
 def _handled(path: str) -> bool:
@@ -553,6 +580,11 @@ def _in_type_check(ctx: ModuleContext, reference: cst.BaseExpression) -> bool:
         if not isinstance(ancestor, (cst.Tuple, cst.Element, cst.Arg)):
             return False
     return False
+
+
+def _in_annotation(ctx: ModuleContext, reference: cst.BaseExpression) -> bool:
+    """Inside a parameter, return or variable annotation: the object there is torch's DDP now."""
+    return any(isinstance(ancestor, cst.Annotation) for ancestor in ctx.ancestors(reference))
 
 
 def _helper_name(ctx: ModuleContext, apex_name: str) -> str:

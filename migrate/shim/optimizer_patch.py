@@ -227,12 +227,13 @@ def process_optimizer(optimizer: Any, properties: Any) -> Any:
         # O1: the optimizer's own math must not be cast.
         step_before_o1 = optimizer.step
 
-        def step_without_casts(self: Any, closure: Any = None) -> Any:
+        def step_without_casts(self: Any, *args: Any, **kwargs: Any) -> Any:
+            # Apex passes whatever the step takes (a custom optimizer's own keywords too)
             handle = getattr(_amp_state, "handle", None)
             if handle is None:
-                return step_before_o1(closure)
+                return step_before_o1(*args, **kwargs)
             with handle._disable_casts():
-                return step_before_o1(closure)
+                return step_before_o1(*args, **kwargs)
 
         optimizer.step = types.MethodType(step_without_casts, optimizer)
     return optimizer
