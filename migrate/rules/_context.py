@@ -94,12 +94,12 @@ class ModuleContext:
     # positions and findings
     def _locate(self, node: cst.CSTNode) -> tuple[int, int, int]:
         """1-based start line, start column and end line of ``node`` in the input."""
-        top = node
+        chain = [node]  # and its ancestors up to the top-level statement
         for ancestor in self.ancestors(node):
             if isinstance(ancestor, cst.Module):
                 break
-            top = ancestor
-        return self._positions.locate(node, top)
+            chain.append(ancestor)
+        return self._positions.locate(node, chain)
 
     def position(self, node: cst.CSTNode) -> tuple[int, int]:
         """1-based line and column of ``node`` in the input."""
