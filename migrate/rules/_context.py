@@ -76,6 +76,12 @@ class ModuleContext:
         }
         self._all_names: set[str] | None = None
 
+    def release(self) -> None:
+        """Drop everything this context holds, once the rules are done with it: its analyses
+        (the amp model, the handles) refer back to it, a cycle that would keep the module's
+        whole tree alive until the cycle collector's next pass, which would then walk all of it."""
+        self.__dict__.clear()
+
     @cached_property
     def amp(self) -> AmpModel:
         """The module's Apex amp model: its amp calls and the scalers the rules create."""
