@@ -96,6 +96,7 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
         # half a setup would crash or train differently: keep all of it, say why
         frozen = setup.why_left(ctx, left) if left else "the GradScaler could not be shared (see AMP022)"
         unresolved = [finding for finding in ctx.findings if not finding.fixed or finding.code == "AMP050"]
+        ctx.release()
         ctx, unshared = _plan(module, source, options, frozen=True)
         ctx.findings.extend(finding for finding in unresolved if finding not in ctx.findings)
         left = setup.leftovers(ctx)
@@ -104,7 +105,7 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
     unseen = setup.report_unseen_amp(ctx)
     findings = sorted(ctx.findings, key=lambda f: (f.line, f.column, f.code))
     new_module = module if ctx.plan.empty else apply_plan(ctx)
-    return RulesOutcome(
+    outcome = RulesOutcome(
         new_module,
         findings,
         bool(left) or unseen > 0 or unshared > 0,
@@ -112,6 +113,10 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
         project_scaler.shared_scalers(ctx.amp),
         project_scaler.unused(ctx.amp, options.facts),
     )
+    ctx.release()
+    if probe is not None:
+        probe.release()
+    return outcome
 
 
 def _plan(

@@ -77,6 +77,12 @@ class ModuleContext:
         }
         self._all_names: set[str] | None = None
 
+    def release(self) -> None:
+        """Drop everything this context holds, once the rules are done with it: its analyses
+        (the amp model, the handles) refer back to it, a cycle that would keep the module's
+        whole tree alive until the cycle collector's next pass, which would then walk all of it."""
+        self.__dict__.clear()
+
     @cached_property
     def amp(self) -> AmpModel:
         """The module's Apex amp model: its amp calls and the scalers the rules create."""
@@ -95,12 +101,12 @@ class ModuleContext:
     # positions and findings
     def _locate(self, node: cst.CSTNode) -> tuple[int, int, int]:
         """1-based start line, start column and end line of ``node`` in the input."""
-        top = node
+        chain = [node]  # and its ancestors up to the top-level statement
         for ancestor in self.ancestors(node):
             if isinstance(ancestor, cst.Module):
                 break
-            top = ancestor
-        return self._positions.locate(node, top)
+            chain.append(ancestor)
+        return self._positions.locate(node, chain)
 
     def position(self, node: cst.CSTNode) -> tuple[int, int]:
         """1-based line and column of ``node`` in the input."""
