@@ -21,6 +21,7 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from migrate.atomic import TEMP_SUFFIX, is_temp_name
 from migrate.config import Config
@@ -74,13 +75,24 @@ class Leftover:
 
 
 Found = Candidate | DiscoveryError | Notice | Leftover
+
+
+class Translations(Protocol):
+    """Where pathspec's translations of gitignore lines are remembered (``cache.Translations``):
+    a warm run over a tree of .gitignore files then neither imports pathspec nor translates."""
+
+    def get(self, lines: str) -> Any: ...
+
+    def put(self, lines: str, translation: list[Any] | None) -> None: ...
+
+
 # Whether a path relative to a .gitignore's folder is ignored (is_dir says which kind).
 _Matcher = Callable[[str, bool], bool]
 # A .gitignore in force while walking: the folder it sits in, and its matcher.
 _Ignore = tuple[str, _Matcher]
 
 
-def compile_gitignore(lines: list[str]) -> _Matcher:
+def compile_gitignore(lines: list[str], translations: Translations | None = None) -> _Matcher:
     """A matcher for the patterns of one .gitignore, for a walk that prunes as it goes.
 
     The matcher answers for an entry whose parent folders were already found not ignored
@@ -100,7 +112,7 @@ def compile_gitignore(lines: list[str]) -> _Matcher:
         if not line or line.startswith("#"):
             continue
         if line.startswith("!"):
-            return _pathspec_matcher(lines)
+            return _ordered_matcher(lines, translations)
         folder_only = line.endswith("/")
         body = line[:-1] if folder_only else line
         if not body or "/" in body or "\\" in body or body != body.strip():
@@ -111,9 +123,9 @@ def compile_gitignore(lines: list[str]) -> _Matcher:
             (folder_suffixes if folder_only else suffixes).append(body[1:])
         else:
             rest.append(line)
-    translated, match = _joined_regex(rest)
+    translated, match = _joined_regex(rest, translations)
     if not translated:
-        return _pathspec_matcher(lines)
+        return _ordered_matcher(lines, translations)
     name_suffixes, folder_name_suffixes = tuple(suffixes), tuple(suffixes + folder_suffixes)
     folder_names |= names
 
@@ -129,11 +141,34 @@ def compile_gitignore(lines: list[str]) -> _Matcher:
     return matcher
 
 
-def _joined_regex(lines: list[str]) -> tuple[bool, Callable[[str], re.Match[str] | None] | None]:
+def _joined_regex(
+    lines: list[str], translations: Translations | None = None
+) -> tuple[bool, Callable[[str], re.Match[str] | None] | None]:
     """One compiled alternation of pathspec's regexes for ``lines`` (None for no line),
     and whether the translation worked."""
     if not lines:
         return True, None
+    key = "\n".join(lines)
+    known = translations.get(key) if translations is not None else None
+    if isinstance(known, list) and len(known) == 2 and isinstance(known[0], bool) and isinstance(known[1], str | None):
+        translated, joined = known
+    else:
+        translated, joined = _translate(lines)
+        if translations is not None:
+            translations.put(key, [translated, joined])
+    if not translated:
+        return False, None
+    if joined is None:
+        return True, None
+    try:
+        return True, re.compile(joined).match
+    except re.error:
+        return False, None
+
+
+def _translate(lines: list[str]) -> tuple[bool, str | None]:
+    """pathspec's regexes for ``lines`` as one alternation (None: no pattern), and whether
+    each line could be translated on its own (else pathspec must match the file whole)."""
     from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
 
     regexes = []
@@ -144,22 +179,80 @@ def _joined_regex(lines: list[str]) -> tuple[bool, Callable[[str], re.Match[str]
         if not include or not isinstance(regex, str):
             return False, None
         regexes.append(_NAMED_GROUP.sub("(?:", regex))
-    if not regexes:
-        return True, None
-    try:
-        return True, re.compile("|".join(regexes)).match
-    except re.error:
-        return False, None
+    return True, "|".join(regexes) if regexes else None
 
 
-def _whole_path_matcher(lines: list[str]) -> _Matcher:
+def _whole_path_matcher(lines: list[str], translations: Translations | None = None) -> _Matcher:
     """A matcher with GitIgnoreSpec's answers for any path, its folders unchecked."""
-    translated, match = _joined_regex([line for line in lines if line and not line.startswith("#")])
+    translated, match = _joined_regex([line for line in lines if line and not line.startswith("#")], translations)
     if not translated:
-        return _pathspec_matcher(lines)
+        return _ordered_matcher(lines, translations)
     if match is None:
         return lambda relative, is_dir: False
     return lambda relative, is_dir: match(relative + "/" if is_dir else relative) is not None
+
+
+def _ordered_matcher(lines: list[str], translations: Translations | None = None) -> _Matcher:
+    """GitIgnoreSpec's answers for patterns whose order matters (negations): each pattern's
+    own regex, the last match deciding, and a match of the path itself (a file pattern)
+    before a match through one of its folders (pathspec's "directory mark").
+
+    Decided as pathspec's own matcher decides (``pathspec._backends.simple.gitignore``), from
+    translations a warm run reads back rather than importing pathspec; pathspec itself
+    when a pattern cannot be translated on its own.
+    """
+    key = "\0ordered\n" + "\n".join(lines)
+    known = translations.get(key) if translations is not None else None
+    if not (isinstance(known, list) and all(_is_ordered_pattern(item) for item in known)):
+        known = _translate_each(lines)
+        if translations is not None:
+            translations.put(key, known)
+    if known is None:
+        return _pathspec_matcher(lines)
+    try:
+        patterns = [(bool(include), re.compile(regex).search) for include, regex in known]
+    except re.error:
+        return _pathspec_matcher(lines)
+    patterns.reverse()  # the last match decides: looked for from the end
+
+    def matcher(relative: str, is_dir: bool) -> bool:
+        path = relative + "/" if is_dir else relative
+        decided: bool | None = None
+        for include, search in patterns:
+            found = search(path)
+            if found is None:
+                continue
+            if not found.groupdict().get(_DIR_MARK):
+                return include  # the path itself matched: this pattern decides
+            if decided is None:
+                decided = include  # matched through a folder: unless a file pattern matches
+        return bool(decided)
+
+    return matcher
+
+
+# The group pathspec's regexes name when a pattern matched a folder above the path.
+_DIR_MARK = "ps_d"
+
+
+def _is_ordered_pattern(item: Any) -> bool:
+    return isinstance(item, list) and len(item) == 2 and isinstance(item[0], bool) and isinstance(item[1], str)
+
+
+def _translate_each(lines: list[str]) -> list[list[Any]] | None:
+    """(whether it ignores, regex) for each pattern of ``lines`` in order; None when one has no
+    regular expression of its own."""
+    from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
+
+    patterns: list[list[Any]] = []
+    for line in lines:
+        regex, include = GitIgnoreSpecPattern.pattern_to_regex(line)
+        if include is None:
+            continue
+        if not isinstance(regex, str):
+            return None
+        patterns.append([bool(include), regex])
+    return patterns
 
 
 def _pathspec_matcher(lines: list[str]) -> _Matcher:
@@ -172,7 +265,7 @@ def _pathspec_matcher(lines: list[str]) -> _Matcher:
 class _Excludes:
     """The project's exclude patterns, matched on paths relative to the project root."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, translations: Translations | None = None) -> None:
         self.root = os.path.realpath(config.project_root)
         patterns = [*config.exclude, *config.extend_exclude]
         self.matcher: _Matcher | None = None
@@ -183,7 +276,7 @@ class _Excludes:
         else:
             # Also asked about files named on the command line, whose folders nobody
             # checked: whole-path matching, not compile_gitignore's entry-name shortcut.
-            self.matcher = _whole_path_matcher(patterns)
+            self.matcher = _whole_path_matcher(patterns, translations)
 
     def relative(self, path: str, fallback_base: str) -> str:
         """``path`` relative to the project root, or to ``fallback_base`` outside it."""
@@ -201,13 +294,13 @@ class _Excludes:
         return any(self.folder_name.match(folder) for folder in folders)
 
 
-def _load_gitignore(folder: str) -> _Matcher | None:
+def _load_gitignore(folder: str, translations: Translations | None = None) -> _Matcher | None:
     try:
         with open(os.path.join(folder, ".gitignore"), encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
-    return compile_gitignore(lines)
+    return compile_gitignore(lines, translations)
 
 
 def _gitignored(path: str, is_dir: bool, ignores: tuple[_Ignore, ...]) -> bool:
@@ -230,7 +323,7 @@ def _ignored_folder(folder: str, ignores: tuple[_Ignore, ...]) -> bool:
     return False
 
 
-def _ancestor_ignores(folder: str) -> tuple[_Ignore, ...]:
+def _ancestor_ignores(folder: str, translations: Translations | None = None) -> tuple[_Ignore, ...]:
     """The .gitignore files above ``folder`` up to its repository root (none outside one)."""
     chain = []
     current = folder
@@ -244,17 +337,19 @@ def _ancestor_ignores(folder: str) -> tuple[_Ignore, ...]:
         current = parent
     ignores = []
     for ancestor in reversed(chain[1:]):
-        matcher = _load_gitignore(ancestor)
+        matcher = _load_gitignore(ancestor, translations)
         if matcher is not None:
             ignores.append((ancestor, matcher))
     return tuple(ignores)
 
 
-def discover(paths: list[Path], config: Config) -> tuple[list[Candidate], list[DiscoveryError]]:
+def discover(
+    paths: list[Path], config: Config, translations: Translations | None = None
+) -> tuple[list[Candidate], list[DiscoveryError]]:
     """All files to migrate under ``paths`` and the paths that failed, sorted by display name."""
     candidates: list[Candidate] = []
     errors: list[DiscoveryError] = []
-    for item in iter_discover(paths, config):
+    for item in iter_discover(paths, config, translations):
         if isinstance(item, Candidate):
             candidates.append(item)
         elif isinstance(item, DiscoveryError):
@@ -263,20 +358,21 @@ def discover(paths: list[Path], config: Config) -> tuple[list[Candidate], list[D
     return candidates, sorted(errors, key=lambda error: error.display)
 
 
-def iter_discover(paths: list[Path], config: Config) -> Iterator[Found]:
+def iter_discover(paths: list[Path], config: Config, translations: Translations | None = None) -> Iterator[Found]:
     """Everything found under ``paths``, as it is found (in no particular order).
 
     Each real file is yielded once. Symlinked files met while walking come last: the
     file itself, when it is also found under its own name, is preferred to a link.
+    ``translations`` remembers how gitignore patterns translate, from run to run.
     """
-    walk = _Walk(_Excludes(config), config.respect_gitignore)
+    walk = _Walk(_Excludes(config, translations), config.respect_gitignore, translations=translations)
     walk.set_roots(paths)
     for given in paths:
         absolute = os.path.abspath(given)
         if not os.path.lexists(absolute):
             yield DiscoveryError(str(given), "no such file or directory")
         elif os.path.isdir(absolute):
-            ignores = _ancestor_ignores(absolute) if config.respect_gitignore else ()
+            ignores = _ancestor_ignores(absolute, translations) if config.respect_gitignore else ()
             if _ignored_folder(absolute, ignores):
                 continue  # a .gitignore above ignores the folder itself, so all in it
             walk.base = absolute
@@ -299,6 +395,7 @@ class _Walk:
     deferred: list[tuple[str, str, str]] = field(default_factory=list)
     leftover_folders: set[str] = field(default_factory=set)
     base: str = ""  # the folder being walked: exclude patterns fall back to it outside the project
+    translations: Translations | None = None
 
     def set_roots(self, paths: list[Path]) -> None:
         folders, files = [], set()
@@ -355,7 +452,7 @@ class _Walk:
             if "pyvenv.cfg" in names and not top:
                 continue  # a virtual environment, whatever its name
             if self.respect_gitignore and ".gitignore" in names:
-                matcher = _load_gitignore(folder)
+                matcher = _load_gitignore(folder, self.translations)
                 if matcher is not None:
                     ignores = (*ignores, (folder, matcher))
             prefix = "" if display == "." else display + "/"

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from migrate import cache as cache_module
 from migrate.atomic import StaleFileError, leftover_state, write_atomic
-from migrate.cache import CLEAN, NO_SUMMARY, Cache, Entry, StatIndex, SummaryStore
+from migrate.cache import CLEAN, NO_SUMMARY, PASSES, Cache, Entry, StatIndex, SummaryStore
 from migrate.config import Config
 from migrate.discovery import Candidate, DiscoveryError, Leftover, Notice, iter_discover
 from migrate.options import ModuleFacts, Options, ScalerInfo
@@ -138,6 +138,8 @@ class _Task:
     file_stat: os.stat_result | None
     seen: os.stat_result | None = None
     looked_at: float = 0.0
+    # the stat index says an earlier run took the file as it is now (its results are likely cached)
+    known: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,7 @@ def execute(
     cache = Cache(config.cache_dir, config.options) if config.cache_dir is not None else None
     index = cache.index(config.project_root) if cache is not None else None
     summaries = cache.summaries(config.project_root) if cache is not None else None
+    translations = cache.translations() if cache is not None else None
     settings = Settings(
         config.options,
         config.write,
@@ -190,16 +193,19 @@ def execute(
     pool = _LazyPool(config.jobs, settings)
     with _Interrupt() as interrupt:
         try:
-            for item in iter_discover(paths, config):
+            for item in iter_discover(paths, config, translations):
                 if interrupt.requested:
                     break
                 if isinstance(item, Candidate):
                     front = _front(item, settings, index)
                     if isinstance(front, _Task):
                         tasks.append(front)
-                        if summaries is None or summaries.by_digest(item.path, summaries.digest(front.data)) is None:
-                            # A file whose bytes the summary store knows most likely has its
-                            # results in the cache (a warm run starts no worker).
+                        if not front.known and (
+                            summaries is None or summaries.by_digest(item.path, summaries.digest(front.data)) is None
+                        ):
+                            # A file an earlier run took as it is now (by its stat, else by the
+                            # bytes the summary store knows) most likely has its results in the
+                            # cache: a warm run starts no worker.
                             pool.prepare(front)
                     elif front is not None:
                         outcome.results.append(front)
@@ -237,6 +243,8 @@ def execute(
                 index.save()
             if summaries is not None:
                 summaries.save()
+            if translations is not None:
+                translations.save()
     outcome.results.sort(key=lambda result: result.path)
     outcome.notices.sort()
     return outcome
@@ -290,11 +298,11 @@ class _Project:
         return ProjectPlan(given, displays, self.summaries.of_file)
 
     def migrate(self, progress: Callable[[int], Iterator[None]] | None) -> list[FileResult]:
-        from migrate.project import Outcome as AmpOutcome
-
         record = self._record_key()
         if record is not None and self._replay(record):
             return list(self.results.values())
+        from migrate.project import Outcome as AmpOutcome  # not for a replay: a warm run does without
+
         self.plan = self._plan()
         self._pass(list(self.by_path), progress)
         # a group settles in at most three passes: as found, with its scaler shared, frozen
@@ -319,7 +327,7 @@ class _Project:
         """The key of all the plan depends on, but for the modules it looks for; None without a cache."""
         if self.cache is None or self.store is None:
             return None
-        from migrate.project import project_root
+        from migrate.roots import project_root
 
         # the working folder too: findings name modules that were not given relative to it
         digest = hashlib.sha256(self.cache.salt + os.fsencode(os.getcwd()))
@@ -518,6 +526,7 @@ def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) ->
     """
     info = None
     looked_at = 0.0
+    verdict = None
     if index is not None:
         looked_at = time.time()
         try:
@@ -525,7 +534,8 @@ def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) ->
         except OSError:
             info = None  # _read reports it
         if info is not None and stat.S_ISREG(info.st_mode):
-            if index.lookup(candidate.path, info) == CLEAN:
+            verdict = index.lookup(candidate.path, info)
+            if verdict == CLEAN:
                 return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
         else:
             info = None
@@ -537,7 +547,9 @@ def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) ->
         if index is not None and info is not None:
             index.record(candidate.path, info, CLEAN, looked_at)
         return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
-    return _Task(candidate, data, file_stat, info, looked_at)
+    if index is not None and info is not None and verdict != PASSES:
+        index.record(candidate.path, info, PASSES, looked_at)
+    return _Task(candidate, data, file_stat, info, looked_at, known=verdict == PASSES)
 
 
 def _usable(entry: Entry | None, settings: Settings) -> Entry | None:
