@@ -18,7 +18,6 @@ always safe.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -115,10 +114,14 @@ class Entry:
     def changed(
         cls, findings: tuple[tuple[int | None, int, int, str, str, bool], ...], new_data: bytes, **fields: Any
     ) -> Entry:
+        import base64  # here: a run whose files all pass over the pre-filter never needs it
+
         return cls("changed", findings, new_data_b64=base64.b64encode(new_data).decode("ascii"), **fields)
 
     @property
     def new_data(self) -> bytes | None:
+        import base64
+
         return base64.b64decode(self.new_data_b64) if self.new_data_b64 is not None else None
 
     def to_json(self) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from migrate import cache as cache_module
 from migrate.atomic import StaleFileError, leftover_state, write_atomic
 from migrate.cache import CLEAN, NO_SUMMARY, PASSES, Cache, Entry, StatIndex, SummaryStore
 from migrate.config import Config
-from migrate.discovery import Candidate, DiscoveryError, Leftover, Notice, iter_discover
+from migrate.discovery import Candidate, iter_discover
 from migrate.options import ModuleFacts, Options, ScalerInfo
 from migrate.prefilter import may_need_migration
 
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from migrate.ahead import Held, Prepare, Ready
     from migrate.findings import Finding
     from migrate.project import ModuleSummary, ProjectPlan
+    from migrate.records import Diagnostic, Job, Leftover, Task
     from migrate.workers import Pool
 
 # Modules only some runs need (worker pools, diffs, notebooks, the engine) are imported
@@ -55,26 +56,6 @@ class Status(str, Enum):
     CHANGED = "changed"  # would change, or was written with --write
     SKIPPED = "skipped"  # a file-level `# ampmigrate: skip`
     FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    """A finding placed in a file (and, for notebooks, a cell) for the user."""
-
-    path: str
-    line: int
-    column: int
-    code: str
-    message: str
-    fixed: bool
-    cell: int | None = None  # 1-based cell number in a notebook
-
-    @property
-    def location(self) -> str:
-        return self.path if self.cell is None else f"{self.path}:cell {self.cell}"
-
-    def format(self) -> str:
-        return f"{self.location}:{self.line}:{self.column}: {self.code} {self.message}"
 
 
 @dataclass(frozen=True)
@@ -128,30 +109,6 @@ class Settings:
     fingerprint: str | None
 
 
-@dataclass(frozen=True)
-class _Task:
-    """A file that passed the pre-filter: its bytes as read, and its stat for the write
-    (``file_stat``) or as looked at before reading (``seen``, at time ``looked_at``)."""
-
-    candidate: Candidate
-    data: bytes
-    file_stat: os.stat_result | None
-    seen: os.stat_result | None = None
-    looked_at: float = 0.0
-    # the stat index says an earlier run took the file as it is now (its results are likely cached)
-    known: bool = False
-
-
-@dataclass(frozen=True)
-class Job:
-    """One file for a worker: its bytes (the very ones the project plan read) and its
-    options, facts included (picklable)."""
-
-    candidate: Candidate
-    data: bytes
-    options: Options
-
-
 def run(
     paths: list[Path],
     config: Config,
@@ -189,7 +146,7 @@ def execute(
         cache.fingerprint if cache is not None else None,
     )
     outcome = Outcome([])
-    tasks: list[_Task] = []
+    tasks: list[Task] = []
     pool = _LazyPool(config.jobs, settings)
     with _Interrupt() as interrupt:
         try:
@@ -198,7 +155,9 @@ def execute(
                     break
                 if isinstance(item, Candidate):
                     front = _front(item, settings, index)
-                    if isinstance(front, _Task):
+                    if isinstance(front, FileResult):
+                        outcome.results.append(front)
+                    elif front is not None:
                         tasks.append(front)
                         if not front.known and (
                             summaries is None or summaries.by_digest(item.path, summaries.digest(front.data)) is None
@@ -207,10 +166,11 @@ def execute(
                             # bytes the summary store knows) most likely has its results in the
                             # cache: a warm run starts no worker.
                             pool.prepare(front)
-                    elif front is not None:
-                        outcome.results.append(front)
                     pool.poll()  # hand the workers more files to parse ahead
-                elif isinstance(item, DiscoveryError):
+                    continue
+                from migrate.records import DiscoveryError, Leftover, Notice  # rare: not for every file
+
+                if isinstance(item, DiscoveryError):
                     outcome.results.append(FileResult(item.display, Status.FAILED, error=item.reason))
                 elif isinstance(item, Notice):
                     outcome.notices.append(f"{item.display}: {item.message}")
@@ -268,7 +228,7 @@ class _Project:
 
     def __init__(
         self,
-        tasks: list[_Task],
+        tasks: list[Task],
         settings: Settings,
         cache: Cache | None,
         store: SummaryStore | None,
@@ -366,6 +326,8 @@ class _Project:
 
     def _pass(self, paths: list[str], progress: Callable[[int], Iterator[None]] | None) -> None:
         """Migrate ``paths`` with their current facts: from the cache, else in the workers."""
+        from migrate.records import Job
+
         jobs: list[Job] = []
         for path in paths:
             task = self.by_path[path]
@@ -414,7 +376,7 @@ class _LazyPool:
         self.holders: dict[str, int] = {}  # path: the worker that holds its trees
         self.frozen = False  # this process's objects are out of the cycle collector's sight
 
-    def prepare(self, task: _Task) -> None:
+    def prepare(self, task: Task) -> None:
         """Have a worker parse ``task``'s file ahead, if the workers' room for trees allows."""
         from migrate.ahead import AHEAD_BYTES, Prepare
 
@@ -455,6 +417,8 @@ class _LazyPool:
                 self.frozen = gc.get_freeze_count() == 0  # else not ours to undo at the end
                 gc.freeze()
             self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, self._done)
+        from migrate.records import Job
+
         # a batch of jobs is queued whole before the workers pick (see _Project._pass)
         self.pool.submit(job, size, prefer, dispatch=not isinstance(job, Job))
 
@@ -517,7 +481,7 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self.previous if self.previous is not None else signal.SIG_DFL)  # type: ignore[arg-type]
 
 
-def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) -> FileResult | _Task | None:
+def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) -> FileResult | Task | None:
     """Answer a file the pre-filter clears in the main process; else hand back its bytes.
 
     With a cache, a file the pre-filter cleared before and whose stat is unchanged is
@@ -549,7 +513,9 @@ def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) ->
         return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
     if index is not None and info is not None and verdict != PASSES:
         index.record(candidate.path, info, PASSES, looked_at)
-    return _Task(candidate, data, file_stat, info, looked_at, known=verdict == PASSES)
+    from migrate.records import Task
+
+    return Task(candidate, data, file_stat, info, looked_at, known=verdict == PASSES)
 
 
 def _usable(entry: Entry | None, settings: Settings) -> Entry | None:
@@ -659,7 +625,7 @@ def _signature(path: str) -> list[int] | None:
     return StatIndex.signature(info) if stat.S_ISREG(info.st_mode) else None
 
 
-def _write(results: list[FileResult], tasks: list[_Task], write: bool) -> list[FileResult]:
+def _write(results: list[FileResult], tasks: list[Task], write: bool) -> list[FileResult]:
     """Write the changed files (``--write``), now that every group is settled."""
     by_display = {task.candidate.display: task for task in tasks}
     written = []
@@ -717,6 +683,8 @@ def _failed(candidate: Candidate, reason: str) -> FileResult:
 
 
 def _lost(job: Job | Prepare, reason: str) -> FileResult | Ready:
+    from migrate.records import Job
+
     if not isinstance(job, Job):  # a Prepare: its migration meets the same end, and says so
         from migrate.ahead import Ready
 
@@ -729,6 +697,7 @@ def _lost(job: Job | Prepare, reason: str) -> FileResult | Ready:
 
 def _setup_worker(settings: Settings) -> Callable[[Job | Prepare], FileResult | Ready]:
     import migrate.engine  # noqa: F401 - paid for once per worker
+    from migrate.records import Job
 
     cache = None
     if settings.cache_dir is not None:
@@ -772,6 +741,8 @@ def _cacheable(entry: Entry) -> bool:
 
 def _finish(entry: Entry, candidate: Candidate, settings: Settings) -> FileResult:
     """The FileResult of ``entry`` for this file; with --write it carries the bytes to write."""
+    from migrate.records import Diagnostic
+
     notebook = candidate.is_notebook
     if entry.status == "failed":
         return _failed(candidate, entry.error)
