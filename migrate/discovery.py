@@ -31,6 +31,11 @@ SUFFIXES = (".py", ".ipynb")
 # shape (the defaults do) they are matched by folder name alone, without pathspec,
 # whose import costs a pre-commit run on one file a noticeable share of its 0.1 s.
 _FOLDER_NAME_PATTERN = re.compile(r"^[^/!\\#\[]+/$")
+# "/build", "docs/_build", "/a/b.py": a path anchored at the .gitignore's folder (a slash at
+# the start or in the middle), with no wildcard, escape, space or empty part. Under the
+# walk's condition (the folders above an entry are not ignored) it matches exactly that
+# relative path; anything under it is never asked about.
+_ANCHORED_LITERAL = re.compile(r"^/?[^/*?\[\\\s!#]+(?:/[^/*?\[\\\s]+)*$")
 # pathspec names a group in each pattern's regex; several patterns joined in one
 # alternation may not repeat a group name.
 _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
@@ -86,6 +91,8 @@ def compile_gitignore(lines: list[str], translations: Translations | None = None
     """
     names: set[str] = set()
     folder_names: set[str] = set()
+    paths: set[str] = set()
+    folder_paths: set[str] = set()
     suffixes: list[str] = []
     folder_suffixes: list[str] = []
     rest: list[str] = []
@@ -96,8 +103,11 @@ def compile_gitignore(lines: list[str], translations: Translations | None = None
             return _ordered_matcher(lines, translations)
         folder_only = line.endswith("/")
         body = line[:-1] if folder_only else line
-        if not body or "/" in body or "\\" in body or body != body.strip():
-            rest.append(line)  # anchored, escaped or spaced: pathspec translates it
+        if "/" in body and _ANCHORED_LITERAL.match(body) and not {".", ".."} & set(body.split("/")):
+            # a path relative to the .gitignore's folder, without wildcards: compared whole
+            (folder_paths if folder_only else paths).add(body.removeprefix("/"))
+        elif not body or "/" in body or "\\" in body or body != body.strip():
+            rest.append(line)  # wildcards with a slash, escaped or spaced: pathspec translates it
         elif not any(char in body for char in "*?["):
             (folder_names if folder_only else names).add(body)
         elif body[0] == "*" and not any(char in body[1:] for char in "*?["):
@@ -109,13 +119,14 @@ def compile_gitignore(lines: list[str], translations: Translations | None = None
         return _ordered_matcher(lines, translations)
     name_suffixes, folder_name_suffixes = tuple(suffixes), tuple(suffixes + folder_suffixes)
     folder_names |= names
+    folder_paths |= paths
 
     def matcher(relative: str, is_dir: bool) -> bool:
         name = relative[relative.rfind("/") + 1 :]
         if is_dir:
-            if name in folder_names or name.endswith(folder_name_suffixes):
+            if name in folder_names or name.endswith(folder_name_suffixes) or relative in folder_paths:
                 return True
-        elif name in names or name.endswith(name_suffixes):
+        elif name in names or name.endswith(name_suffixes) or relative in paths:
             return True
         return match is not None and match(relative + "/" if is_dir else relative) is not None
 
@@ -341,14 +352,21 @@ def discover(
     return candidates, sorted(errors, key=lambda error: error.display)
 
 
-def iter_discover(paths: list[Path], config: Config, translations: Translations | None = None) -> Iterator[Found]:
+def iter_discover(
+    paths: list[Path],
+    config: Config,
+    translations: Translations | None = None,
+    listings: dict[str, set[str]] | None = None,
+) -> Iterator[Found]:
     """Everything found under ``paths``, as it is found (in no particular order).
 
     Each real file is yielded once. Symlinked files met while walking come last: the
     file itself, when it is also found under its own name, is preferred to a link.
-    ``translations`` remembers how gitignore patterns translate, from run to run.
+    ``translations`` remembers how gitignore patterns translate, from run to run;
+    ``listings``, when given, receives the names in each folder searched (by its path).
     """
     walk = _Walk(_Excludes(config, translations), config.respect_gitignore, translations)
+    walk.listings = listings
     walk.set_roots(paths)
     for given in paths:
         absolute = os.path.abspath(given)
@@ -383,6 +401,7 @@ class _Walk:
         self.deferred: list[tuple[str, str, str]] = []
         self.leftover_folders: set[str] = set()
         self.base = ""  # the folder being walked: exclude patterns fall back to it outside the project
+        self.listings: dict[str, set[str]] | None = None  # the names in each folder searched
 
     def set_roots(self, paths: list[Path]) -> None:
         folders, files = [], set()
@@ -440,6 +459,8 @@ class _Walk:
                 yield DiscoveryError(display, f"cannot list folder: {error.strerror or error}")
                 continue
             names = {entry.name for entry in entries}
+            if self.listings is not None:
+                self.listings[folder] = names
             if "pyvenv.cfg" in names and not top:
                 continue  # a virtual environment, whatever its name
             if self.respect_gitignore and ".gitignore" in names:

@@ -138,6 +138,7 @@ def execute(
     index = cache.index(config.project_root) if cache is not None else None
     summaries = cache.summaries(config.project_root) if cache is not None else None
     translations = cache.translations() if cache is not None else None
+    listings: dict[str, set[str]] = {}  # the names in each folder discovery searched
     settings = Settings(
         config.options,
         config.write,
@@ -150,7 +151,7 @@ def execute(
     pool = _LazyPool(config.jobs, settings)
     with _Interrupt() as interrupt:
         try:
-            for item in iter_discover(paths, config, translations):
+            for item in iter_discover(paths, config, translations, listings):
                 if interrupt.requested:
                     break
                 if isinstance(item, Candidate):
@@ -182,7 +183,7 @@ def execute(
                 outcome.interrupted = True
                 interrupt.requested = False  # the files in hand are finished; a new Ctrl-C stops them
             if tasks:
-                project = _Project(tasks, settings, cache, summaries, pool, interrupt)
+                project = _Project(tasks, settings, cache, summaries, pool, interrupt, listings)
                 results = project.migrate(progress)
                 if interrupt.requested:
                     # Nothing of the project is written (a group could be left half migrated):
@@ -234,12 +235,14 @@ class _Project:
         store: SummaryStore | None,
         pool: _LazyPool,
         interrupt: _Interrupt,
+        listings: dict[str, set[str]] | None = None,
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.store = store
         self.pool = pool
         self.interrupt = interrupt
+        self.listings = listings or {}
         self.by_path = {str(task.candidate.path): task for task in tasks}
         self.summaries = _Summaries(store, pool.poll)
         self.results: dict[str, FileResult] = {}
@@ -306,8 +309,16 @@ class _Project:
         if recorded is None:
             return False
         probes, keys = recorded
-        if set(keys) != set(self.by_path) or any(_signature(path) != signature for path, signature in probes):
+        if set(keys) != set(self.by_path):
             return False
+        for path, signature in probes:
+            if signature is None:
+                # Absent then: still absent when the folder, searched by this run, has no such name.
+                names = self.listings.get(os.path.dirname(path))
+                if names is not None and os.path.basename(path) not in names:
+                    continue
+            if _signature(path) != signature:
+                return False
         results = {}
         for path, key in keys.items():
             task = self.by_path[path]

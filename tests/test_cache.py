@@ -465,3 +465,25 @@ def test_a_warm_project_run_plans_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / "sub").mkdir()
     with pytest.raises(AssertionError, match="planned the project"):
         cli(tmp_path / "sub", monkeypatch, "--check", "..")
+
+
+def test_a_replay_stats_no_module_missing_from_a_searched_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The plan looked for engine.py and found none; this run's walk of the folder says so
+    # without a stat. A module that appears there is still seen (see the test above).
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    _project(tmp_path)
+    (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace("from trainer", "from engine"))
+    before = _check_main(tmp_path, monkeypatch)
+    statted: list[str] = []
+    signature = runner._signature
+
+    def counted(path: str) -> list[int] | None:
+        statted.append(path)
+        return signature(path)
+
+    monkeypatch.setattr(runner, "_signature", counted)
+    assert _check_main(tmp_path, monkeypatch) == before
+    assert statted and not any(os.path.dirname(path) == str(tmp_path) for path in statted)
+    assert str(tmp_path / "engine.py") not in statted

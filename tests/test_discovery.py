@@ -17,7 +17,7 @@ from migrate.discovery import Candidate, compile_gitignore, discover, iter_disco
 # anchored and nested paths, folder-only, `**`, escapes, spaces, negation.
 GITIGNORES = {
     ".gitignore": "# comment\n\n__pycache__/\n*.pyc\ndata\nscratch_*.py\n/top_only.py\nnested/deep/\n**/gen/*.py\n",
-    "pkg/.gitignore": "*_pb2.py\nbuild*/\n\\#odd.py\nspaced.py \nlogs/*.py\n",
+    "pkg/.gitignore": "*_pb2.py\nbuild*/\n\\#odd.py\nspaced.py \nlogs/*.py\n/anchored\nsub/lit.py\nout/dir/\n",
     "neg/.gitignore": "*.py\n!keep.py\n",
     "q/.gitignore": "file?.py\n[ab].py\n",
 }
@@ -43,6 +43,14 @@ FILES = [
     "pkg/spaced.py",
     "pkg/logs/l.py",
     "pkg/logs/more/l.py",
+    "pkg/anchored/a.py",
+    "pkg/anchored.py",
+    "pkg/x/anchored/a.py",
+    "pkg/sub/lit.py",
+    "pkg/sub/lit.py.bak.py",
+    "pkg/y/sub/lit.py",
+    "pkg/out/dir/a.py",
+    "pkg/out/dir.py",
     "neg/skip.py",
     "neg/keep.py",
     "neg/inner/keep.py",
@@ -88,6 +96,8 @@ def test_gitignore_matching_agrees_with_pathspec(tmp_path: Path) -> None:
     assert found == reference(tmp_path)
     assert "a.py" in found and "neg/keep.py" in found and "q/c.py" in found  # the test is not vacuous
     assert "data/x.py" not in found and "src/gen/b.py" not in found and "pkg/#odd.py" not in found
+    assert "pkg/anchored/a.py" not in found and "pkg/x/anchored/a.py" in found
+    assert "pkg/sub/lit.py" not in found and "pkg/y/sub/lit.py" in found and "pkg/out/dir.py" in found
 
 
 def test_a_folder_ignored_from_above_yields_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
