@@ -312,11 +312,8 @@ class _Project:
         if set(keys) != set(self.by_path):
             return False
         for path, signature in probes:
-            if signature is None:
-                # Absent then: still absent when the folder, searched by this run, has no such name.
-                names = self.listings.get(os.path.dirname(path))
-                if names is not None and os.path.basename(path) not in names:
-                    continue
+            if signature is None and _missing(path, self.listings):
+                continue  # absent then, and now
             if _signature(path) != signature:
                 return False
         results = {}
@@ -625,6 +622,18 @@ class _Summaries:
 
 
 _MISS = object()
+
+
+def _missing(path: str, listings: dict[str, set[str]]) -> bool:
+    """Whether ``path`` is certainly absent by what discovery found: the nearest folder above
+    it that this run searched has no entry on the way to it (``pkg`` for ``pkg/sub/m.py``)."""
+    child, folder = path, os.path.dirname(path)
+    while folder != child:
+        names = listings.get(folder)
+        if names is not None:
+            return os.path.basename(child) not in names
+        child, folder = folder, os.path.dirname(folder)
+    return False
 
 
 def _signature(path: str) -> list[int] | None:
