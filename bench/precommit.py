@@ -3,9 +3,20 @@
 Two files: one without Apex (the common case: the pre-filter answers without
 parsing) and one Apex training script. ampmigrate runs cold (an empty result cache:
 the Apex file is parsed) and warm (the file unchanged since the last run: answered
-from the cache, no libcst). Beside them, on the same files: pyupgrade and
-`black --check` (install them for this bench only: pip install pyupgrade black), and
-with --baseline-ref REF the ampmigrate of that git commit.
+from the cache, no libcst), each two ways:
+
+  - checkout: `python -m migrate` from the source folder, with this interpreter. In a
+    development environment that interpreter has the editable install's import hook
+    (`__editable___ampmigrate_..._finder`), which `site` loads at every start (about
+    20 ms, most of it pathlib and importlib.util): a cost users never pay;
+  - installed: the `ampmigrate` script of a virtual environment made for this bench,
+    with the package installed from a copy of the sources (not editable), as
+    pre-commit installs a hook. Its dependencies are this interpreter's (a .pth file
+    names its site-packages), so nothing is downloaded.
+
+Beside them, on the same files: pyupgrade and `black --check` (install them for this
+bench only: pip install pyupgrade black), and with --baseline-ref REF the ampmigrate of
+that git commit, both ways.
 
     python bench/precommit.py [--repeat 10] [--baseline-ref REF]
 
@@ -22,6 +33,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -56,7 +68,7 @@ class FolderDataset(Dataset):
 
 
 def command_for(tool: str) -> list[str] | None:
-    """How to start ``tool``; None if absent. ampmigrate runs from this checkout."""
+    """How to start ``tool``; None if absent. ampmigrate runs from a checkout (see wall_time)."""
     if tool.startswith(("ampmigrate", "before")):
         return [sys.executable, "-m", "migrate", "--check"]
     if tool == "pyupgrade":
@@ -66,22 +78,75 @@ def command_for(tool: str) -> list[str] | None:
     return [script, "--check", "--quiet"] if script else None
 
 
+def install(sources: Path, venv: Path) -> list[str]:
+    """A virtual environment with the package in ``sources`` installed (not editable) and
+    this interpreter's site-packages for its dependencies; the command of its script."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    # Only the dependencies: a .pth line adds a folder, but not the .pth files in it (so
+    # not this environment's editable hook, which would import the checkout instead).
+    (site / "_bench_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(sources),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    script = venv / "bin" / "ampmigrate"
+    script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom migrate.cli import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    return [str(script), "--check"]
+
+
+def sources_of(ref: str | None, folder: Path) -> Path:
+    """The files pip needs to build the package, at ``ref`` (None: this working tree), in ``folder``."""
+    folder.mkdir()
+    names = ["migrate", "pyproject.toml", "README.md"]
+    if ref is None:
+        for name in names:
+            source = ROOT / name
+            if source.is_dir():
+                shutil.copytree(source, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(source, folder / name)
+    else:
+        archive = subprocess.run(["git", "archive", ref, *names], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
 def wall_time(
-    command: list[str], path: Path, repeat: int, code: Path = ROOT, cache: Path | None = None
+    command: list[str], path: Path, repeat: int, code: Path | None = ROOT, cache: Path | None = None
 ) -> tuple[float, float]:
     """Median wall time and median CPU time (user + system, children included).
 
-    ``code`` is the folder the ampmigrate package is imported from; ``cache`` a result
-    cache kept from run to run (warm), else each run gets an empty one (cold).
+    ``code`` is the folder the ampmigrate package is imported from (None: where the
+    command finds it, an installed copy); ``cache`` a result cache kept from run to run
+    (warm), else each run gets an empty one (cold).
     """
     walls, cpus = [], []
     for _ in range(repeat):
         run_cache = cache or Path(tempfile.mkdtemp(prefix="ampmigrate-cold-cache-"))
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")])),
-            "AMPMIGRATE_CACHE_DIR": str(run_cache),
-        }
+        env = {**os.environ, "AMPMIGRATE_CACHE_DIR": str(run_cache)}
+        if code is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: modules compiled once
         # Each run on a fresh copy: pyupgrade and black may rewrite or cache.
         copy = path.with_name("copy_" + path.name)
@@ -108,38 +173,39 @@ def main() -> None:
     )
     parser.add_argument("--baseline-ref", help="also time the ampmigrate of this git commit (e.g. HEAD~3)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="ampmigrate-precommit-") as folder:
-        plain = Path(folder) / "plain.py"
+    with tempfile.TemporaryDirectory(prefix="ampmigrate-precommit-") as name:
+        folder = Path(name)
+        plain = folder / "plain.py"
         plain.write_text(PLAIN)
-        apex = Path(folder) / "train_amp.py"
+        apex = folder / "train_amp.py"
         apex.write_text(EXAMPLE.read_text())
-        warm_cache = Path(folder) / "warm-cache"
-        tools: list[tuple[str, Path, Path | None]] = [
-            ("ampmigrate cold", ROOT, None),
-            ("ampmigrate warm", ROOT, warm_cache),
-        ]
-        if args.baseline_ref:
-            baseline = Path(folder) / "baseline"
-            baseline.mkdir()
-            archive = subprocess.run(
-                ["git", "archive", args.baseline_ref, "migrate"], cwd=ROOT, check=True, capture_output=True
-            ).stdout
-            subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
-            tools.append((f"before {args.baseline_ref}", baseline, None))
-        tools += [("pyupgrade", ROOT, None), ("black", ROOT, None)]
-        print(f"{'tool':22} {'without Apex (wall / cpu)':>28} {'with Apex (wall / cpu)':>28}")
-        for tool, code, cache in tools:
-            command = command_for(tool)
+        # (row, command or None for command_for's, package folder for PYTHONPATH or None, warm)
+        tools: list[tuple[str, list[str] | None, Path | None, bool]] = []
+        for ref in [None, args.baseline_ref] if args.baseline_ref else [None]:
+            label = "ampmigrate" if ref is None else f"before {ref}"
+            sources = sources_of(ref, folder / f"sources-{ref or 'here'}")
+            installed = install(sources, folder / f"venv-{ref or 'here'}")
+            for warm in (False, True):
+                state = "warm" if warm else "cold"
+                tools.append((f"{label} {state} checkout", None, ROOT if ref is None else sources, warm))
+                tools.append((f"{label} {state} installed", installed, None, warm))
+        tools += [("pyupgrade", None, ROOT, False), ("black", None, ROOT, False)]
+        print(f"{'tool':34} {'without Apex (wall / cpu)':>28} {'with Apex (wall / cpu)':>28}")
+        for index, (tool, command, code, warm) in enumerate(tools):
+            command = command or command_for(tool)
             if command is None:
-                print(f"{tool:22} {'not installed':>28}")
+                print(f"{tool:34} {'not installed':>28}")
                 continue
+            cache = folder / f"warm-cache-{index}" if warm else None
             if cache is not None:  # warm: one run fills the cache
                 for path in (plain, apex):
                     wall_time(command, path, 1, code, cache)
             cells = [wall_time(command, path, args.repeat, code, cache) for path in (plain, apex)]
             row = "".join(f"{f'{wall:.3f} s / {cpu:.3f} s':>29}" for wall, cpu in cells)
-            print(f"{tool:22}{row}")
-        print("targets for ampmigrate: <= 0.100 s without Apex, <= 0.500 s with it")
+            print(f"{tool:34}{row}")
+        print("targets for ampmigrate: <= 0.100 s without Apex, <= 0.500 s with it (cold)")
+        print("checkout: python -m migrate with this interpreter (its editable-install hook included);")
+        print("installed: the ampmigrate script of a non-editable install, as pre-commit runs it")
 
 
 if __name__ == "__main__":

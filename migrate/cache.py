@@ -7,8 +7,8 @@ reason it failed), never about a path, so a file moved or copied still hits.
 
 The key hashes the file's bytes together with everything that can change the answer:
 ampmigrate's version and the size and time of each of its source files (an edited
-checkout is a new tool), the Python version (its grammar decides what parses), libcst's
-version, every option (the per-file project facts included) and whether the file is a
+checkout is a new tool), the Python version (its grammar decides what parses), the
+versions of libcst and pathspec, every option (the per-file project facts included) and whether the file is a
 notebook. Entries are written to a
 temporary file and renamed into place, so concurrent runs never read half an entry; a
 damaged or unreadable entry is a miss. The folder is ``$AMPMIGRATE_CACHE_DIR``, else
@@ -18,7 +18,6 @@ always safe.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -72,15 +71,17 @@ def tool_fingerprint() -> str:
                     digest.update(f"{entry.path}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
                 elif entry.is_dir() and entry.name not in ("shim", "__pycache__"):
                     folders.append(entry.path)
-    # libcst's version file, found on sys.path as the import system would, without
-    # importing libcst (or importlib.util, which costs a warm run more than this loop).
-    for path_entry in sys.path:
-        try:
-            info = os.stat(os.path.join(path_entry or ".", "libcst", "_version.py"))
-        except OSError:
-            continue
-        digest.update(f"libcst\0{info.st_size}\0{info.st_mtime_ns}".encode())
-        break
+    # The version files of libcst (it parses) and pathspec (it translates gitignore patterns,
+    # which are remembered), found on sys.path as the import system would, without importing
+    # them (or importlib.util, which costs a warm run more than this loop).
+    for package, version_file in (("libcst", "_version.py"), ("pathspec", "_version.py")):
+        for path_entry in sys.path:
+            try:
+                info = os.stat(os.path.join(path_entry or ".", package, version_file))
+            except OSError:
+                continue
+            digest.update(f"{package}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+            break
     return digest.hexdigest()[:24]
 
 
@@ -113,10 +114,14 @@ class Entry:
     def changed(
         cls, findings: tuple[tuple[int | None, int, int, str, str, bool], ...], new_data: bytes, **fields: Any
     ) -> Entry:
+        import base64  # here: a run whose files all pass over the pre-filter never needs it
+
         return cls("changed", findings, new_data_b64=base64.b64encode(new_data).decode("ascii"), **fields)
 
     @property
     def new_data(self) -> bytes | None:
+        import base64
+
         return base64.b64decode(self.new_data_b64) if self.new_data_b64 is not None else None
 
     def to_json(self) -> dict[str, Any]:
@@ -243,6 +248,10 @@ class Cache:
         name = hashlib.sha256(f"{self.fingerprint}\0".encode() + os.fsencode(os.path.realpath(project))).hexdigest()
         return SummaryStore(self, self.folder / "summaries" / name[:32])
 
+    def translations(self) -> Translations:
+        """pathspec's translations of gitignore patterns (see Translations)."""
+        return Translations(self, self.folder / "gitignore")
+
     def _prune_others(self) -> None:
         """Remove the folders of other tool versions nobody has written to in a month."""
         now = time.time()
@@ -258,6 +267,9 @@ class Cache:
 
 # The verdict of a file the byte pre-filter cleared: no entry, nothing to do.
 CLEAN = ""
+# The verdict of a file that passed the pre-filter: it is read and planned as usual, but an
+# earlier run saw it as it is now, so its results are most likely cached (nothing to parse ahead).
+PASSES = "passes"
 # A file changed within this many seconds of being looked at is not indexed: a change in
 # the same tick of a coarse file-system clock would leave its times as they were.
 _RACY_S = 2.0
@@ -268,7 +280,7 @@ class StatIndex:
 
     For a file whose size, modification and change times, inode and device are all as
     recorded, the recorded verdict stands without reading the file: CLEAN (the pre-filter
-    cleared it) or the key of its result-cache entry. A write to a file always moves its
+    cleared it) or PASSES (it passed; it is read all the same). A write to a file always moves its
     change time (which no tool can set back), so a changed file never matches; a file
     changed within ``_RACY_S`` of being looked at is not recorded at all. Only a hint: a
     verdict whose entry is gone is a miss, and the file is read as usual.
@@ -336,6 +348,44 @@ def _new_temp(folder: Path) -> tuple[int, str]:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name in {folder}")
+
+
+# How many translated groups of gitignore lines are kept (a large monorepo has a few hundred).
+_TRANSLATIONS_KEPT = 4096
+
+
+class Translations:
+    """pathspec's translation of groups of gitignore lines into one regular expression,
+    keyed on the lines themselves (``discovery.Translations``), for every tree: read at
+    first use, written back when a run added to it. pathspec's version is in the
+    fingerprint that names the folder."""
+
+    def __init__(self, cache: Cache, path: Path) -> None:
+        self.cache = cache
+        self.path = path
+        self._known: dict[str, Any] | None = None
+        self.dirty = False
+
+    @property
+    def known(self) -> dict[str, Any]:
+        if self._known is None:
+            self._known = _load_dict(self.path)
+        return self._known
+
+    def get(self, lines: str) -> Any:
+        return self.known.get(lines)
+
+    def put(self, lines: str, translation: list[Any] | None) -> None:
+        known = self.known
+        while len(known) >= _TRANSLATIONS_KEPT:
+            known.pop(next(iter(known)))  # the oldest first
+        known[lines] = translation
+        self.dirty = True
+
+    def save(self) -> None:
+        if self.dirty:
+            self.cache._store(self.path, self.known)
+            self.dirty = False
 
 
 # How many recorded plans a project keeps.

@@ -19,8 +19,9 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from migrate.atomic import TEMP_SUFFIX, is_temp_name
 from migrate.config import Config
@@ -30,6 +31,11 @@ SUFFIXES = (".py", ".ipynb")
 # shape (the defaults do) they are matched by folder name alone, without pathspec,
 # whose import costs a pre-commit run on one file a noticeable share of its 0.1 s.
 _FOLDER_NAME_PATTERN = re.compile(r"^[^/!\\#\[]+/$")
+# "/build", "docs/_build", "/a/b.py": a path anchored at the .gitignore's folder (a slash at
+# the start or in the middle), with no wildcard, escape, space or empty part. Under the
+# walk's condition (the folders above an entry are not ignored) it matches exactly that
+# relative path; anything under it is never asked about.
+_ANCHORED_LITERAL = re.compile(r"^/?[^/*?\[\\\s!#]+(?:/[^/*?\[\\\s]+)*$")
 # pathspec names a group in each pattern's regex; several patterns joined in one
 # alternation may not repeat a group name.
 _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
@@ -49,38 +55,30 @@ class Candidate:
         return self.path.endswith(".ipynb")
 
 
-@dataclass(frozen=True)
-class DiscoveryError:
-    """A path that could not be searched (missing, unreadable folder, symlink loop)."""
+if TYPE_CHECKING:
+    from typing import TypeAlias
 
-    display: str
-    reason: str
+    from migrate.records import DiscoveryError, Leftover, Notice
 
-
-@dataclass(frozen=True)
-class Notice:
-    """Something the user should know that is not a failure (a link not followed)."""
-
-    display: str
-    message: str
+    Found: TypeAlias = Candidate | DiscoveryError | Notice | Leftover
 
 
-@dataclass(frozen=True)
-class Leftover:
-    """A temporary file of an earlier ``--write`` found beside the files."""
+class Translations(Protocol):
+    """Where pathspec's translations of gitignore lines are remembered (``cache.Translations``):
+    a warm run over a tree of .gitignore files then neither imports pathspec nor translates."""
 
-    path: str
-    display: str
+    def get(self, lines: str) -> Any: ...
+
+    def put(self, lines: str, translation: list[Any] | None) -> None: ...
 
 
-Found = Candidate | DiscoveryError | Notice | Leftover
 # Whether a path relative to a .gitignore's folder is ignored (is_dir says which kind).
 _Matcher = Callable[[str, bool], bool]
 # A .gitignore in force while walking: the folder it sits in, and its matcher.
 _Ignore = tuple[str, _Matcher]
 
 
-def compile_gitignore(lines: list[str]) -> _Matcher:
+def compile_gitignore(lines: list[str], translations: Translations | None = None) -> _Matcher:
     """A matcher for the patterns of one .gitignore, for a walk that prunes as it goes.
 
     The matcher answers for an entry whose parent folders were already found not ignored
@@ -93,6 +91,8 @@ def compile_gitignore(lines: list[str]) -> _Matcher:
     """
     names: set[str] = set()
     folder_names: set[str] = set()
+    paths: set[str] = set()
+    folder_paths: set[str] = set()
     suffixes: list[str] = []
     folder_suffixes: list[str] = []
     rest: list[str] = []
@@ -100,40 +100,67 @@ def compile_gitignore(lines: list[str]) -> _Matcher:
         if not line or line.startswith("#"):
             continue
         if line.startswith("!"):
-            return _pathspec_matcher(lines)
+            return _ordered_matcher(lines, translations)
         folder_only = line.endswith("/")
         body = line[:-1] if folder_only else line
-        if not body or "/" in body or "\\" in body or body != body.strip():
-            rest.append(line)  # anchored, escaped or spaced: pathspec translates it
+        if "/" in body and _ANCHORED_LITERAL.match(body) and not {".", ".."} & set(body.split("/")):
+            # a path relative to the .gitignore's folder, without wildcards: compared whole
+            (folder_paths if folder_only else paths).add(body.removeprefix("/"))
+        elif not body or "/" in body or "\\" in body or body != body.strip():
+            rest.append(line)  # wildcards with a slash, escaped or spaced: pathspec translates it
         elif not any(char in body for char in "*?["):
             (folder_names if folder_only else names).add(body)
         elif body[0] == "*" and not any(char in body[1:] for char in "*?["):
             (folder_suffixes if folder_only else suffixes).append(body[1:])
         else:
             rest.append(line)
-    translated, match = _joined_regex(rest)
+    translated, match = _joined_regex(rest, translations)
     if not translated:
-        return _pathspec_matcher(lines)
+        return _ordered_matcher(lines, translations)
     name_suffixes, folder_name_suffixes = tuple(suffixes), tuple(suffixes + folder_suffixes)
     folder_names |= names
+    folder_paths |= paths
 
     def matcher(relative: str, is_dir: bool) -> bool:
         name = relative[relative.rfind("/") + 1 :]
         if is_dir:
-            if name in folder_names or name.endswith(folder_name_suffixes):
+            if name in folder_names or name.endswith(folder_name_suffixes) or relative in folder_paths:
                 return True
-        elif name in names or name.endswith(name_suffixes):
+        elif name in names or name.endswith(name_suffixes) or relative in paths:
             return True
         return match is not None and match(relative + "/" if is_dir else relative) is not None
 
     return matcher
 
 
-def _joined_regex(lines: list[str]) -> tuple[bool, Callable[[str], re.Match[str] | None] | None]:
+def _joined_regex(
+    lines: list[str], translations: Translations | None = None
+) -> tuple[bool, Callable[[str], re.Match[str] | None] | None]:
     """One compiled alternation of pathspec's regexes for ``lines`` (None for no line),
     and whether the translation worked."""
     if not lines:
         return True, None
+    key = "\n".join(lines)
+    known = translations.get(key) if translations is not None else None
+    if isinstance(known, list) and len(known) == 2 and isinstance(known[0], bool) and isinstance(known[1], str | None):
+        translated, joined = known
+    else:
+        translated, joined = _translate(lines)
+        if translations is not None:
+            translations.put(key, [translated, joined])
+    if not translated:
+        return False, None
+    if joined is None:
+        return True, None
+    try:
+        return True, re.compile(joined).match
+    except re.error:
+        return False, None
+
+
+def _translate(lines: list[str]) -> tuple[bool, str | None]:
+    """pathspec's regexes for ``lines`` as one alternation (None: no pattern), and whether
+    each line could be translated on its own (else pathspec must match the file whole)."""
     from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
 
     regexes = []
@@ -144,22 +171,80 @@ def _joined_regex(lines: list[str]) -> tuple[bool, Callable[[str], re.Match[str]
         if not include or not isinstance(regex, str):
             return False, None
         regexes.append(_NAMED_GROUP.sub("(?:", regex))
-    if not regexes:
-        return True, None
-    try:
-        return True, re.compile("|".join(regexes)).match
-    except re.error:
-        return False, None
+    return True, "|".join(regexes) if regexes else None
 
 
-def _whole_path_matcher(lines: list[str]) -> _Matcher:
+def _whole_path_matcher(lines: list[str], translations: Translations | None = None) -> _Matcher:
     """A matcher with GitIgnoreSpec's answers for any path, its folders unchecked."""
-    translated, match = _joined_regex([line for line in lines if line and not line.startswith("#")])
+    translated, match = _joined_regex([line for line in lines if line and not line.startswith("#")], translations)
     if not translated:
-        return _pathspec_matcher(lines)
+        return _ordered_matcher(lines, translations)
     if match is None:
         return lambda relative, is_dir: False
     return lambda relative, is_dir: match(relative + "/" if is_dir else relative) is not None
+
+
+def _ordered_matcher(lines: list[str], translations: Translations | None = None) -> _Matcher:
+    """GitIgnoreSpec's answers for patterns whose order matters (negations): each pattern's
+    own regex, the last match deciding, and a match of the path itself (a file pattern)
+    before a match through one of its folders (pathspec's "directory mark").
+
+    Decided as pathspec's own matcher decides (``pathspec._backends.simple.gitignore``), from
+    translations a warm run reads back rather than importing pathspec; pathspec itself
+    when a pattern cannot be translated on its own.
+    """
+    key = "\0ordered\n" + "\n".join(lines)
+    known = translations.get(key) if translations is not None else None
+    if not (isinstance(known, list) and all(_is_ordered_pattern(item) for item in known)):
+        known = _translate_each(lines)
+        if translations is not None:
+            translations.put(key, known)
+    if known is None:
+        return _pathspec_matcher(lines)
+    try:
+        patterns = [(bool(include), re.compile(regex).search) for include, regex in known]
+    except re.error:
+        return _pathspec_matcher(lines)
+    patterns.reverse()  # the last match decides: looked for from the end
+
+    def matcher(relative: str, is_dir: bool) -> bool:
+        path = relative + "/" if is_dir else relative
+        decided: bool | None = None
+        for include, search in patterns:
+            found = search(path)
+            if found is None:
+                continue
+            if not found.groupdict().get(_DIR_MARK):
+                return include  # the path itself matched: this pattern decides
+            if decided is None:
+                decided = include  # matched through a folder: unless a file pattern matches
+        return bool(decided)
+
+    return matcher
+
+
+# The group pathspec's regexes name when a pattern matched a folder above the path.
+_DIR_MARK = "ps_d"
+
+
+def _is_ordered_pattern(item: Any) -> bool:
+    return isinstance(item, list) and len(item) == 2 and isinstance(item[0], bool) and isinstance(item[1], str)
+
+
+def _translate_each(lines: list[str]) -> list[list[Any]] | None:
+    """(whether it ignores, regex) for each pattern of ``lines`` in order; None when one has no
+    regular expression of its own."""
+    from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
+
+    patterns: list[list[Any]] = []
+    for line in lines:
+        regex, include = GitIgnoreSpecPattern.pattern_to_regex(line)
+        if include is None:
+            continue
+        if not isinstance(regex, str):
+            return None
+        patterns.append([bool(include), regex])
+    return patterns
 
 
 def _pathspec_matcher(lines: list[str]) -> _Matcher:
@@ -172,7 +257,7 @@ def _pathspec_matcher(lines: list[str]) -> _Matcher:
 class _Excludes:
     """The project's exclude patterns, matched on paths relative to the project root."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, translations: Translations | None = None) -> None:
         self.root = os.path.realpath(config.project_root)
         patterns = [*config.exclude, *config.extend_exclude]
         self.matcher: _Matcher | None = None
@@ -183,7 +268,7 @@ class _Excludes:
         else:
             # Also asked about files named on the command line, whose folders nobody
             # checked: whole-path matching, not compile_gitignore's entry-name shortcut.
-            self.matcher = _whole_path_matcher(patterns)
+            self.matcher = _whole_path_matcher(patterns, translations)
 
     def relative(self, path: str, fallback_base: str) -> str:
         """``path`` relative to the project root, or to ``fallback_base`` outside it."""
@@ -201,13 +286,13 @@ class _Excludes:
         return any(self.folder_name.match(folder) for folder in folders)
 
 
-def _load_gitignore(folder: str) -> _Matcher | None:
+def _load_gitignore(folder: str, translations: Translations | None = None) -> _Matcher | None:
     try:
         with open(os.path.join(folder, ".gitignore"), encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
-    return compile_gitignore(lines)
+    return compile_gitignore(lines, translations)
 
 
 def _gitignored(path: str, is_dir: bool, ignores: tuple[_Ignore, ...]) -> bool:
@@ -230,7 +315,7 @@ def _ignored_folder(folder: str, ignores: tuple[_Ignore, ...]) -> bool:
     return False
 
 
-def _ancestor_ignores(folder: str) -> tuple[_Ignore, ...]:
+def _ancestor_ignores(folder: str, translations: Translations | None = None) -> tuple[_Ignore, ...]:
     """The .gitignore files above ``folder`` up to its repository root (none outside one)."""
     chain = []
     current = folder
@@ -244,17 +329,21 @@ def _ancestor_ignores(folder: str) -> tuple[_Ignore, ...]:
         current = parent
     ignores = []
     for ancestor in reversed(chain[1:]):
-        matcher = _load_gitignore(ancestor)
+        matcher = _load_gitignore(ancestor, translations)
         if matcher is not None:
             ignores.append((ancestor, matcher))
     return tuple(ignores)
 
 
-def discover(paths: list[Path], config: Config) -> tuple[list[Candidate], list[DiscoveryError]]:
+def discover(
+    paths: list[Path], config: Config, translations: Translations | None = None
+) -> tuple[list[Candidate], list[DiscoveryError]]:
     """All files to migrate under ``paths`` and the paths that failed, sorted by display name."""
+    from migrate.records import DiscoveryError
+
     candidates: list[Candidate] = []
     errors: list[DiscoveryError] = []
-    for item in iter_discover(paths, config):
+    for item in iter_discover(paths, config, translations):
         if isinstance(item, Candidate):
             candidates.append(item)
         elif isinstance(item, DiscoveryError):
@@ -263,20 +352,30 @@ def discover(paths: list[Path], config: Config) -> tuple[list[Candidate], list[D
     return candidates, sorted(errors, key=lambda error: error.display)
 
 
-def iter_discover(paths: list[Path], config: Config) -> Iterator[Found]:
+def iter_discover(
+    paths: list[Path],
+    config: Config,
+    translations: Translations | None = None,
+    listings: dict[str, set[str]] | None = None,
+) -> Iterator[Found]:
     """Everything found under ``paths``, as it is found (in no particular order).
 
     Each real file is yielded once. Symlinked files met while walking come last: the
     file itself, when it is also found under its own name, is preferred to a link.
+    ``translations`` remembers how gitignore patterns translate, from run to run;
+    ``listings``, when given, receives the names in each folder searched (by its path).
     """
-    walk = _Walk(_Excludes(config), config.respect_gitignore)
+    walk = _Walk(_Excludes(config, translations), config.respect_gitignore, translations)
+    walk.listings = listings
     walk.set_roots(paths)
     for given in paths:
         absolute = os.path.abspath(given)
         if not os.path.lexists(absolute):
+            from migrate.records import DiscoveryError  # rare: made where needed
+
             yield DiscoveryError(str(given), "no such file or directory")
         elif os.path.isdir(absolute):
-            ignores = _ancestor_ignores(absolute) if config.respect_gitignore else ()
+            ignores = _ancestor_ignores(absolute, translations) if config.respect_gitignore else ()
             if _ignored_folder(absolute, ignores):
                 continue  # a .gitignore above ignores the folder itself, so all in it
             walk.base = absolute
@@ -287,18 +386,22 @@ def iter_discover(paths: list[Path], config: Config) -> Iterator[Found]:
     yield from walk.links()
 
 
-@dataclass
 class _Walk:
-    excludes: _Excludes
-    respect_gitignore: bool
-    # real paths of the folders and files given: links may lead only inside them
-    root_folders: tuple[str, ...] = ()
-    root_files: frozenset[str] = frozenset()
-    seen: set[str] = field(default_factory=set)  # real paths already yielded
-    # symlinked files met while walking: (path, display, real path), decided at the end
-    deferred: list[tuple[str, str, str]] = field(default_factory=list)
-    leftover_folders: set[str] = field(default_factory=set)
-    base: str = ""  # the folder being walked: exclude patterns fall back to it outside the project
+    """The state of one discovery. A plain class: making a dataclass costs a run about 1.5 ms."""
+
+    def __init__(self, excludes: _Excludes, respect_gitignore: bool, translations: Translations | None) -> None:
+        self.excludes = excludes
+        self.respect_gitignore = respect_gitignore
+        self.translations = translations
+        # real paths of the folders and files given: links may lead only inside them
+        self.root_folders: tuple[str, ...] = ()
+        self.root_files: frozenset[str] = frozenset()
+        self.seen: set[str] = set()  # real paths already yielded
+        # symlinked files met while walking: (path, display, real path), decided at the end
+        self.deferred: list[tuple[str, str, str]] = []
+        self.leftover_folders: set[str] = set()
+        self.base = ""  # the folder being walked: exclude patterns fall back to it outside the project
+        self.listings: dict[str, set[str]] | None = None  # the names in each folder searched
 
     def set_roots(self, paths: list[Path]) -> None:
         folders, files = [], set()
@@ -332,6 +435,8 @@ class _Walk:
                 names = []
             shown_folder = os.path.dirname(display)
             for name in sorted(names):
+                from migrate.records import Leftover  # rare: made where needed
+
                 yield Leftover(os.path.join(folder, name), os.path.join(shown_folder, name))
 
     def folder(
@@ -349,13 +454,17 @@ class _Walk:
                 with os.scandir(folder) as scan:
                     entries = list(scan)
             except OSError as error:
+                from migrate.records import DiscoveryError  # rare: made where needed
+
                 yield DiscoveryError(display, f"cannot list folder: {error.strerror or error}")
                 continue
             names = {entry.name for entry in entries}
+            if self.listings is not None:
+                self.listings[folder] = names
             if "pyvenv.cfg" in names and not top:
                 continue  # a virtual environment, whatever its name
             if self.respect_gitignore and ".gitignore" in names:
-                matcher = _load_gitignore(folder)
+                matcher = _load_gitignore(folder, self.translations)
                 if matcher is not None:
                     ignores = (*ignores, (folder, matcher))
             prefix = "" if display == "." else display + "/"
@@ -364,6 +473,8 @@ class _Walk:
                 is_dir = entry.is_dir(follow_symlinks=False)
                 if not is_dir and not name.endswith(SUFFIXES):
                     if name.endswith(TEMP_SUFFIX) and is_temp_name(name):
+                        from migrate.records import Leftover  # rare: made where needed
+
                         yield Leftover(entry.path, prefix + name)
                     continue
                 path = entry.path
@@ -390,6 +501,8 @@ class _Walk:
         except FileNotFoundError:
             return  # dangling: nothing to migrate
         except OSError as error:  # a loop, or a folder on the way that cannot be searched
+            from migrate.records import DiscoveryError  # rare: made where needed
+
             yield DiscoveryError(display, f"cannot follow symlink: {error.strerror or error}")
             return
         if stat.S_ISREG(info.st_mode):
@@ -400,6 +513,8 @@ class _Walk:
             if real in self.seen:
                 continue  # the same file, already found under another name
             if not self.inside(real):
+                from migrate.records import Notice  # rare: made where needed
+
                 yield Notice(display, f"not followed: a symlink to {real}, outside the paths given")
                 continue
             self.seen.add(real)

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from migrate import apex_copies
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
+from migrate.roots import project_root
 
 # amp functions whose call on a name that no import binds means "the amp module came
 # from somewhere we cannot see"; initialize and state_dict are too common a method name
@@ -756,23 +757,6 @@ def _trains(path: str) -> bool:
             return _BACKWARD.search(handle.read()) is not None
     except OSError:
         return False
-
-
-_ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", "requirements.txt", ".git")
-
-
-def project_root(path: str) -> str:
-    """The nearest folder above ``path`` that looks like a project's root (setup.py, .git, ...)."""
-    return _root_of(os.path.dirname(os.path.abspath(path)))
-
-
-@functools.lru_cache(maxsize=4096)
-def _root_of(folder: str) -> str:
-    # by folder, so that the files of one folder (and the folders of one tree) share the walk up
-    if any(os.path.exists(os.path.join(folder, marker)) for marker in _ROOT_MARKERS):
-        return folder
-    parent = os.path.dirname(folder)
-    return folder if parent == folder else _root_of(parent)
 
 
 def _module_files(importer: str, module: str) -> tuple[str, ...]:

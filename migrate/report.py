@@ -11,13 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from migrate import __version__
 from migrate.config import Config
-from migrate.runner import Diagnostic, FileResult, Status
+from migrate.runner import FileResult, Status
+
+if TYPE_CHECKING:
+    from migrate.records import Diagnostic
 
 # json and the finding catalogue (migrate.findings) are imported by the formats that use
 # them: a pre-commit run on a clean file prints one summary line (budget 0.1 s).

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 
 from migrate import cache as cache_module
 from migrate.atomic import StaleFileError, leftover_state, write_atomic
-from migrate.cache import CLEAN, NO_SUMMARY, Cache, Entry, StatIndex, SummaryStore
+from migrate.cache import CLEAN, NO_SUMMARY, PASSES, Cache, Entry, StatIndex, SummaryStore
 from migrate.config import Config
-from migrate.discovery import Candidate, DiscoveryError, Leftover, Notice, iter_discover
+from migrate.discovery import Candidate, iter_discover
 from migrate.options import ModuleFacts, Options, ScalerInfo
 from migrate.prefilter import may_need_migration
 
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from migrate.ahead import Held, Prepare, Ready
     from migrate.findings import Finding
     from migrate.project import ModuleSummary, ProjectPlan
+    from migrate.records import Diagnostic, Job, Leftover, Task
     from migrate.workers import Pool
 
 # Modules only some runs need (worker pools, diffs, notebooks, the engine) are imported
@@ -55,26 +56,6 @@ class Status(str, Enum):
     CHANGED = "changed"  # would change, or was written with --write
     SKIPPED = "skipped"  # a file-level `# ampmigrate: skip`
     FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    """A finding placed in a file (and, for notebooks, a cell) for the user."""
-
-    path: str
-    line: int
-    column: int
-    code: str
-    message: str
-    fixed: bool
-    cell: int | None = None  # 1-based cell number in a notebook
-
-    @property
-    def location(self) -> str:
-        return self.path if self.cell is None else f"{self.path}:cell {self.cell}"
-
-    def format(self) -> str:
-        return f"{self.location}:{self.line}:{self.column}: {self.code} {self.message}"
 
 
 @dataclass(frozen=True)
@@ -128,28 +109,6 @@ class Settings:
     fingerprint: str | None
 
 
-@dataclass(frozen=True)
-class _Task:
-    """A file that passed the pre-filter: its bytes as read, and its stat for the write
-    (``file_stat``) or as looked at before reading (``seen``, at time ``looked_at``)."""
-
-    candidate: Candidate
-    data: bytes
-    file_stat: os.stat_result | None
-    seen: os.stat_result | None = None
-    looked_at: float = 0.0
-
-
-@dataclass(frozen=True)
-class Job:
-    """One file for a worker: its bytes (the very ones the project plan read) and its
-    options, facts included (picklable)."""
-
-    candidate: Candidate
-    data: bytes
-    options: Options
-
-
 def run(
     paths: list[Path],
     config: Config,
@@ -178,6 +137,8 @@ def execute(
     cache = Cache(config.cache_dir, config.options) if config.cache_dir is not None else None
     index = cache.index(config.project_root) if cache is not None else None
     summaries = cache.summaries(config.project_root) if cache is not None else None
+    translations = cache.translations() if cache is not None else None
+    listings: dict[str, set[str]] = {}  # the names in each folder discovery searched
     settings = Settings(
         config.options,
         config.write,
@@ -186,25 +147,31 @@ def execute(
         cache.fingerprint if cache is not None else None,
     )
     outcome = Outcome([])
-    tasks: list[_Task] = []
+    tasks: list[Task] = []
     pool = _LazyPool(config.jobs, settings)
     with _Interrupt() as interrupt:
         try:
-            for item in iter_discover(paths, config):
+            for item in iter_discover(paths, config, translations, listings):
                 if interrupt.requested:
                     break
                 if isinstance(item, Candidate):
                     front = _front(item, settings, index)
-                    if isinstance(front, _Task):
-                        tasks.append(front)
-                        if summaries is None or summaries.by_digest(item.path, summaries.digest(front.data)) is None:
-                            # A file whose bytes the summary store knows most likely has its
-                            # results in the cache (a warm run starts no worker).
-                            pool.prepare(front)
-                    elif front is not None:
+                    if isinstance(front, FileResult):
                         outcome.results.append(front)
+                    elif front is not None:
+                        tasks.append(front)
+                        if not front.known and (
+                            summaries is None or summaries.by_digest(item.path, summaries.digest(front.data)) is None
+                        ):
+                            # A file an earlier run took as it is now (by its stat, else by the
+                            # bytes the summary store knows) most likely has its results in the
+                            # cache: a warm run starts no worker.
+                            pool.prepare(front)
                     pool.poll()  # hand the workers more files to parse ahead
-                elif isinstance(item, DiscoveryError):
+                    continue
+                from migrate.records import DiscoveryError, Leftover, Notice  # rare: not for every file
+
+                if isinstance(item, DiscoveryError):
                     outcome.results.append(FileResult(item.display, Status.FAILED, error=item.reason))
                 elif isinstance(item, Notice):
                     outcome.notices.append(f"{item.display}: {item.message}")
@@ -216,7 +183,7 @@ def execute(
                 outcome.interrupted = True
                 interrupt.requested = False  # the files in hand are finished; a new Ctrl-C stops them
             if tasks:
-                project = _Project(tasks, settings, cache, summaries, pool, interrupt)
+                project = _Project(tasks, settings, cache, summaries, pool, interrupt, listings)
                 results = project.migrate(progress)
                 if interrupt.requested:
                     # Nothing of the project is written (a group could be left half migrated):
@@ -237,6 +204,8 @@ def execute(
                 index.save()
             if summaries is not None:
                 summaries.save()
+            if translations is not None:
+                translations.save()
     outcome.results.sort(key=lambda result: result.path)
     outcome.notices.sort()
     return outcome
@@ -260,18 +229,20 @@ class _Project:
 
     def __init__(
         self,
-        tasks: list[_Task],
+        tasks: list[Task],
         settings: Settings,
         cache: Cache | None,
         store: SummaryStore | None,
         pool: _LazyPool,
         interrupt: _Interrupt,
+        listings: dict[str, set[str]] | None = None,
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.store = store
         self.pool = pool
         self.interrupt = interrupt
+        self.listings = listings or {}
         self.by_path = {str(task.candidate.path): task for task in tasks}
         self.summaries = _Summaries(store, pool.poll)
         self.results: dict[str, FileResult] = {}
@@ -290,11 +261,11 @@ class _Project:
         return ProjectPlan(given, displays, self.summaries.of_file)
 
     def migrate(self, progress: Callable[[int], Iterator[None]] | None) -> list[FileResult]:
-        from migrate.project import Outcome as AmpOutcome
-
         record = self._record_key()
         if record is not None and self._replay(record):
             return list(self.results.values())
+        from migrate.project import Outcome as AmpOutcome  # not for a replay: a warm run does without
+
         self.plan = self._plan()
         self._pass(list(self.by_path), progress)
         # a group settles in at most three passes: as found, with its scaler shared, frozen
@@ -319,7 +290,7 @@ class _Project:
         """The key of all the plan depends on, but for the modules it looks for; None without a cache."""
         if self.cache is None or self.store is None:
             return None
-        from migrate.project import project_root
+        from migrate.roots import project_root
 
         # the working folder too: findings name modules that were not given relative to it
         digest = hashlib.sha256(self.cache.salt + os.fsencode(os.getcwd()))
@@ -338,8 +309,13 @@ class _Project:
         if recorded is None:
             return False
         probes, keys = recorded
-        if set(keys) != set(self.by_path) or any(_signature(path) != signature for path, signature in probes):
+        if set(keys) != set(self.by_path):
             return False
+        for path, signature in probes:
+            if signature is None and _missing(path, self.listings):
+                continue  # absent then, and now
+            if _signature(path) != signature:
+                return False
         results = {}
         for path, key in keys.items():
             task = self.by_path[path]
@@ -358,6 +334,8 @@ class _Project:
 
     def _pass(self, paths: list[str], progress: Callable[[int], Iterator[None]] | None) -> None:
         """Migrate ``paths`` with their current facts: from the cache, else in the workers."""
+        from migrate.records import Job
+
         jobs: list[Job] = []
         for path in paths:
             task = self.by_path[path]
@@ -406,7 +384,7 @@ class _LazyPool:
         self.holders: dict[str, int] = {}  # path: the worker that holds its trees
         self.frozen = False  # this process's objects are out of the cycle collector's sight
 
-    def prepare(self, task: _Task) -> None:
+    def prepare(self, task: Task) -> None:
         """Have a worker parse ``task``'s file ahead, if the workers' room for trees allows."""
         from migrate.ahead import AHEAD_BYTES, Prepare
 
@@ -447,6 +425,8 @@ class _LazyPool:
                 self.frozen = gc.get_freeze_count() == 0  # else not ours to undo at the end
                 gc.freeze()
             self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, self._done)
+        from migrate.records import Job
+
         # a batch of jobs is queued whole before the workers pick (see _Project._pass)
         self.pool.submit(job, size, prefer, dispatch=not isinstance(job, Job))
 
@@ -509,7 +489,7 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self.previous if self.previous is not None else signal.SIG_DFL)  # type: ignore[arg-type]
 
 
-def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) -> FileResult | _Task | None:
+def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) -> FileResult | Task | None:
     """Answer a file the pre-filter clears in the main process; else hand back its bytes.
 
     With a cache, a file the pre-filter cleared before and whose stat is unchanged is
@@ -518,6 +498,7 @@ def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) ->
     """
     info = None
     looked_at = 0.0
+    verdict = None
     if index is not None:
         looked_at = time.time()
         try:
@@ -525,7 +506,8 @@ def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) ->
         except OSError:
             info = None  # _read reports it
         if info is not None and stat.S_ISREG(info.st_mode):
-            if index.lookup(candidate.path, info) == CLEAN:
+            verdict = index.lookup(candidate.path, info)
+            if verdict == CLEAN:
                 return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
         else:
             info = None
@@ -537,7 +519,11 @@ def _front(candidate: Candidate, settings: Settings, index: StatIndex | None) ->
         if index is not None and info is not None:
             index.record(candidate.path, info, CLEAN, looked_at)
         return FileResult(candidate.display, Status.UNCHANGED, notebook=candidate.is_notebook)
-    return _Task(candidate, data, file_stat, info, looked_at)
+    if index is not None and info is not None and verdict != PASSES:
+        index.record(candidate.path, info, PASSES, looked_at)
+    from migrate.records import Task
+
+    return Task(candidate, data, file_stat, info, looked_at, known=verdict == PASSES)
 
 
 def _usable(entry: Entry | None, settings: Settings) -> Entry | None:
@@ -638,6 +624,18 @@ class _Summaries:
 _MISS = object()
 
 
+def _missing(path: str, listings: dict[str, set[str]]) -> bool:
+    """Whether ``path`` is certainly absent by what discovery found: the nearest folder above
+    it that this run searched has no entry on the way to it (``pkg`` for ``pkg/sub/m.py``)."""
+    child, folder = path, os.path.dirname(path)
+    while folder != child:
+        names = listings.get(folder)
+        if names is not None:
+            return os.path.basename(child) not in names
+        child, folder = folder, os.path.dirname(folder)
+    return False
+
+
 def _signature(path: str) -> list[int] | None:
     """The stat signature of the regular file ``path``; None if there is none."""
     try:
@@ -647,7 +645,7 @@ def _signature(path: str) -> list[int] | None:
     return StatIndex.signature(info) if stat.S_ISREG(info.st_mode) else None
 
 
-def _write(results: list[FileResult], tasks: list[_Task], write: bool) -> list[FileResult]:
+def _write(results: list[FileResult], tasks: list[Task], write: bool) -> list[FileResult]:
     """Write the changed files (``--write``), now that every group is settled."""
     by_display = {task.candidate.display: task for task in tasks}
     written = []
@@ -705,6 +703,8 @@ def _failed(candidate: Candidate, reason: str) -> FileResult:
 
 
 def _lost(job: Job | Prepare, reason: str) -> FileResult | Ready:
+    from migrate.records import Job
+
     if not isinstance(job, Job):  # a Prepare: its migration meets the same end, and says so
         from migrate.ahead import Ready
 
@@ -717,6 +717,7 @@ def _lost(job: Job | Prepare, reason: str) -> FileResult | Ready:
 
 def _setup_worker(settings: Settings) -> Callable[[Job | Prepare], FileResult | Ready]:
     import migrate.engine  # noqa: F401 - paid for once per worker
+    from migrate.records import Job
 
     cache = None
     if settings.cache_dir is not None:
@@ -760,6 +761,8 @@ def _cacheable(entry: Entry) -> bool:
 
 def _finish(entry: Entry, candidate: Candidate, settings: Settings) -> FileResult:
     """The FileResult of ``entry`` for this file; with --write it carries the bytes to write."""
+    from migrate.records import Diagnostic
+
     notebook = candidate.is_notebook
     if entry.status == "failed":
         return _failed(candidate, entry.error)

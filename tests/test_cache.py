@@ -162,6 +162,45 @@ def test_a_warm_run_imports_no_libcst(tmp_path: Path) -> None:
     assert loaded() == "[]"
 
 
+def test_a_warm_run_imports_only_what_it_replays_with(tmp_path: Path) -> None:
+    """No planning module, no parse-ahead, no pathspec: a warm run's start-up is its cost."""
+    make(tmp_path, {"train.py": AUTOCAST, "review.py": TREE["review.py"], "clean.py": "x = 1\n"})
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".gitignore").write_text("*.pyc\nbuild/\n/docs/_build\n!keep.py\n")
+    probe = (
+        "import sys\n"
+        "import migrate.cache\n"
+        "migrate.cache._RACY_S = 0.0  # files written just now are indexed all the same\n"
+        "read = []\n"
+        "load = migrate.cache._load_dict\n"
+        "kind = lambda path: path.suffix or ('summaries' if path.parent.name == 'summaries' else path.name)\n"
+        "migrate.cache._load_dict = lambda path: read.append(kind(path)) or load(path)\n"
+        "from migrate.cli import main\n"
+        "try:\n"
+        "    main(['--check', '.'])\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code == 1, exit.code\n"
+        "print(sorted(read))\n"
+        "print(sorted(set(sys.modules) & {'libcst', 'pathspec', 'migrate.project', 'migrate.ahead'}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env[ENV_VAR] = str(tmp_path / "cache")
+
+    def loaded() -> list[str]:
+        completed = subprocess.run(
+            [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, env=env, check=True
+        )
+        return completed.stdout.strip().splitlines()[-2:]
+
+    # cold: all of them, and the summaries read (a first run finds none)
+    assert loaded() == [
+        "['.plans', 'gitignore', 'summaries']",
+        "['libcst', 'migrate.ahead', 'migrate.project', 'pathspec']",
+    ]
+    # warm: the recorded plan and the translations only (the stat index is no _load_dict)
+    assert loaded() == ["['.plans', 'gitignore']", "[]"]
+
+
 def test_concurrent_runs_share_the_cache_safely(tmp_path: Path) -> None:
     make(tmp_path, {f"m{i}.py": AUTOCAST.replace("y = 1", f"y = {i}") for i in range(12)})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -426,3 +465,25 @@ def test_a_warm_project_run_plans_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / "sub").mkdir()
     with pytest.raises(AssertionError, match="planned the project"):
         cli(tmp_path / "sub", monkeypatch, "--check", "..")
+
+
+def test_a_replay_stats_no_module_missing_from_a_searched_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The plan looked for engine.py and found none; this run's walk of the folder says so
+    # without a stat. A module that appears there is still seen (see the test above).
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    _project(tmp_path)
+    (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace("from trainer", "from engine"))
+    before = _check_main(tmp_path, monkeypatch)
+    statted: list[str] = []
+    signature = runner._signature
+
+    def counted(path: str) -> list[int] | None:
+        statted.append(path)
+        return signature(path)
+
+    monkeypatch.setattr(runner, "_signature", counted)
+    assert _check_main(tmp_path, monkeypatch) == before
+    assert statted and not any(os.path.dirname(path) == str(tmp_path) for path in statted)
+    assert str(tmp_path / "engine.py") not in statted

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from pathspec import GitIgnoreSpec
 
 from migrate.config import build_config
-from migrate.discovery import Candidate, discover, iter_discover
+from migrate.discovery import Candidate, compile_gitignore, discover, iter_discover
 
 # Patterns of every shape compile_gitignore treats differently: names, suffixes, globs,
 # anchored and nested paths, folder-only, `**`, escapes, spaces, negation.
 GITIGNORES = {
     ".gitignore": "# comment\n\n__pycache__/\n*.pyc\ndata\nscratch_*.py\n/top_only.py\nnested/deep/\n**/gen/*.py\n",
-    "pkg/.gitignore": "*_pb2.py\nbuild*/\n\\#odd.py\nspaced.py \nlogs/*.py\n",
+    "pkg/.gitignore": "*_pb2.py\nbuild*/\n\\#odd.py\nspaced.py \nlogs/*.py\n/anchored\nsub/lit.py\nout/dir/\n",
     "neg/.gitignore": "*.py\n!keep.py\n",
     "q/.gitignore": "file?.py\n[ab].py\n",
 }
@@ -41,6 +43,14 @@ FILES = [
     "pkg/spaced.py",
     "pkg/logs/l.py",
     "pkg/logs/more/l.py",
+    "pkg/anchored/a.py",
+    "pkg/anchored.py",
+    "pkg/x/anchored/a.py",
+    "pkg/sub/lit.py",
+    "pkg/sub/lit.py.bak.py",
+    "pkg/y/sub/lit.py",
+    "pkg/out/dir/a.py",
+    "pkg/out/dir.py",
     "neg/skip.py",
     "neg/keep.py",
     "neg/inner/keep.py",
@@ -86,6 +96,8 @@ def test_gitignore_matching_agrees_with_pathspec(tmp_path: Path) -> None:
     assert found == reference(tmp_path)
     assert "a.py" in found and "neg/keep.py" in found and "q/c.py" in found  # the test is not vacuous
     assert "data/x.py" not in found and "src/gen/b.py" not in found and "pkg/#odd.py" not in found
+    assert "pkg/anchored/a.py" not in found and "pkg/x/anchored/a.py" in found
+    assert "pkg/sub/lit.py" not in found and "pkg/y/sub/lit.py" in found and "pkg/out/dir.py" in found
 
 
 def test_a_folder_ignored_from_above_yields_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,3 +127,99 @@ def test_a_file_given_twice_and_by_a_link_is_found_once(tmp_path: Path) -> None:
     paths = [tmp_path / "src", tmp_path / "src/m.py", tmp_path / "alias.py", tmp_path]
     candidates, errors = discover(paths, build_config(paths))
     assert len(candidates) == 1 and errors == []
+
+
+# Negations, where order and pathspec's folder-versus-file priority decide.
+ORDERED = [
+    "*.py\n!keep.py\n",
+    "build/\n!build/keep.py\n",
+    "!keep.py\n*.py\n",
+    "logs/\n!logs/*.py\nlogs/deep/\n",
+    "/data/**\n!/data/**/\n!/data/**/*.py\n",
+    "*\n!*/\n!*.py\nsecret.py\n",
+    "docs/*\n!docs/conf.py\n",
+]
+PROBES = [
+    ("keep.py", False),
+    ("skip.py", False),
+    ("sub/keep.py", False),
+    ("build", True),
+    ("build/keep.py", False),
+    ("build/other.py", False),
+    ("logs", True),
+    ("logs/a.py", False),
+    ("logs/deep", True),
+    ("logs/deep/a.py", False),
+    ("data", True),
+    ("data/x", True),
+    ("data/x/y.py", False),
+    ("secret.py", False),
+    ("sub/secret.py", False),
+    ("docs/conf.py", False),
+    ("docs/other.py", False),
+    ("docs/sub", True),
+]
+
+
+@pytest.mark.parametrize("text", ORDERED)
+def test_ordered_patterns_agree_with_pathspec(text: str) -> None:
+    lines = text.splitlines()
+    spec = GitIgnoreSpec.from_lines(lines)
+    matcher = compile_gitignore(lines)
+    expected = [spec.match_file(path + "/" if is_dir else path) for path, is_dir in PROBES]
+    assert [matcher(path, is_dir) for path, is_dir in PROBES] == expected
+    assert any(expected) and not all(expected)  # the probes tell patterns apart
+
+
+class _Memo:
+    def __init__(self) -> None:
+        self.known: dict[str, object] = {}
+
+    def get(self, lines: str) -> object:
+        return self.known.get(lines)
+
+    def put(self, lines: str, translation: list[object]) -> None:
+        self.known[lines] = translation
+
+
+@pytest.mark.parametrize("text", [*ORDERED, GITIGNORES[".gitignore"], GITIGNORES["pkg/.gitignore"]])
+def test_remembered_translations_give_the_same_answers(text: str) -> None:
+    lines = text.splitlines()
+    memo = _Memo()
+    fresh = compile_gitignore(lines, memo)
+    assert memo.known  # something was translated and remembered
+    remembered = compile_gitignore(lines, memo)
+    assert [remembered(path, is_dir) for path, is_dir in PROBES] == [fresh(path, is_dir) for path, is_dir in PROBES]
+
+
+def test_a_warm_walk_does_not_import_pathspec(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    for name in FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    for name, text in GITIGNORES.items():
+        (tmp_path / name).write_text(text)
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from migrate.cache import Cache\n"
+        "from migrate.config import build_config\n"
+        "from migrate.discovery import discover\n"
+        "root = Path(sys.argv[1])\n"
+        "config = build_config([root], exclude=())\n"
+        "translations = Cache(Path(sys.argv[2]), config.options).translations()\n"
+        "found = sorted(candidate.display for candidate in discover([root], config, translations)[0])\n"
+        "translations.save()\n"
+        "print('pathspec' in sys.modules, found)\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path), str(tmp_path / "cache")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split(" ", 1)
+        for _ in range(2)
+    ]
+    assert runs[0][0] == "True" and runs[1][0] == "False"  # translated once, then read back
+    assert runs[0][1] == runs[1][1] and "neg/keep.py" in runs[1][1]

@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 from migrate.cli import main
 from migrate.config import Config
+from migrate.records import Diagnostic
 from migrate.report import Report
-from migrate.runner import Diagnostic, FileResult, Status
+from migrate.runner import FileResult, Status
 
 AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
 NEEDS_REVIEW = "import torch\nfrom apex import amp\n\namp.half_function(torch.mm, torch.bmm)\n"

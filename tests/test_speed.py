@@ -23,7 +23,8 @@ from migrate.ahead import Prepare, Ready
 from migrate.config import build_config
 from migrate.discovery import Candidate
 from migrate.options import ModuleFacts, Options
-from migrate.runner import FileResult, Job, Settings, Status, run
+from migrate.records import Job
+from migrate.runner import FileResult, Settings, Status, run
 
 APEX = """\
 import torch
