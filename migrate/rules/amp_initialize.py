@@ -183,9 +183,11 @@ def _implied_by(test: cst.BaseExpression, condition: cst.BaseExpression) -> bool
 
 
 def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseExpression], cst.CSTNode]:
-    """Conditions of the `if`/`elif`/`else` clauses around ``statement``, and the outermost `if`."""
+    """Conditions of the `if`/`elif`/`else` clauses around ``statement``, and the outermost `if`
+    (or set-up-only loop) around it."""
     conditions: list[cst.BaseExpression] = []
     outermost = current = statement
+    top: cst.CSTNode
     while True:
         block = ctx.parent(current)
         owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
@@ -199,10 +201,30 @@ def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseEx
             assert isinstance(branch, cst.If)
             reaching, top = _reaching(ctx, branch)
             conditions[:0] = [*reaching, _negated(branch.test)]
+        elif isinstance(owner, (cst.For, cst.While)) and owner.body is block and _sets_up_only(ctx, owner):
+            # one amp.initialize per model/optimizer pair: each call replaced Apex's loss scalers,
+            # so every optimizer used the last one made, the one scaler made above the loop (and
+            # its guards, so that the training loop after them always has it)
+            top = owner
         else:
             break
         outermost = current = top
     return conditions, outermost
+
+
+def _sets_up_only(ctx: ModuleContext, loop: cst.For | cst.While) -> bool:
+    """Whether ``loop`` neither trains nor scales a loss (no ``backward``, ``step``, ``update``
+    or amp call but ``initialize`` inside): a scaler made once above it is the one Apex kept."""
+    return not any(
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _TRAINING_CALLS
+        for node in ctx.walk(loop, into_definitions=False)
+    )
+
+
+# calls that show a loop trains, or uses amp beyond amp.initialize
+_TRAINING_CALLS = frozenset(
+    {"backward", "step", "update", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"}
+)
 
 
 def _is_main_guard(test: cst.BaseExpression) -> bool:
