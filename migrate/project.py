@@ -647,6 +647,21 @@ class ProjectPlan:
                     "that step to `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()` (or "
                     "include its module), then run ampmigrate again"
                 )
+            elif (setup := _initialized_in_function(path)) is not None and not _trains(path):
+                # the function hands what amp.initialize made to code elsewhere (returns it, passes
+                # it on, keeps it on an object): that code trains, out of sight; under Apex O1 its
+                # forward pass ran in float16 even with a plain loss.backward(), and would silently
+                # run in float32 once the initialize is gone
+                reason = (
+                    f"amp.initialize in `{setup}` is given an optimizer, but no backward in this module or in a "
+                    "project module it is linked to scales a loss with the GradScaler that would replace it: the "
+                    f"model and optimizer leave `{setup}` for a training step out of sight (a caller, a trainer "
+                    "class or a module not given), whose forward pass Apex O1 ran in float16 even with a plain "
+                    "`loss.backward()`; removing the initialize would train it in float32 without a word. Put "
+                    'that step\'s forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):`, '
+                    "give it a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
+                    "`scaler.update()`), or include its module, then run ampmigrate again"
+                )
             else:
                 continue
             again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
@@ -751,6 +766,27 @@ def _trains(path: str) -> bool:
             return _BACKWARD.search(handle.read()) is not None
     except OSError:
         return False
+
+
+def _initialized_in_function(path: str) -> str | None:
+    """The function (or method) of ``path`` that calls ``<amp>.initialize(...)``, if the call is
+    in one (read again only for the rare module whose GradScaler no backward uses); None for a
+    module-level call, which a fragment makes and is migrated as before."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):  # breadth first: the outermost function comes first
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "initialize"
+            and "amp" in (ast.unparse(call.func.value).lower())
+            for call in ast.walk(node)
+        ):
+            return node.name
+    return None
 
 
 _ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", "requirements.txt", ".git")
