@@ -655,9 +655,9 @@ class ProjectPlan:
                 reason = (
                     f"amp.initialize in `{setup}` is given an optimizer, but no backward in this module or in a "
                     "project module it is linked to scales a loss with the GradScaler that would replace it: the "
-                    f"model and optimizer leave `{setup}` for a training step out of sight (a caller, a trainer "
-                    "class or a module not given), whose forward pass Apex O1 ran in float16 even with a plain "
-                    "`loss.backward()`; removing the initialize would train it in float32 without a word. Put "
+                    f"model and optimizer leave `{setup}` for code out of sight (a caller, a trainer class or a "
+                    "module not given), whose forward pass Apex O1 ran in float16 even with a plain "
+                    "`loss.backward()` or none; removing the initialize would run it in float32 without a word. Put "
                     'that step\'s forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):`, '
                     "give it a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
                     "`scaler.update()`), or include its module, then run ampmigrate again"

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
@@ -1141,6 +1141,11 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
     function, klass = home
     if klass is not None:
         attributes = {scaler.name for scaler in model.scalers if scaler.klass is klass}
+        if settings.outermost is not found.statement and _reinitializes(ctx, model, found, function, klass):
+            # a second set-up in another method (again before loading a checkpoint): Apex's
+            # state changed only where that call ran; made above its guards, the new scaler
+            # would replace the first one, disabled, on every path where they fail
+            settings = replace(settings, outermost=found.statement, shared_above=False)
         preferred = ctx.options.scaler_name
         name = preferred if preferred in attributes else ctx.fresh_name(preferred)
     else:
@@ -1158,6 +1163,35 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         if scale.static is not None:
             scale.static = value
     _create_scaler(ctx, model, found, settings, scale, home, name)
+
+
+def _reinitializes(
+    ctx: ModuleContext,
+    model: AmpModel,
+    found: SetupCall,
+    function: cst.FunctionDef | None,
+    klass: cst.ClassDef,
+) -> bool:
+    """Whether ``found`` is in a method other than ``__init__`` of a class with an ``__init__``
+    (which makes its scaler, or gets a disabled default), and another of its methods also calls
+    amp.initialize under fewer conditions: the class already has a scaler, maybe enabled, on
+    paths where this call does not run (under the same conditions, a scaler made above them is
+    the same disabled one there)."""
+    if (
+        function is None
+        or function.name.value == "__init__"
+        or not any(isinstance(node, cst.FunctionDef) and node.name.value == "__init__" for node in klass.body.body)
+    ):
+        return False
+    mine = {syntax.normalized(condition) for condition in _guards(ctx, found.statement)[0]}
+    for use in model.of("initialize"):
+        other = ctx.function_of(use.call)
+        if use.call is not found.call and other is not None and other is not function:
+            if ctx.class_of_method(other) is klass:
+                theirs = {syntax.normalized(condition) for condition in _guards(ctx, ctx.statement_of(use.call))[0]}
+                if mine - theirs:
+                    return True
+    return False
 
 
 def _runtime_scale_blocked(
