@@ -1054,7 +1054,11 @@ def _create_scaler(
     elif settings.outermost is statement:
         _drop_call(ctx, found, then=[*held_above, creation])
     else:
-        ctx.plan.before[settings.outermost].extend([*held_above, creation])
+        planned = ctx.plan.before[settings.outermost]
+        if held_above or not any(line.deep_equals(creation) for line in planned):
+            # several amp.initialize calls under the same guards (one per model/optimizer pair):
+            # Apex's last call left one set of loss scalers, and one scaler made above stands for them
+            planned.extend([*held_above, creation])
         _drop_call(ctx, found, then=held_here)
 
 
