@@ -194,15 +194,21 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
 
 
 def _imported_names(source: str) -> set[str]:
-    """Names any import statement of the module binds (the engine's own ast tree, reused)."""
+    """Names an import statement of the module binds from another library than Apex (the
+    engine's own ast tree, reused). An Apex import that binds the name only in another scope
+    (``from apex import amp`` inside ``__init__``) does not bind it where the call is."""
     try:
         tree = pytree.parse(source)
     except (SyntaxError, ValueError, RecursionError):
         return set()
     names: set[str] = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "apex" and not node.level:
+            continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
+                if isinstance(node, ast.Import) and alias.name.split(".")[0] == "apex":
+                    continue
                 names.add(alias.asname or alias.name.split(".")[0])
     return names
 
