@@ -647,10 +647,15 @@ class ProjectPlan:
                     "that step to `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()` (or "
                     "include its module), then run ampmigrate again"
                 )
-            elif (setup := _initialized_in_function(path)) is not None and not _trains(path):
+            elif (
+                path in alone
+                and (setup := _initialized_in_function(path)) is not None
+                and not _trains(path)
+                and self._linked_to_training(path)
+            ):
                 # the function hands what amp.initialize made to code elsewhere (returns it, passes
-                # it on, keeps it on an object): that code trains, out of sight; under Apex O1 its
-                # forward pass ran in float16 even with a plain loss.backward(), and would silently
+                # it on, keeps it on an object) that trains; under Apex O1 its forward pass ran in
+                # float16 even with a plain loss.backward(), and would silently
                 # run in float32 once the initialize is gone
                 reason = (
                     f"amp.initialize in `{setup}` is given an optimizer, but no backward in this module or in a "
@@ -666,6 +671,33 @@ class ProjectPlan:
                 continue
             again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
+
+    def _linked_to_training(self, path: str) -> bool:
+        """Whether a project module ``path`` imports, or a module beside it that imports it,
+        runs a backward (read only for the rare module whose GradScaler no backward uses)."""
+        if any(_backpropagates(target) for _, target in self.index.imported(self.index.modules[path])):
+            return True
+        folder, stem = os.path.split(os.path.abspath(path))
+        stem = os.path.splitext(stem)[0]
+        imports_it = re.compile(
+            rf"^\s*(from\s+\S*\b{re.escape(stem)}\s+import\b|import\s+.*\b{re.escape(stem)}\b)", re.M
+        )
+        try:
+            neighbours = sorted(name for name in os.listdir(folder) if name.endswith(".py"))
+        except OSError:
+            return False
+        for name in neighbours[:_NEIGHBOURS_READ]:
+            other = os.path.join(folder, name)
+            if other == os.path.abspath(path):
+                continue
+            try:
+                with open(other, encoding="utf-8", errors="replace") as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            if imports_it.search(text) and _BACKPROPAGATES.search(text):
+                return True
+        return False
 
     def _thread(self, members: list[str], left: list[str], outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
         """Facts that pass each creating module's GradScaler to the functions that need it; {} if none do.
@@ -764,6 +796,20 @@ def _trains(path: str) -> bool:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return _BACKWARD.search(handle.read()) is not None
+    except OSError:
+        return False
+
+
+# how many modules beside an unused scaler's module are read for one that imports it and trains
+_NEIGHBOURS_READ = 200
+_BACKPROPAGATES = re.compile(r"\.backward\s*\(")
+
+
+def _backpropagates(path: str) -> bool:
+    """Whether the module's text calls ``.backward(``."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return _BACKPROPAGATES.search(handle.read()) is not None
     except OSError:
         return False
 
