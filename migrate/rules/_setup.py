@@ -202,14 +202,19 @@ def _imported_names(source: str) -> set[str]:
     except (SyntaxError, ValueError, RecursionError):
         return set()
     names: set[str] = set()
+    # `global amp` beside `from apex import amp` in a function binds the module's name (as before)
+    declared = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "apex" and not node.level:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                if isinstance(node, ast.Import) and alias.name.split(".")[0] == "apex":
-                    continue
-                names.add(alias.asname or alias.name.split(".")[0])
+        for alias in node.names:
+            bound = alias.asname or alias.name.split(".")[0]
+            if isinstance(node, ast.ImportFrom):
+                apex = (node.module or "").split(".")[0] == "apex" and not node.level
+            else:
+                apex = alias.name.split(".")[0] == "apex"
+            if not apex or bound in declared:
+                names.add(bound)
     return names
 
 
