@@ -653,10 +653,57 @@ class ProjectPlan:
                     "that step to `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()` (or "
                     "include its module), then run ampmigrate again"
                 )
+            elif (
+                path in alone
+                and (setup := _initialized_in_function(path)) is not None
+                and not _trains(path)
+                and self._linked_to_training(path)
+            ):
+                # the function hands what amp.initialize made to code elsewhere (returns it, passes
+                # it on, keeps it on an object) that trains; under Apex O1 its forward pass ran in
+                # float16 even with a plain loss.backward(), and would silently
+                # run in float32 once the initialize is gone
+                reason = (
+                    f"amp.initialize in `{setup}` is given an optimizer, but no backward in this module or in a "
+                    "project module it is linked to scales a loss with the GradScaler that would replace it: the "
+                    f"model and optimizer leave `{setup}` for code out of sight (a caller, a trainer class or a "
+                    "module not given), whose forward pass Apex O1 ran in float16 even with a plain "
+                    "`loss.backward()` or none; removing the initialize would run it in float32 without a word. Put "
+                    'that step\'s forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):`, '
+                    "give it a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
+                    "`scaler.update()`), or include its module, then run ampmigrate again"
+                )
             else:
                 continue
             again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
+
+    def _linked_to_training(self, path: str) -> bool:
+        """Whether a project module ``path`` imports, or a module beside it that imports it,
+        runs a backward (read only for the rare module whose GradScaler no backward uses)."""
+        if any(_backpropagates(target) for _, target in self.index.imported(self.index.modules[path])):
+            return True
+        folder, stem = os.path.split(os.path.abspath(path))
+        stem = os.path.splitext(stem)[0]
+        imports_it = re.compile(
+            rf"^\s*(from\s+\S*\b{re.escape(stem)}\s+import\b|import\s+.*\b{re.escape(stem)}\b)", re.M
+        )
+        try:
+            neighbours = sorted(name for name in os.listdir(folder) if name.endswith(".py"))
+        except OSError:
+            return False
+        for name in neighbours[:_NEIGHBOURS_READ]:
+            other = os.path.join(folder, name)
+            if other == os.path.abspath(path):
+                continue
+            try:
+                with open(other, encoding="utf-8", errors="replace") as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            if imports_it.search(text) and _BACKPROPAGATES.search(text):
+                return True
+        return False
 
     def _thread(self, members: list[str], left: list[str], outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
         """Facts that pass each creating module's GradScaler to the functions that need it; {} if none do.
@@ -757,6 +804,41 @@ def _trains(path: str) -> bool:
             return _BACKWARD.search(handle.read()) is not None
     except OSError:
         return False
+
+
+# how many modules beside an unused scaler's module are read for one that imports it and trains
+_NEIGHBOURS_READ = 200
+_BACKPROPAGATES = re.compile(r"\.backward\s*\(")
+
+
+def _backpropagates(path: str) -> bool:
+    """Whether the module's text calls ``.backward(``."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return _BACKPROPAGATES.search(handle.read()) is not None
+    except OSError:
+        return False
+
+
+def _initialized_in_function(path: str) -> str | None:
+    """The function (or method) of ``path`` that calls ``<amp>.initialize(...)``, if the call is
+    in one (read again only for the rare module whose GradScaler no backward uses); None for a
+    module-level call, which a fragment makes and is migrated as before."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):  # breadth first: the outermost function comes first
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "initialize"
+            and "amp" in (ast.unparse(call.func.value).lower())
+            for call in ast.walk(node)
+        ):
+            return node.name
+    return None
 
 
 def _module_files(importer: str, module: str) -> tuple[str, ...]:

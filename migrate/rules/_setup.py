@@ -194,16 +194,27 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
 
 
 def _imported_names(source: str) -> set[str]:
-    """Names any import statement of the module binds (the engine's own ast tree, reused)."""
+    """Names an import statement of the module binds from another library than Apex (the
+    engine's own ast tree, reused). An Apex import that binds the name only in another scope
+    (``from apex import amp`` inside ``__init__``) does not bind it where the call is."""
     try:
         tree = pytree.parse(source)
     except (SyntaxError, ValueError, RecursionError):
         return set()
     names: set[str] = set()
+    # `global amp` beside `from apex import amp` in a function binds the module's name (as before)
+    declared = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                names.add(alias.asname or alias.name.split(".")[0])
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        for alias in node.names:
+            bound = alias.asname or alias.name.split(".")[0]
+            if isinstance(node, ast.ImportFrom):
+                apex = (node.module or "").split(".")[0] == "apex" and not node.level
+            else:
+                apex = alias.name.split(".")[0] == "apex"
+            if not apex or bound in declared:
+                names.add(bound)
     return names
 
 

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
@@ -183,9 +183,11 @@ def _implied_by(test: cst.BaseExpression, condition: cst.BaseExpression) -> bool
 
 
 def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseExpression], cst.CSTNode]:
-    """Conditions of the `if`/`elif`/`else` clauses around ``statement``, and the outermost `if`."""
+    """Conditions of the `if`/`elif`/`else` clauses around ``statement``, and the outermost `if`
+    (or set-up-only loop) around it."""
     conditions: list[cst.BaseExpression] = []
     outermost = current = statement
+    top: cst.CSTNode
     while True:
         block = ctx.parent(current)
         owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
@@ -199,10 +201,30 @@ def _guards(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[list[cst.BaseEx
             assert isinstance(branch, cst.If)
             reaching, top = _reaching(ctx, branch)
             conditions[:0] = [*reaching, _negated(branch.test)]
+        elif isinstance(owner, (cst.For, cst.While)) and owner.body is block and _sets_up_only(ctx, owner):
+            # one amp.initialize per model/optimizer pair: each call replaced Apex's loss scalers,
+            # so every optimizer used the last one made, the one scaler made above the loop (and
+            # its guards, so that the training loop after them always has it)
+            top = owner
         else:
             break
         outermost = current = top
     return conditions, outermost
+
+
+def _sets_up_only(ctx: ModuleContext, loop: cst.For | cst.While) -> bool:
+    """Whether ``loop`` neither trains nor scales a loss (no ``backward``, ``step``, ``update``
+    or amp call but ``initialize`` inside): a scaler made once above it is the one Apex kept."""
+    return not any(
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _TRAINING_CALLS
+        for node in ctx.walk(loop, into_definitions=False)
+    )
+
+
+# calls that show a loop trains, or uses amp beyond amp.initialize
+_TRAINING_CALLS = frozenset(
+    {"backward", "step", "update", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"}
+)
 
 
 def _is_main_guard(test: cst.BaseExpression) -> bool:
@@ -1032,7 +1054,11 @@ def _create_scaler(
     elif settings.outermost is statement:
         _drop_call(ctx, found, then=[*held_above, creation])
     else:
-        ctx.plan.before[settings.outermost].extend([*held_above, creation])
+        planned = ctx.plan.before[settings.outermost]
+        if held_above or not any(line.deep_equals(creation) for line in planned):
+            # several amp.initialize calls under the same guards (one per model/optimizer pair):
+            # Apex's last call left one set of loss scalers, and one scaler made above stands for them
+            planned.extend([*held_above, creation])
         _drop_call(ctx, found, then=held_here)
 
 
@@ -1119,6 +1145,11 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
     function, klass = home
     if klass is not None:
         attributes = {scaler.name for scaler in model.scalers if scaler.klass is klass}
+        if settings.outermost is not found.statement and _reinitializes(ctx, model, found, function, klass):
+            # a second set-up in another method (again before loading a checkpoint): Apex's
+            # state changed only where that call ran; made above its guards, the new scaler
+            # would replace the first one, disabled, on every path where they fail
+            settings = replace(settings, outermost=found.statement, shared_above=False)
         preferred = ctx.options.scaler_name
         name = preferred if preferred in attributes else ctx.fresh_name(preferred)
     else:
@@ -1136,6 +1167,35 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         if scale.static is not None:
             scale.static = value
     _create_scaler(ctx, model, found, settings, scale, home, name)
+
+
+def _reinitializes(
+    ctx: ModuleContext,
+    model: AmpModel,
+    found: SetupCall,
+    function: cst.FunctionDef | None,
+    klass: cst.ClassDef,
+) -> bool:
+    """Whether ``found`` is in a method other than ``__init__`` of a class with an ``__init__``
+    (which makes its scaler, or gets a disabled default), and another of its methods also calls
+    amp.initialize under fewer conditions: the class already has a scaler, maybe enabled, on
+    paths where this call does not run (under the same conditions, a scaler made above them is
+    the same disabled one there)."""
+    if (
+        function is None
+        or function.name.value == "__init__"
+        or not any(isinstance(node, cst.FunctionDef) and node.name.value == "__init__" for node in klass.body.body)
+    ):
+        return False
+    mine = {syntax.normalized(condition) for condition in _guards(ctx, found.statement)[0]}
+    for use in model.of("initialize"):
+        other = ctx.function_of(use.call)
+        if use.call is not found.call and other is not None and other is not function:
+            if ctx.class_of_method(other) is klass:
+                theirs = {syntax.normalized(condition) for condition in _guards(ctx, ctx.statement_of(use.call))[0]}
+                if mine - theirs:
+                    return True
+    return False
 
 
 def _runtime_scale_blocked(
