@@ -696,11 +696,7 @@ class ProjectPlan:
             other = os.path.join(folder, name)
             if other == os.path.abspath(path):
                 continue
-            try:
-                with open(other, encoding="utf-8", errors="replace") as handle:
-                    text = handle.read()
-            except OSError:
-                continue
+            text = _text(other)
             if imports_it.search(text) and _BACKPROPAGATES.search(text):
                 return True
         return False
@@ -799,11 +795,16 @@ _BACKWARD = re.compile(r"\.(backward|step)\s*\(")
 def _trains(path: str) -> bool:
     """Whether the module's text calls ``.backward(`` or ``.step(`` (read again only for the rare
     module whose GradScaler no backward uses; a fragment without either is migrated as before)."""
+    return _BACKWARD.search(_text(path)) is not None
+
+
+def _text(path: str) -> str:
+    """The module's text as far as it decodes ("" when it cannot be read)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            return _BACKWARD.search(handle.read()) is not None
+            return handle.read()
     except OSError:
-        return False
+        return ""
 
 
 # how many modules beside an unused scaler's module are read for one that imports it and trains
@@ -813,11 +814,7 @@ _BACKPROPAGATES = re.compile(r"\.backward\s*\(")
 
 def _backpropagates(path: str) -> bool:
     """Whether the module's text calls ``.backward(``."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return _BACKPROPAGATES.search(handle.read()) is not None
-    except OSError:
-        return False
+    return _BACKPROPAGATES.search(_text(path)) is not None
 
 
 def _initialized_in_function(path: str) -> str | None:
