@@ -140,14 +140,15 @@ def _joined_regex(
     and whether the translation worked."""
     if not lines:
         return True, None
-    key = "\n".join(lines)
-    known = translations.get(key) if translations is not None else None
-    if isinstance(known, list) and len(known) == 2 and isinstance(known[0], bool) and isinstance(known[1], str | None):
-        translated, joined = known
-    else:
-        translated, joined = _translate(lines)
-        if translations is not None:
-            translations.put(key, [translated, joined])
+    translated, joined = _remembered(
+        translations,
+        "\n".join(lines),
+        lambda known: isinstance(known, list)
+        and len(known) == 2
+        and isinstance(known[0], bool)
+        and isinstance(known[1], str | None),
+        lambda: list(_translate(lines)),
+    )
     if not translated:
         return False, None
     if joined is None:
@@ -158,19 +159,27 @@ def _joined_regex(
         return False, None
 
 
+def _remembered(
+    translations: Translations | None, key: str, valid: Callable[[Any], bool], translate: Callable[[], Any]
+) -> Any:
+    """The translation remembered under ``key`` if ``valid`` accepts it, else ``translate()``'s
+    (remembered for the next run)."""
+    known = translations.get(key) if translations is not None else None
+    if not valid(known):
+        known = translate()
+        if translations is not None:
+            translations.put(key, known)
+    return known
+
+
 def _translate(lines: list[str]) -> tuple[bool, str | None]:
     """pathspec's regexes for ``lines`` as one alternation (None: no pattern), and whether
-    each line could be translated on its own (else pathspec must match the file whole)."""
-    from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
-
-    regexes = []
-    for line in lines:
-        regex, include = GitIgnoreSpecPattern.pattern_to_regex(line)
-        if include is None:
-            continue
-        if not include or not isinstance(regex, str):
-            return False, None
-        regexes.append(_NAMED_GROUP.sub("(?:", regex))
+    each line could be translated on its own, none a negation (else pathspec must match the
+    file whole)."""
+    each = _translate_each(lines)
+    if each is None or not all(include for include, _ in each):
+        return False, None
+    regexes = [_NAMED_GROUP.sub("(?:", regex) for _, regex in each]
     return True, "|".join(regexes) if regexes else None
 
 
@@ -193,12 +202,12 @@ def _ordered_matcher(lines: list[str], translations: Translations | None = None)
     translations a warm run reads back rather than importing pathspec; pathspec itself
     when a pattern cannot be translated on its own.
     """
-    key = "\0ordered\n" + "\n".join(lines)
-    known = translations.get(key) if translations is not None else None
-    if not (isinstance(known, list) and all(_is_ordered_pattern(item) for item in known)):
-        known = _translate_each(lines)
-        if translations is not None:
-            translations.put(key, known)
+    known = _remembered(
+        translations,
+        "\0ordered\n" + "\n".join(lines),
+        lambda known: isinstance(known, list) and all(_is_ordered_pattern(item) for item in known),
+        lambda: _translate_each(lines),
+    )
     if known is None:
         return _pathspec_matcher(lines)
     try:

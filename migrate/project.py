@@ -822,9 +822,8 @@ def _initialized_in_function(path: str) -> str | None:
     in one (read again only for the rare module whose GradScaler no backward uses); None for a
     module-level call, which a fragment makes and is migrated as before."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            tree = ast.parse(handle.read())
-    except (OSError, SyntaxError, ValueError):
+        tree = ast.parse(_text(path))
+    except (SyntaxError, ValueError):
         return None
     for node in ast.walk(tree):  # breadth first: the outermost function comes first
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
