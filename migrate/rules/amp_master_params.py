@@ -40,6 +40,10 @@ After::
         scaler.step(optimizer)
         scaler.update()
 
+The same goes for a clip of ``model.parameters()`` (or any parameters) after a scaled
+backward, and for a function of the module that touches ``.grad`` given them (a norm, a
+hand-made clip, a log of the largest gradient, whatever its name): Apex had unscaled them.
+
 Gradients read at several places before one step (a norm logged under one condition, a
 clip under another) get one ``unscale_``: before the first read of each block when those
 blocks exclude each other (``if``/``else``), else right after the scaled backward of their
@@ -425,6 +429,18 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, requests: list[
     ctx.consumed.add(use.base)
 
 
+def _gradient_readers(ctx: ModuleContext) -> set[str]:
+    """Top-level functions of the module that touch ``.grad`` (a norm, a hand-made clip, a
+    log of the largest gradient): given the parameters after a scaled backward, they read
+    what Apex had already unscaled."""
+    return {
+        statement.name.value
+        for statement in ctx.module.body
+        if isinstance(statement, cst.FunctionDef)
+        and any(isinstance(node, cst.Attribute) and node.attr.value == "grad" for node in ctx.walk(statement))
+    }
+
+
 def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, requests: list[_Unscale]) -> None:
     """Clips of ``model.parameters()`` after a scaled backward also need ``unscale_``.
 
@@ -434,8 +450,12 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, requests: list[_Unsca
     if not model.sites:
         return
     site_functions = {ctx.function_of(site) for site in model.sites}
+    readers = _gradient_readers(ctx)
     for clip in ctx.nodes_of(cst.Call):
-        if not is_clip(clip.func) or any(
+        reads = is_clip(clip.func) or (
+            isinstance(clip.func, cst.Name) and clip.func.value in readers and bool(clip.args)
+        )
+        if not reads or any(
             isinstance(n, cst.Call) and (found := ctx.amp_api(n.func)) is not None and found[0] == "master_params"
             for n in ctx.walk(clip)
         ):
