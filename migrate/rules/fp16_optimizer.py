@@ -5,7 +5,10 @@ What it rewrites
     optimizer) and a GradScaler takes its place, created before the ``if`` that guards the
     construction, with ``enabled=`` that guard. The model stays float32: ``model.half()``,
     ``model = network_to_half(model)``, ``FP16Model(model)`` and ``BN_convert_float(model.half())``
-    under the same guard go, and the forward pass and loss run under ``torch.autocast``.
+    under the same guard go, and the forward pass and loss run under ``torch.autocast``. So does a
+    later ``model.half()`` of that model after the set-up under the same guard and more tests (a
+    float32 checkpoint saved in the loop: ``model.float()``, save, ``if fp16: model.half()``): it
+    only re-halved the model FP16_Optimizer trains, and ``model.float()`` is a no-op on the float32 model.
     ``optimizer.backward(loss)`` becomes ``scaler.scale(loss).backward()`` (and
     ``if fp16: optimizer.backward(loss) else: loss.backward()`` one such line),
     ``optimizer.step()`` ``scaler.step(optimizer)`` then ``scaler.update()``,
@@ -1312,6 +1315,9 @@ class _Planner:
         """Remove the casts that made the model float16 for FP16_Optimizer (same guard, same scope)."""
         ctx = self.ctx
         guard_codes = [syntax.normalized(g) for g in self.guards]
+        # models halved under exactly the set-up's guards before it: what FP16_Optimizer trained
+        halved_before: set[str] = set()
+        later: list[tuple[cst.Call, str, cst.CSTNode, list[str]]] = []
         for call in ctx.nodes_of(cst.Call):
             if ctx.scope_of(call) is not self.setup.scope:
                 continue
@@ -1323,19 +1329,65 @@ class _Planner:
                 continue
             if self._fresh_model(call, statement, halving):
                 continue  # a model loaded after training (fp16 inference): it stays as it was
-            kept = self._without_half(statement)
             conditions, _ = _guards(ctx, statement)
-            if kept is ... or [syntax.normalized(c) for c in conditions] != guard_codes:
+            codes = [syntax.normalized(c) for c in conditions]
+            if codes != guard_codes:
+                later.append((call, halving, statement, codes))
+                continue
+            if ctx.position(statement)[0] < self.start_line:
+                halved_before.add(halving)
+            self._drop_half(call, statement)
+        for call, halving, statement, codes in later:
+            if not self._halved_again(call, halving, statement, codes, guard_codes, halved_before):
                 raise _Blocked(
                     call,
                     f"`{syntax.code(call).strip()}` makes the model float16 here, apart from the FP16_Optimizer set-up: "
                     "remove it (the model stays float32 under torch.autocast) and run ampmigrate again",
                 )
-            if kept is None:
-                self.edits.remove.add(statement)
-            else:
-                assert isinstance(kept, cst.SimpleStatementLine)
-                self.edits.replace_statement[statement] = [kept]
+            self._drop_half(call, statement)
+
+    def _halved_again(
+        self,
+        call: cst.Call,
+        halving: str,
+        statement: cst.CSTNode,
+        codes: list[str],
+        guard_codes: list[str],
+        halved_before: set[str],
+    ) -> bool:
+        """Whether ``halving.half()`` only halves again the model the set-up's own ``.half()`` made
+        float16: after the set-up, under its guards and more (RRC's checkpoints: ``model.float()``,
+        save, ``if args.fp16: model.half()``), on a model halved under those guards before it. Such a
+        call runs only where FP16_Optimizer trains that model, which the migration keeps float32 (its
+        ``model.float()`` a no-op there): it goes like the first one."""
+        remaining = list(codes)
+        for code in guard_codes:
+            if code not in remaining:
+                return False
+            remaining.remove(code)
+        return (
+            isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "half"
+            and halving in halved_before
+            and self.ctx.position(statement)[0] > self.start_line
+        )
+
+    def _drop_half(self, call: cst.Call, statement: cst.CSTNode) -> None:
+        """Remove the ``.half()`` (or Apex halving wrapper) of ``statement``, keeping the rest of it."""
+        if statement in self.edits.remove or statement in self.edits.replace_statement:
+            return
+        kept = self._without_half(statement)
+        if kept is ...:
+            raise _Blocked(
+                call,
+                f"`{syntax.code(call).strip()}` makes the model float16 here, apart from the FP16_Optimizer set-up: "
+                "remove it (the model stays float32 under torch.autocast) and run ampmigrate again",
+            )
+        if kept is None:
+            self.edits.remove.add(statement)
+        else:
+            assert isinstance(kept, cst.SimpleStatementLine)
+            self.edits.replace_statement[statement] = [kept]
 
     def _fresh_model(self, call: cst.Call, statement: cst.CSTNode, name: str) -> bool:
         """Whether ``name.half()`` halves a model bound anew after the optimizer's last use.
