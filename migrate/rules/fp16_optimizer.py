@@ -16,6 +16,10 @@ What it rewrites
     optimizer's parameters (its norm is kept), ``optimizer.loss_scale`` ``scaler.get_scale()``;
     ``optimizer.zero_grad()`` zeroes the gradients as FP16_Optimizer did (``set_to_none=False``
     where apex.fp16_utils' version zeroed them). ``to_python_float(t)`` becomes ``t.item()``.
+    In a module with no FP16_Optimizer (fp16 inference), ``network_to_half(net)`` becomes
+    ``half_network(net)``, Apex's function in plain torch written into the module (the same
+    Sequential, so the same ``1.`` state_dict prefix), unless a call of it runs above the module's
+    last import (a notebook importing in a later cell), where the helper would not exist yet.
 
     Checkpoints: ``optimizer.state_dict()`` becomes ``{"optimizer": optimizer.state_dict(), "scaler":
     scaler.state_dict()}`` (one value, wherever the old one went; under an fp16 switch only where the
@@ -156,6 +160,7 @@ import libcst as cst
 
 from migrate.rules import _local_copies as local_copies
 from migrate.rules import _syntax as syntax
+from migrate.rules._apply import _after_imports
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext, Statement
 from migrate.rules._forward import forward_span
@@ -1825,8 +1830,90 @@ def _plan_helpers(ctx: ModuleContext) -> None:
         ctx.consumed.add(star_alias)  # amp_import drops the star import
 
 
+_NETWORK_TO_HALF = """\
+class {cls}(torch.nn.Module):
+    \"\"\"Apex's tofp16: its forward returns the input cast to float16.\"\"\"
+
+    def forward(self, input):
+        return input.half()
+
+
+def {name}(network):
+    \"\"\"apex.fp16_utils.network_to_half in plain torch: the network cast to float16 but its affine batch
+    norms (float32 again), behind a module that casts the input to float16; the Sequential gives the
+    state_dict keys a `1.` prefix, as Apex's did.\"\"\"
+    network.half()
+    for module in network.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.affine is True:
+            module.float()
+    return torch.nn.Sequential({cls}(), network)
+"""
+_NETWORK_TO_HALF_PATHS = frozenset({"apex.fp16_utils.network_to_half", "apex.fp16_utils.fp16util.network_to_half"})
+
+
+def _plan_network_to_half(ctx: ModuleContext) -> None:
+    """``network_to_half(net)`` in a module with no FP16_Optimizer (fp16 inference, or pure fp16
+    training): the same function, written into the module. Where an FP16_Optimizer is set up, the
+    set-up decides (its model stays float32, or all of it stays)."""
+    names: tuple[str, str] | None = None
+    # the helpers go after the module's imports: a call above that point (a notebook importing in a
+    # later cell) would run before they exist, so such a module keeps Apex's (amp_import reports it)
+    early = set(ctx.module.body[: _after_imports(ctx.module.body)])
+    calls = [
+        call
+        for call in ctx.nodes_of(cst.Call)
+        if (found := ctx.apex_path(call.func)) is not None and found[0] in _NETWORK_TO_HALF_PATHS
+    ]
+    if any(_top_statement(ctx, call) in early for call in calls):
+        return
+    for call in calls:
+        found = ctx.apex_path(call.func)
+        if found is None or ctx.skipped(call):
+            continue
+        binding = ctx.resolve(found[1].value, found[1])
+        if binding is None or binding.copy is not None:
+            continue  # a project's own copy: its BN_convert_float may differ from Apex's
+        if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
+            continue
+        if names is None:
+            names = (ctx.fresh_name("half_network"), ctx.fresh_name("HalfInput"))
+            ctx.plan.module_helpers.append(
+                cst.parse_module(_NETWORK_TO_HALF.format(name=names[0], cls=names[1])).body[0]
+            )
+            ctx.plan.module_helpers.append(
+                cst.parse_module(_NETWORK_TO_HALF.format(name=names[0], cls=names[1])).body[1]
+            )
+            ctx.plan.needs_torch_import = True
+        ctx.plan.substitute(call.func, cst.Name(names[0]))
+        ctx.consumed.add(found[1])
+        ctx.report(
+            "AMP041",
+            call,
+            f"apex.fp16_utils.network_to_half became `{names[0]}`, the same function in plain torch written into "
+            "this module (float16 network, affine batch norms float32, input cast to float16, state_dict keys "
+            "prefixed `1.`); Apex before January 2019 (NVIDIA/apex fe365d5) also made batch norms with "
+            "affine=False float32",
+        )
+
+
+def _top_statement(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode:
+    """The module-level statement holding ``node``."""
+    current = node
+    while True:
+        parent = ctx.parent(current)
+        if parent is None or isinstance(parent, cst.Module):
+            return current
+        current = parent
+
+
+def _has_fp16_optimizer(ctx: ModuleContext) -> bool:
+    return any(_flavor(ctx, call) is not None for call in ctx.nodes_of(cst.Call))
+
+
 def plan(ctx: ModuleContext) -> None:
     _plan_helpers(ctx)
+    if not _has_fp16_optimizer(ctx):
+        _plan_network_to_half(ctx)
     setups, blocked = _collect(ctx)
     for error, call in blocked:
         _report_blocked(ctx, error, call)
