@@ -106,7 +106,10 @@ touches stays as it was)
     gradients of several calls would add up where Apex rebuilt the master gradients at each call),
     a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads`` with no
     ``step()`` (without closure) after it in its block, a model still halved elsewhere in the
-    function. ``apex.contrib.optimizers.FP16_Optimizer``. For ``apex.optimizers.FP16_Optimizer`` also:
+    function. A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
+    torch raised TypeError on Apex's FP16_Optimizer, a plain object, so that path never trained.
+    ``apex.contrib.optimizers.FP16_Optimizer`` (around ``apex.optimizers.FusedAdam(max_grad_norm=...)``,
+    a pair no Apex had, the finding says to import the pre-2019 one). For ``apex.optimizers.FP16_Optimizer`` also:
     ``step(closure)`` (it never called the closure),
     ``dynamic_loss_args`` (Apex raised SystemError), an optimizer not built by a FusedAdam call in
     the same function, FusedAdam arguments through ``*args``/``**kwargs`` or ``amsgrad=True``
@@ -204,6 +207,8 @@ _OLD_FUSED_PARAMETERS = (
     "max_grad_norm",
     "amsgrad",
 )
+# keywords of the pre-2019 FusedAdam the new one (August 2019 on) does not take
+_OLD_ONLY_KEYWORDS = frozenset({"eps_inside_sqrt", "max_grad_norm"})
 _LEGACY_HELPER = "LegacyFusedAdam"
 _LEGACY_FUSED_ADAM = '''\
 class {name}(torch.optim.Optimizer):
@@ -279,6 +284,25 @@ _RECIPE = (
     'the float32 model (no .half()), `scaler = torch.amp.GradScaler("cuda")`, the forward pass and loss under '
     '`with torch.autocast("cuda", dtype=torch.float16):`, `scaler.scale(loss).backward()`, '
     "`scaler.step(optimizer)` and `scaler.update()`"
+)
+
+# LambdaLR subclasses and factories of pytorch_transformers and transformers: torch LR schedulers
+_LAMBDA_LR_FACTORIES = frozenset(
+    {
+        "LambdaLR",
+        "ConstantLRSchedule",
+        "WarmupConstantSchedule",
+        "WarmupLinearSchedule",
+        "WarmupCosineSchedule",
+        "WarmupCosineWithHardRestartsSchedule",
+        "get_constant_schedule",
+        "get_constant_schedule_with_warmup",
+        "get_linear_schedule_with_warmup",
+        "get_cosine_schedule_with_warmup",
+        "get_cosine_with_hard_restarts_schedule_with_warmup",
+        "get_polynomial_decay_schedule_with_warmup",
+        "get_scheduler",
+    }
 )
 
 _LOAD_HELPER = "load_fp16_optimizer_state"
@@ -532,6 +556,23 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
     assign = statement.body[0]
     assert isinstance(assign, cst.Assign) and isinstance(assign.targets[0].target, cst.Name)
     if flavor == "contrib":
+        fused = _fused_adam_of(ctx, call)
+        old_keywords = (
+            sorted({arg.keyword.value for arg in fused.args if arg.keyword is not None} & _OLD_ONLY_KEYWORDS)
+            if fused is not None
+            else []
+        )
+        if fused is not None and old_keywords:
+            spelled = ", ".join(f"{k}=" for k in old_keywords)
+            raise _Blocked(
+                call,
+                f"it wraps `apex.optimizers.FusedAdam(..., {spelled}...)` (line {ctx.position(fused)[0]}): every Apex "
+                "that has apex.contrib.optimizers.FP16_Optimizer (October 2019 on, NVIDIA/apex 1904e48) has the new "
+                f"apex.optimizers.FusedAdam, which takes no {spelled} (TypeError), and that FP16_Optimizer drives only "
+                "apex.contrib.optimizers.FusedAdam, so this fp16 path could not run. It was written for the pre-2019 "
+                "pair: import `FP16_Optimizer` from `apex.optimizers` instead and run ampmigrate again (it writes the "
+                "old FusedAdam update as `LegacyFusedAdam` under a GradScaler), or write " + _RECIPE,
+            )
         raise _Blocked(
             call,
             "apex.contrib.optimizers.FP16_Optimizer drives Apex's contrib fused optimizers through their own "
@@ -860,6 +901,36 @@ class _Planner:
             found.append(node)
         return found
 
+    def _torch_scheduler(self, node: cst.Name) -> str | None:
+        """The callee, where ``node`` is the first argument of a torch LR scheduler's constructor
+        (``torch.optim.lr_scheduler.*``, or a LambdaLR factory of transformers / pytorch_transformers)."""
+        ctx = self.ctx
+        arg = ctx.parent(node)
+        call = ctx.parent(arg) if isinstance(arg, cst.Arg) else None
+        if not isinstance(call, cst.Call) or not call.args or call.args[0] is not arg or arg.keyword is not None:
+            return None
+        callee = dotted_name(call.func)
+        if callee is None:
+            return None
+        if ".lr_scheduler." in f".{callee}":
+            return callee
+        last = callee.rsplit(".", 1)[-1]
+        if last not in _LAMBDA_LR_FACTORIES:
+            return None
+        if "." in callee:
+            return callee if callee.split(".", 1)[0] in ("transformers", "pytorch_transformers") else None
+        for statement in ctx.nodes_of(cst.ImportFrom):
+            module = dotted_name(statement.module) if statement.module is not None else None
+            if module is None or module.split(".")[0] not in ("transformers", "pytorch_transformers", "torch"):
+                continue
+            if isinstance(statement.names, cst.ImportStar):
+                continue
+            for alias in statement.names:
+                bound = alias.asname.name if alias.asname is not None else alias.name
+                if isinstance(bound, cst.Name) and bound.value == last and dotted_name(alias.name) == last:
+                    return callee
+        return None
+
     def plan_uses(self) -> None:
         for node in self.uses():
             self._plan_use(node)
@@ -881,6 +952,15 @@ class _Planner:
                 return
             raise _Blocked(node, f"`{name}` is assigned again after FP16_Optimizer wrapped it")
         parent = ctx.parent(node)
+        scheduler = self._torch_scheduler(node)
+        if scheduler is not None:
+            raise _Blocked(
+                node,
+                f"`{scheduler}(...)` builds a torch LR scheduler on `{name}`, and torch's LRScheduler raises "
+                "TypeError ('FP16_Optimizer is not an Optimizer') for Apex's FP16_Optimizer, a plain object: the fp16 "
+                "path stopped here, so there is no Apex run to reproduce. To train it in fp16, build the scheduler on "
+                "the wrapped optimizer and write " + _RECIPE,
+            )
         if not (isinstance(parent, cst.Attribute) and parent.value is node):
             raise _Blocked(
                 node,
@@ -1701,13 +1781,21 @@ def _drop_fused_adam_plan(ctx: ModuleContext, call: cst.Call) -> None:
     ]
 
 
-def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int) -> None:
+def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int, contrib: bool = False) -> None:
     """The old FusedAdam of an apex.optimizers FP16_Optimizer that stays, stays too (one finding)."""
     for call in calls:
         _drop_fused_adam_plan(ctx, call)
         found = ctx.apex_path(call.func)
         if found is not None:
             ctx.consumed.discard(found[1])
+        if contrib:
+            ctx.report(
+                "AMP042",
+                call,
+                f"apex.optimizers.FusedAdam kept with the apex.contrib.optimizers.FP16_Optimizer at line {at} that "
+                "wraps it (the finding there says what to write)",
+            )
+            continue
         ctx.report(
             "AMP042",
             call,
@@ -1716,6 +1804,11 @@ def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int) -> None
             f"together or not at all: once line {at} can migrate, ampmigrate writes this one as `LegacyFusedAdam`, "
             "its update in plain torch",
         )
+
+
+def _is_contrib(ctx: ModuleContext, construction: cst.Call) -> bool:
+    found = _flavor(ctx, construction)
+    return found is not None and found[1] == "contrib"
 
 
 def _wrapped_fused(ctx: ModuleContext, construction: cst.Call) -> list[cst.Call]:
@@ -1917,7 +2010,7 @@ def plan(ctx: ModuleContext) -> None:
     setups, blocked = _collect(ctx)
     for error, call in blocked:
         _report_blocked(ctx, error, call)
-        _keep_fused_adam(ctx, _wrapped_fused(ctx, call), ctx.position(call)[0])
+        _keep_fused_adam(ctx, _wrapped_fused(ctx, call), ctx.position(call)[0], _is_contrib(ctx, call))
     stray = _halving_outside(ctx, setups)
     for setup in setups:
         planner = _Planner(ctx, setup)
@@ -1938,6 +2031,6 @@ def plan(ctx: ModuleContext) -> None:
             _report_blocked(ctx, error, setup.first.call)
             at = ctx.position(setup.first.call)[0]
             for construction in setup.constructions:
-                _keep_fused_adam(ctx, _wrapped_fused(ctx, construction.call), at)
+                _keep_fused_adam(ctx, _wrapped_fused(ctx, construction.call), at, _is_contrib(ctx, construction.call))
             continue
         planner.commit()
