@@ -46,6 +46,11 @@ What it rewrites
     checked for overflow: ``static_loss_scale=1.0`` (the default) is a disabled scaler under an
     enabled autocast (exact), another S a scaler held at S (``init_scale=S``,
     ``update(new_scale=S)``; AMP002: it skips steps with inf/NaN gradients, which Apex applied).
+    A project's copy of fp16_utils whose DynamicLossScaler is Apex's pre-2019 one (its default start,
+    2**32 in Apex, halving on overflow but never below 1, doubling once ``scale_window`` steps have
+    passed since the last overflow; no hysteresis) gives a GradScaler from that start with
+    ``growth_interval=scale_window`` and the floor of 1 described below; its checkpoints and
+    ``step(closure)`` (which raised) stay.
     An ``if``/``else`` choosing dynamic or static at run time (``args.loss_scale == 0``) becomes
     one scaler whose start and held scale follow the same test (a held scale is passed through
     ``float()``: ``update(new_scale=)`` rejects an int, and configs often hold ``"loss_scale": 256``).
@@ -161,6 +166,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from migrate.apex_copies import pre2019_dynamic
 from migrate.rules import _local_copies as local_copies
 from migrate.rules import _syntax as syntax
 from migrate.rules._apply import _after_imports
@@ -438,6 +444,8 @@ class _Construction:
     # apex.optimizers: the old FusedAdam call it wraps, and that call rewritten for the helper class
     fused: cst.Call | None = None
     legacy: cst.Call | None = None
+    # a dynamic scale that never went below 1 (apex.optimizers', a local copy's pre-2019 one)
+    floor: bool = False
 
 
 @dataclass
@@ -595,13 +603,51 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
         flavor=flavor,
     )
     dynamic = bound.get("dynamic_loss_scale")
-    if dynamic is not None and syntax.literal(dynamic.value) is not False and local_copies.dynamic_problem(ctx, root):
-        raise _Blocked(call, local_copies.dynamic_problem(ctx, root))  # a local copy that scales otherwise
+    problem = local_copies.dynamic_problem(ctx, root) if dynamic is not None else ""
+    pre2019 = pre2019_dynamic(problem)
+    if problem and syntax.literal(dynamic.value) is not False and pre2019 is None:  # type: ignore[union-attr]
+        raise _Blocked(call, problem)  # a local copy that scales otherwise
     if flavor == "optimizers":
         _read_legacy(ctx, construction, bound)
+    elif pre2019 is not None and syntax.literal(dynamic.value) is True:  # type: ignore[union-attr]
+        _read_pre2019(construction, bound, pre2019)
     else:
         _read_scale(construction, bound)
     return construction
+
+
+def _read_pre2019(construction: _Construction, bound: dict[str, cst.Arg], defaults: tuple[float, int]) -> None:
+    """A local copy whose dynamic scaling is Apex's pre-2019 DynamicLossScaler (``defaults``: its
+    init_scale and scale_window): start there, double after scale_window clean steps (what
+    GradScaler's growth_interval counts), halve on overflow but never below 1 (raises _Blocked)."""
+    start, window = defaults
+    args_arg = bound.get("dynamic_loss_args")
+    if args_arg is not None and syntax.literal(args_arg.value) is not None:
+        settings = _literal_dict(args_arg.value)
+        if settings is None or not set(settings) <= {"init_scale", "scale_factor", "scale_window"}:
+            raise _Blocked(
+                construction.call,
+                "dynamic_loss_args is not a literal dict of this copy's DynamicLossScaler arguments (init_scale, "
+                'scale_factor, scale_window): write `torch.amp.GradScaler("cuda", init_scale=init_scale, '
+                "growth_interval=scale_window)` and, after each `scaler.update()`, "
+                "`if scaler.get_scale() < 1.0: scaler.update(new_scale=1.0)`",
+            )
+        if settings.get("scale_factor", 2.0) != 2.0:
+            raise _Blocked(
+                args_arg,
+                f"scale_factor={settings['scale_factor']}: write `torch.amp.GradScaler(\"cuda\", init_scale=..., "
+                "growth_factor=f, backoff_factor=1 / f, growth_interval=scale_window)` and, after each "
+                "`scaler.update()`, `if scaler.get_scale() < 1.0: scaler.update(new_scale=1.0)`",
+            )
+        start = settings.get("init_scale", start)
+        window = settings.get("scale_window", window)  # type: ignore[assignment]
+    if window != int(window) or window < 1:
+        raise _Blocked(construction.call, f"scale_window={window} is not a whole number of steps")
+    if start != 2.0**16:
+        construction.init_scale = float(start)
+    if window != 2000:
+        construction.growth_interval = int(window)
+    construction.floor = True
 
 
 def _read_legacy(ctx: ModuleContext, construction: _Construction, bound: dict[str, cst.Arg]) -> None:
@@ -619,6 +665,7 @@ def _read_legacy(ctx: ModuleContext, construction: _Construction, bound: dict[st
     _read_scale(construction, {k: v for k, v in bound.items() if k != "dynamic_loss_args"})
     if construction.static is None:
         construction.growth_interval = 1000
+        construction.floor = True
     fused = _fused_adam_of(ctx, call)
     if fused is None:
         raise _Blocked(call, _OLD_FUSED_ADAM)
@@ -1126,6 +1173,12 @@ class _Planner:
         """``X.step(closure)`` -> ``X.step(scaled_closure(closure, X, scaler))``: the wrapped optimizer
         steps on what the closure leaves, unscaled after each call, as FP16_Optimizer's step did."""
         ctx, name = self.ctx, self.name
+        if self.flavor == "fp16_utils" and self._pre2019():
+            raise _Blocked(
+                call,
+                "this copy of FP16_Optimizer raised TypeError for step(closure) under dynamic loss scaling: call the "
+                f"closure before the step, then `{self.scaler}.step({name})` and `{self.scaler}.update()`",
+            )
         if self.flavor != "fp16_utils":
             raise _Blocked(
                 call,
@@ -1195,12 +1248,11 @@ class _Planner:
         return self.ctx.fresh_name(preferred)
 
     def _scale_floor(self) -> Statement | None:
-        """apex.optimizers' FP16_Optimizer halved its dynamic scale down to 1, never below; GradScaler
-        has no floor, so the migration puts the scale back to 1 after an update that went under it."""
-        if self.flavor != "optimizers":
-            return None
+        """apex.optimizers' FP16_Optimizer (and the pre-2019 DynamicLossScaler of fp16_utils copies)
+        halved the dynamic scale down to 1, never below; GradScaler has no floor, so the migration puts
+        the scale back to 1 after an update that went under it."""
         dynamic = [c.static is None for c in self.setup.constructions]
-        if not any(dynamic):
+        if not any(c.floor for c in self.setup.constructions):
             return None
         test = f"{self.scaler}.get_scale() < 1.0"
         chain = self.setup.chain
@@ -1263,10 +1315,22 @@ class _Planner:
             self.load_helper = self._module_helper(template, _LOAD_HELPER)
         return self.load_helper
 
+    def _pre2019(self) -> bool:
+        """A local copy of apex.fp16_utils whose dynamic scaling is the pre-2019 DynamicLossScaler."""
+        return self.flavor == "fp16_utils" and any(c.floor for c in self.setup.constructions)
+
     def _load_state_dict(self, call: cst.Call) -> None:
         """``X.load_state_dict(s)`` -> ``load_fp16_optimizer_state(X, scaler, s)``, which also takes the
         checkpoints Apex's FP16_Optimizer wrote."""
         ctx, name = self.ctx, self.name
+        if self._pre2019():
+            raise _Blocked(
+                call,
+                "the checkpoints this copy of FP16_Optimizer wrote pickle its pre-2019 DynamicLossScaler, which the "
+                "load helper does not read: load `state['optimizer_state_dict']` into the optimizer, copy "
+                "`state['fp32_from_fp16']` into the float16 parameters' places, and give the scaler "
+                "`scaler.update(new_scale=state['loss_scaler'].cur_scale)`",
+            )
         bound = syntax.bind_arguments(call, ("state_dict",))
         if bound is None or "state_dict" not in bound:
             raise _Blocked(
