@@ -238,3 +238,16 @@ def test_other_dynamic_scalers_stay(tmp_path: Path, edit: tuple[str, str, str] |
     text, findings = _review(root)
     assert text == DYNAMIC_SCRIPT.format(args=args)
     assert any(f.startswith("AMP040") and why in f for f in findings), findings
+
+
+def test_pre2019_dynamic_scale_chosen_at_run_time_names_its_schedule(tmp_path: Path) -> None:
+    script = SCRIPT.replace("def train(model, loader):", "def train(model, loader, dynamic):").replace(
+        "static_loss_scale=128.0", "dynamic_loss_scale=dynamic"
+    )
+    root = _project(tmp_path, script)
+    text, findings = _review(root)
+    assert text == script
+    assert any(
+        f.startswith("AMP040") and 'GradScaler("cuda", init_scale=4294967296.0, growth_interval=1000)' in f
+        for f in findings
+    ), findings

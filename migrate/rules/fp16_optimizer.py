@@ -603,13 +603,24 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
         flavor=flavor,
     )
     dynamic = bound.get("dynamic_loss_scale")
+    chosen = syntax.literal(dynamic.value) if dynamic is not None else False
     problem = local_copies.dynamic_problem(ctx, root) if dynamic is not None else ""
     pre2019 = pre2019_dynamic(problem)
-    if problem and syntax.literal(dynamic.value) is not False and pre2019 is None:  # type: ignore[union-attr]
+    if problem and chosen is not False and pre2019 is None:
         raise _Blocked(call, problem)  # a local copy that scales otherwise
+    if pre2019 is not None and chosen is not True and chosen is not False:
+        start, window = pre2019
+        raise _Blocked(
+            call,
+            "dynamic_loss_scale is chosen at run time: for this copy's pre-2019 dynamic scaling create "
+            f'`torch.amp.GradScaler("cuda", init_scale={start}, growth_interval={window})` (dynamic_loss_args '
+            "override both) and, after each `scaler.update()`, `if scaler.get_scale() < 1.0: "
+            'scaler.update(new_scale=1.0)`; for a static S `torch.amp.GradScaler("cuda", init_scale=S)` with '
+            "`scaler.update(new_scale=S)`",
+        )
     if flavor == "optimizers":
         _read_legacy(ctx, construction, bound)
-    elif pre2019 is not None and syntax.literal(dynamic.value) is True:  # type: ignore[union-attr]
+    elif pre2019 is not None and chosen is True:
         _read_pre2019(construction, bound, pre2019)
     else:
         _read_scale(construction, bound)
