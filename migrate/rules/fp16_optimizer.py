@@ -311,6 +311,23 @@ _LAMBDA_LR_FACTORIES = frozenset(
     }
 )
 
+# the public attributes and methods of Apex's FP16_Optimizer objects (NVIDIA/apex apex/fp16_utils/fp16_optimizer.py
+# before its removal; apex/optimizers/fp16_optimizer.py of 2018-2019): anything else raised AttributeError
+_APEX_ATTRIBUTES = {
+    "fp16_utils": frozenset(
+        "all_fp16_params all_fp32_from_fp16_params all_fp32_from_fp32_params backward clip_grad_norm "
+        "clip_master_grads dynamic_loss_scale first_closure_call_this_step fp16_groups fp32_from_fp16_groups "
+        "fp32_from_fp32_groups inspect_master_grad_data load_state_dict loss_scale loss_scaler maybe_print "
+        "multi_tensor_scale optimizer overflow param_groups state state_dict step update_master_grads verbose "
+        "zero_grad".split()
+    ),
+    "optimizers": frozenset(
+        "backward cur_iter cur_scale dynamic_loss_scale fp16_groups fp16_groups_flat fp32_groups_flat "
+        "last_overflow_iter load_state_dict optimizer param_groups scale_factor scale_window state state_dict step "
+        "zero_grad".split()
+    ),
+}
+
 _LOAD_HELPER = "load_fp16_optimizer_state"
 # both loaders first take what the migration itself saved: the pair, or a plain state dict
 _LOAD_OWN = """\
@@ -1061,6 +1078,15 @@ class _Planner:
             return (
                 f"`{name}.overflow`: GradScaler has no public flag; a skipped step shows as "
                 f"`{scaler}.get_scale()` dropping after `{scaler}.update()`"
+            )
+        known = _APEX_ATTRIBUTES.get(self.flavor)
+        binding = self.ctx.resolve(self.setup.first.root.value, self.setup.first.root)
+        if known and attribute not in known and not attribute.startswith("_") and (binding and not binding.copy):
+            return (
+                f"Apex's {self.setup.first.path} has no `{attribute}`: where this line runs with it, it raised "
+                f"AttributeError, so there is no Apex run to reproduce; to train in fp16, replace `{name}.{attribute}` "
+                f"(the learning rates are in `{name}.param_groups`; a clip is `{scaler}.unscale_({name})` then "
+                f"`torch.nn.utils.clip_grad_norm_`) and write {_RECIPE}"
             )
         return f"`{name}.{attribute}` has no GradScaler counterpart: {_RECIPE}"
 
