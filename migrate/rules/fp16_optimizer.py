@@ -1894,7 +1894,8 @@ def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int, contrib
                 "AMP042",
                 call,
                 f"apex.optimizers.FusedAdam kept with the apex.contrib.optimizers.FP16_Optimizer at line {at} that "
-                "wraps it (the finding there says what to write)",
+                "wraps it (the finding there says what to write); with the pre-2019 pair "
+                "(`from apex.optimizers import FP16_Optimizer`) ampmigrate writes this one as `LegacyFusedAdam`",
             )
             continue
         ctx.report(
