@@ -8,7 +8,8 @@ definitions with ``ast`` and records those that have the shape of the Apex API (
 child, ``network_to_half``, ...); a same-named definition of another shape is not recorded.
 ``copy_facts`` then tells each importing module which of its imported names are such
 copies (and of what), or why one cannot be treated like Apex (the copy was not given, its
-dynamic loss scaler is the pre-2019 one, it clips with another function).
+dynamic loss scaler is not Apex's pre-2019 one, it clips with another function). A copy whose
+dynamic loss scaler is exactly Apex's pre-2019 one carries ``PRE2019_DYNAMIC`` and its defaults.
 
 Pure ``ast``: no libcst, no torch.
 """
@@ -247,7 +248,9 @@ def _static_scaler(cls: ast.ClassDef) -> Definition | None:
 
 
 def _dynamic_scaler(cls: ast.ClassDef) -> Definition | None:
-    """fp16_utils' pre-2019 DynamicLossScaler: its constructor's defaults."""
+    """fp16_utils' pre-2019 DynamicLossScaler: its constructor's defaults, and whether it is exactly
+    Apex's (``plain``: those three parameters, halving to a floor of 1, doubling once scale_window
+    steps have passed since the last overflow, no hysteresis)."""
     methods = _methods(cls)
     if not {"__init__", "has_overflow", "update_scale"} <= set(methods):
         return None
@@ -255,7 +258,53 @@ def _dynamic_scaler(cls: ast.ClassDef) -> Definition | None:
     if "init_scale" not in defaults or "scale_window" not in defaults:
         return None
     shown = {name: (repr(value) if value is not ... else "?") for name, value in defaults.items()}
-    return {"kind": "dynamic_scaler", "line": cls.lineno, "defaults": shown}
+    plain = (
+        list(defaults) == ["init_scale", "scale_factor", "scale_window"]
+        and isinstance(defaults["init_scale"], (int, float))
+        and defaults["scale_factor"] == 2
+        and isinstance(defaults["scale_window"], int)
+        and _plain_update(methods["update_scale"])
+    )
+    return {"kind": "dynamic_scaler", "line": cls.lineno, "defaults": shown, "plain": plain}
+
+
+def _plain_update(function: ast.FunctionDef) -> bool:
+    """``update_scale(self, overflow)`` as Apex's pre-2019 DynamicLossScaler has it: on overflow the
+    scale is divided by scale_factor, never below 1, and the iteration remembered; otherwise it is
+    multiplied when (cur_iter - last_overflow_iter) % scale_window == 0; then cur_iter += 1."""
+    if [name for name, _ in _parameters(function)] != ["self", "overflow"]:
+        return False
+    body = [s for s in function.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 2 or not isinstance(body[0], ast.If) or ast.unparse(body[0].test) != "overflow":
+        return False
+    if ast.unparse(body[1]) != "self.cur_iter += 1":
+        return False
+    shrink = sorted(ast.unparse(s) for s in body[0].body)
+    if shrink != sorted(
+        ["self.cur_scale = max(self.cur_scale / self.scale_factor, 1)", "self.last_overflow_iter = self.cur_iter"]
+    ):
+        return False
+    grow = body[0].orelse
+    return (
+        len(grow) == 1
+        and isinstance(grow[0], ast.If)
+        and not grow[0].orelse
+        and ast.unparse(grow[0].test) == "(self.cur_iter - self.last_overflow_iter) % self.scale_window == 0"
+        and [ast.unparse(s) for s in grow[0].body] == ["self.cur_scale *= self.scale_factor"]
+    )
+
+
+# a copy's dynamic scaling the migration reproduces (pre-2019 DynamicLossScaler): this prefix, then
+# "<init_scale> <scale_window>" (its defaults), in place of a problem
+PRE2019_DYNAMIC = "pre-2019 dynamic: "
+
+
+def pre2019_dynamic(problem: str) -> tuple[float, int] | None:
+    """The defaults (init_scale, scale_window) a ``PRE2019_DYNAMIC`` fact carries, else None."""
+    if not problem.startswith(PRE2019_DYNAMIC):
+        return None
+    start, window = problem[len(PRE2019_DYNAMIC) :].split()
+    return float(start), int(window)
 
 
 def _torch_clip(statement: ast.stmt) -> list[str]:
@@ -487,6 +536,8 @@ def _dynamic_problem(resolver: _Resolver, path: str, definition: Definition, dis
     if origin is None or origin[1]["kind"] != "dynamic_scaler":
         return f"its dynamic loss scaler `{name}` ({display(path)}:{line}) is not one the tool knows"
     defaults = origin[1]["defaults"]
+    if origin[1].get("plain") and not name.endswith("('dynamic')"):
+        return f"{PRE2019_DYNAMIC}{defaults['init_scale']} {defaults['scale_window']}"
     spelled = ", ".join(f"{key}={value}" for key, value in defaults.items())
     extra = set(defaults) - {"init_scale", "scale_factor", "scale_window"}
     return (

@@ -197,3 +197,57 @@ def test_wrapper_without_its_own_state_dict_notes_the_key_prefix(tmp_path: Path)
     # the fixture's copy delegates its state_dict to the child: the keys do not change
     text, findings = _review(_project(tmp_path / "delegating"))
     assert not any("prefix" in f for f in findings), findings
+
+
+DYNAMIC_SCRIPT = SCRIPT.replace("static_loss_scale=128.0", "dynamic_loss_scale=True{args}")
+
+
+def test_pre2019_dynamic_scaler_becomes_a_scaler_from_its_start_with_a_floor(tmp_path: Path) -> None:
+    root = _project(tmp_path, DYNAMIC_SCRIPT.format(args=', dynamic_loss_args={"scale_window": 500}'))
+    text, findings = _review(root)
+    assert 'torch.amp.GradScaler("cuda", init_scale=4294967296.0, growth_interval=500)' in text
+    assert "if scaler.get_scale() < 1.0:\n            scaler.update(new_scale=1.0)" in text
+    assert "FP16_Optimizer" not in text and [f.split()[0] for f in findings] == ["AMP041"]
+
+
+@pytest.mark.parametrize(
+    "edit, args, why",
+    [
+        # Megatron's copies: hysteresis and a configurable floor
+        (
+            (
+                "loss_scaler.py",
+                "scale_window=1000):",
+                "scale_window=1000, min_scale=1, delayed_shift=1):",
+            ),
+            "",
+            "pre-2019 fp16_utils DynamicLossScaler",
+        ),
+        # no floor of 1
+        (
+            ("loss_scaler.py", "max(self.cur_scale / self.scale_factor, 1)", "self.cur_scale / self.scale_factor"),
+            "",
+            "pre-2019 fp16_utils DynamicLossScaler",
+        ),
+        # another factor: GradScaler would halve and double
+        (None, ', dynamic_loss_args={"scale_factor": 4}', "scale_factor=4.0"),
+    ],
+)
+def test_other_dynamic_scalers_stay(tmp_path: Path, edit: tuple[str, str, str] | None, args: str, why: str) -> None:
+    root = _project(tmp_path, DYNAMIC_SCRIPT.format(args=args), edit)
+    text, findings = _review(root)
+    assert text == DYNAMIC_SCRIPT.format(args=args)
+    assert any(f.startswith("AMP040") and why in f for f in findings), findings
+
+
+def test_pre2019_dynamic_scale_chosen_at_run_time_names_its_schedule(tmp_path: Path) -> None:
+    script = SCRIPT.replace("def train(model, loader):", "def train(model, loader, dynamic):").replace(
+        "static_loss_scale=128.0", "dynamic_loss_scale=dynamic"
+    )
+    root = _project(tmp_path, script)
+    text, findings = _review(root)
+    assert text == script
+    assert any(
+        f.startswith("AMP040") and 'GradScaler("cuda", init_scale=4294967296.0, growth_interval=1000)' in f
+        for f in findings
+    ), findings

@@ -5,7 +5,10 @@ What it rewrites
     optimizer) and a GradScaler takes its place, created before the ``if`` that guards the
     construction, with ``enabled=`` that guard. The model stays float32: ``model.half()``,
     ``model = network_to_half(model)``, ``FP16Model(model)`` and ``BN_convert_float(model.half())``
-    under the same guard go, and the forward pass and loss run under ``torch.autocast``.
+    under the same guard go, and the forward pass and loss run under ``torch.autocast``. So does a
+    later ``model.half()`` of that model after the set-up under the same guard and more tests (a
+    float32 checkpoint saved in the loop: ``model.float()``, save, ``if fp16: model.half()``): it
+    only re-halved the model FP16_Optimizer trains, and ``model.float()`` is a no-op on the float32 model.
     ``optimizer.backward(loss)`` becomes ``scaler.scale(loss).backward()`` (and
     ``if fp16: optimizer.backward(loss) else: loss.backward()`` one such line),
     ``optimizer.step()`` ``scaler.step(optimizer)`` then ``scaler.update()``,
@@ -13,6 +16,10 @@ What it rewrites
     optimizer's parameters (its norm is kept), ``optimizer.loss_scale`` ``scaler.get_scale()``;
     ``optimizer.zero_grad()`` zeroes the gradients as FP16_Optimizer did (``set_to_none=False``
     where apex.fp16_utils' version zeroed them). ``to_python_float(t)`` becomes ``t.item()``.
+    In a module with no FP16_Optimizer (fp16 inference), ``network_to_half(net)`` becomes
+    ``half_network(net)``, Apex's function in plain torch written into the module (the same
+    Sequential, so the same ``1.`` state_dict prefix), unless a call of it runs above the module's
+    last import (a notebook importing in a later cell), where the helper would not exist yet.
 
     Checkpoints: ``optimizer.state_dict()`` becomes ``{"optimizer": optimizer.state_dict(), "scaler":
     scaler.state_dict()}`` (one value, wherever the old one went; under an fp16 switch only where the
@@ -39,6 +46,11 @@ What it rewrites
     checked for overflow: ``static_loss_scale=1.0`` (the default) is a disabled scaler under an
     enabled autocast (exact), another S a scaler held at S (``init_scale=S``,
     ``update(new_scale=S)``; AMP002: it skips steps with inf/NaN gradients, which Apex applied).
+    A project's copy of fp16_utils whose DynamicLossScaler is Apex's pre-2019 one (its default start,
+    2**32 in Apex, halving on overflow but never below 1, doubling once ``scale_window`` steps have
+    passed since the last overflow; no hysteresis) gives a GradScaler from that start with
+    ``growth_interval=scale_window`` and the floor of 1 described below; its checkpoints and
+    ``step(closure)`` (which raised) stay.
     An ``if``/``else`` choosing dynamic or static at run time (``args.loss_scale == 0``) becomes
     one scaler whose start and held scale follow the same test (a held scale is passed through
     ``float()``: ``update(new_scale=)`` rejects an int, and configs often hold ``"loss_scale": 256``).
@@ -99,7 +111,10 @@ touches stays as it was)
     gradients of several calls would add up where Apex rebuilt the master gradients at each call),
     a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads`` with no
     ``step()`` (without closure) after it in its block, a model still halved elsewhere in the
-    function. ``apex.contrib.optimizers.FP16_Optimizer``. For ``apex.optimizers.FP16_Optimizer`` also:
+    function. A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
+    torch raised TypeError on Apex's FP16_Optimizer, a plain object, so that path never trained.
+    ``apex.contrib.optimizers.FP16_Optimizer`` (around ``apex.optimizers.FusedAdam(max_grad_norm=...)``,
+    a pair no Apex had, the finding says to import the pre-2019 one). For ``apex.optimizers.FP16_Optimizer`` also:
     ``step(closure)`` (it never called the closure),
     ``dynamic_loss_args`` (Apex raised SystemError), an optimizer not built by a FusedAdam call in
     the same function, FusedAdam arguments through ``*args``/``**kwargs`` or ``amsgrad=True``
@@ -151,8 +166,10 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from migrate.apex_copies import pre2019_dynamic
 from migrate.rules import _local_copies as local_copies
 from migrate.rules import _syntax as syntax
+from migrate.rules._apply import _after_imports
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext, Statement
 from migrate.rules._forward import forward_span
@@ -196,6 +213,8 @@ _OLD_FUSED_PARAMETERS = (
     "max_grad_norm",
     "amsgrad",
 )
+# keywords of the pre-2019 FusedAdam the new one (August 2019 on) does not take
+_OLD_ONLY_KEYWORDS = frozenset({"eps_inside_sqrt", "max_grad_norm"})
 _LEGACY_HELPER = "LegacyFusedAdam"
 _LEGACY_FUSED_ADAM = '''\
 class {name}(torch.optim.Optimizer):
@@ -272,6 +291,42 @@ _RECIPE = (
     '`with torch.autocast("cuda", dtype=torch.float16):`, `scaler.scale(loss).backward()`, '
     "`scaler.step(optimizer)` and `scaler.update()`"
 )
+
+# LambdaLR subclasses and factories of pytorch_transformers and transformers: torch LR schedulers
+_LAMBDA_LR_FACTORIES = frozenset(
+    {
+        "LambdaLR",
+        "ConstantLRSchedule",
+        "WarmupConstantSchedule",
+        "WarmupLinearSchedule",
+        "WarmupCosineSchedule",
+        "WarmupCosineWithHardRestartsSchedule",
+        "get_constant_schedule",
+        "get_constant_schedule_with_warmup",
+        "get_linear_schedule_with_warmup",
+        "get_cosine_schedule_with_warmup",
+        "get_cosine_with_hard_restarts_schedule_with_warmup",
+        "get_polynomial_decay_schedule_with_warmup",
+        "get_scheduler",
+    }
+)
+
+# the public attributes and methods of Apex's FP16_Optimizer objects (NVIDIA/apex apex/fp16_utils/fp16_optimizer.py
+# before its removal; apex/optimizers/fp16_optimizer.py of 2018-2019): anything else raised AttributeError
+_APEX_ATTRIBUTES = {
+    "fp16_utils": frozenset(
+        "all_fp16_params all_fp32_from_fp16_params all_fp32_from_fp32_params backward clip_grad_norm "
+        "clip_master_grads dynamic_loss_scale first_closure_call_this_step fp16_groups fp32_from_fp16_groups "
+        "fp32_from_fp32_groups inspect_master_grad_data load_state_dict loss_scale loss_scaler maybe_print "
+        "multi_tensor_scale optimizer overflow param_groups state state_dict step update_master_grads verbose "
+        "zero_grad".split()
+    ),
+    "optimizers": frozenset(
+        "backward cur_iter cur_scale dynamic_loss_scale fp16_groups fp16_groups_flat fp32_groups_flat "
+        "last_overflow_iter load_state_dict optimizer param_groups scale_factor scale_window state state_dict step "
+        "zero_grad".split()
+    ),
+}
 
 _LOAD_HELPER = "load_fp16_optimizer_state"
 # both loaders first take what the migration itself saved: the pair, or a plain state dict
@@ -406,6 +461,8 @@ class _Construction:
     # apex.optimizers: the old FusedAdam call it wraps, and that call rewritten for the helper class
     fused: cst.Call | None = None
     legacy: cst.Call | None = None
+    # a dynamic scale that never went below 1 (apex.optimizers', a local copy's pre-2019 one)
+    floor: bool = False
 
 
 @dataclass
@@ -524,6 +581,23 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
     assign = statement.body[0]
     assert isinstance(assign, cst.Assign) and isinstance(assign.targets[0].target, cst.Name)
     if flavor == "contrib":
+        fused = _fused_adam_of(ctx, call)
+        old_keywords = (
+            sorted({arg.keyword.value for arg in fused.args if arg.keyword is not None} & _OLD_ONLY_KEYWORDS)
+            if fused is not None
+            else []
+        )
+        if fused is not None and old_keywords:
+            spelled = ", ".join(f"{k}=" for k in old_keywords)
+            raise _Blocked(
+                call,
+                f"it wraps `apex.optimizers.FusedAdam(..., {spelled}...)` (line {ctx.position(fused)[0]}): every Apex "
+                "that has apex.contrib.optimizers.FP16_Optimizer (October 2019 on, NVIDIA/apex 1904e48) has the new "
+                f"apex.optimizers.FusedAdam, which takes no {spelled} (TypeError), and that FP16_Optimizer drives only "
+                "apex.contrib.optimizers.FusedAdam, so this fp16 path could not run. It was written for the pre-2019 "
+                "pair: import `FP16_Optimizer` from `apex.optimizers` instead and run ampmigrate again (it writes the "
+                "old FusedAdam update as `LegacyFusedAdam` under a GradScaler), or write " + _RECIPE,
+            )
         raise _Blocked(
             call,
             "apex.contrib.optimizers.FP16_Optimizer drives Apex's contrib fused optimizers through their own "
@@ -546,13 +620,62 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
         flavor=flavor,
     )
     dynamic = bound.get("dynamic_loss_scale")
-    if dynamic is not None and syntax.literal(dynamic.value) is not False and local_copies.dynamic_problem(ctx, root):
-        raise _Blocked(call, local_copies.dynamic_problem(ctx, root))  # a local copy that scales otherwise
+    chosen = syntax.literal(dynamic.value) if dynamic is not None else False
+    problem = local_copies.dynamic_problem(ctx, root) if dynamic is not None else ""
+    pre2019 = pre2019_dynamic(problem)
+    if problem and chosen is not False and pre2019 is None:
+        raise _Blocked(call, problem)  # a local copy that scales otherwise
+    if pre2019 is not None and chosen is not True and chosen is not False:
+        start, window = pre2019
+        raise _Blocked(
+            call,
+            "dynamic_loss_scale is chosen at run time: for this copy's pre-2019 dynamic scaling create "
+            f'`torch.amp.GradScaler("cuda", init_scale={start}, growth_interval={window})` (dynamic_loss_args '
+            "override both) and, after each `scaler.update()`, `if scaler.get_scale() < 1.0: "
+            'scaler.update(new_scale=1.0)`; for a static S `torch.amp.GradScaler("cuda", init_scale=S)` with '
+            "`scaler.update(new_scale=S)`",
+        )
     if flavor == "optimizers":
         _read_legacy(ctx, construction, bound)
+    elif pre2019 is not None and chosen is True:
+        _read_pre2019(construction, bound, pre2019)
     else:
         _read_scale(construction, bound)
     return construction
+
+
+def _read_pre2019(construction: _Construction, bound: dict[str, cst.Arg], defaults: tuple[float, int]) -> None:
+    """A local copy whose dynamic scaling is Apex's pre-2019 DynamicLossScaler (``defaults``: its
+    init_scale and scale_window): start there, double after scale_window clean steps (what
+    GradScaler's growth_interval counts), halve on overflow but never below 1 (raises _Blocked)."""
+    start, window = defaults
+    args_arg = bound.get("dynamic_loss_args")
+    if args_arg is not None and syntax.literal(args_arg.value) is not None:
+        settings = _literal_dict(args_arg.value)
+        if settings is None or not set(settings) <= {"init_scale", "scale_factor", "scale_window"}:
+            raise _Blocked(
+                construction.call,
+                "dynamic_loss_args is not a literal dict of this copy's DynamicLossScaler arguments (init_scale, "
+                'scale_factor, scale_window): write `torch.amp.GradScaler("cuda", init_scale=init_scale, '
+                "growth_interval=scale_window)` and, after each `scaler.update()`, "
+                "`if scaler.get_scale() < 1.0: scaler.update(new_scale=1.0)`",
+            )
+        if settings.get("scale_factor", 2.0) != 2.0:
+            raise _Blocked(
+                args_arg,
+                f"scale_factor={settings['scale_factor']}: write `torch.amp.GradScaler(\"cuda\", init_scale=..., "
+                "growth_factor=f, backoff_factor=1 / f, growth_interval=scale_window)` and, after each "
+                "`scaler.update()`, `if scaler.get_scale() < 1.0: scaler.update(new_scale=1.0)`",
+            )
+        start = settings.get("init_scale", start)
+        window = settings.get("scale_window", window)  # type: ignore[assignment]
+    if window != int(window) or window < 1:
+        raise _Blocked(construction.call, f"scale_window={window} is not a whole number of steps")
+    if start != 2.0**16:
+        construction.init_scale = float(start)
+    if window != 2000:
+        construction.growth_interval = int(window)
+    construction.floor = True
 
 
 def _read_legacy(ctx: ModuleContext, construction: _Construction, bound: dict[str, cst.Arg]) -> None:
@@ -570,6 +693,7 @@ def _read_legacy(ctx: ModuleContext, construction: _Construction, bound: dict[st
     _read_scale(construction, {k: v for k, v in bound.items() if k != "dynamic_loss_args"})
     if construction.static is None:
         construction.growth_interval = 1000
+        construction.floor = True
     fused = _fused_adam_of(ctx, call)
     if fused is None:
         raise _Blocked(call, _OLD_FUSED_ADAM)
@@ -852,6 +976,36 @@ class _Planner:
             found.append(node)
         return found
 
+    def _torch_scheduler(self, node: cst.Name) -> str | None:
+        """The callee, where ``node`` is the first argument of a torch LR scheduler's constructor
+        (``torch.optim.lr_scheduler.*``, or a LambdaLR factory of transformers / pytorch_transformers)."""
+        ctx = self.ctx
+        arg = ctx.parent(node)
+        call = ctx.parent(arg) if isinstance(arg, cst.Arg) else None
+        if not isinstance(call, cst.Call) or not call.args or call.args[0] is not arg or arg.keyword is not None:
+            return None
+        callee = dotted_name(call.func)
+        if callee is None:
+            return None
+        if ".lr_scheduler." in f".{callee}":
+            return callee
+        last = callee.rsplit(".", 1)[-1]
+        if last not in _LAMBDA_LR_FACTORIES:
+            return None
+        if "." in callee:
+            return callee if callee.split(".", 1)[0] in ("transformers", "pytorch_transformers") else None
+        for statement in ctx.nodes_of(cst.ImportFrom):
+            module = dotted_name(statement.module) if statement.module is not None else None
+            if module is None or module.split(".")[0] not in ("transformers", "pytorch_transformers", "torch"):
+                continue
+            if isinstance(statement.names, cst.ImportStar):
+                continue
+            for alias in statement.names:
+                bound = alias.asname.name if alias.asname is not None else alias.name
+                if isinstance(bound, cst.Name) and bound.value == last and dotted_name(alias.name) == last:
+                    return callee
+        return None
+
     def plan_uses(self) -> None:
         for node in self.uses():
             self._plan_use(node)
@@ -873,6 +1027,15 @@ class _Planner:
                 return
             raise _Blocked(node, f"`{name}` is assigned again after FP16_Optimizer wrapped it")
         parent = ctx.parent(node)
+        scheduler = self._torch_scheduler(node)
+        if scheduler is not None:
+            raise _Blocked(
+                node,
+                f"`{scheduler}(...)` builds a torch LR scheduler on `{name}`, and torch's LRScheduler raises "
+                "TypeError ('FP16_Optimizer is not an Optimizer') for Apex's FP16_Optimizer, a plain object: the fp16 "
+                "path stopped here, so there is no Apex run to reproduce. To train it in fp16, build the scheduler on "
+                "the wrapped optimizer and write " + _RECIPE,
+            )
         if not (isinstance(parent, cst.Attribute) and parent.value is node):
             raise _Blocked(
                 node,
@@ -915,6 +1078,15 @@ class _Planner:
             return (
                 f"`{name}.overflow`: GradScaler has no public flag; a skipped step shows as "
                 f"`{scaler}.get_scale()` dropping after `{scaler}.update()`"
+            )
+        known = _APEX_ATTRIBUTES.get(self.flavor)
+        binding = self.ctx.resolve(self.setup.first.root.value, self.setup.first.root)
+        if known and attribute not in known and not attribute.startswith("_") and (binding and not binding.copy):
+            return (
+                f"Apex's {self.setup.first.path} has no `{attribute}`: where this line runs with it, it raised "
+                f"AttributeError, so there is no Apex run to reproduce; to train in fp16, replace `{name}.{attribute}` "
+                f"(the learning rates are in `{name}.param_groups`; a clip is `{scaler}.unscale_({name})` then "
+                f"`torch.nn.utils.clip_grad_norm_`) and write {_RECIPE}"
             )
         return f"`{name}.{attribute}` has no GradScaler counterpart: {_RECIPE}"
 
@@ -1038,6 +1210,12 @@ class _Planner:
         """``X.step(closure)`` -> ``X.step(scaled_closure(closure, X, scaler))``: the wrapped optimizer
         steps on what the closure leaves, unscaled after each call, as FP16_Optimizer's step did."""
         ctx, name = self.ctx, self.name
+        if self.flavor == "fp16_utils" and self._pre2019():
+            raise _Blocked(
+                call,
+                "this copy of FP16_Optimizer raised TypeError for step(closure) under dynamic loss scaling: call the "
+                f"closure before the step, then `{self.scaler}.step({name})` and `{self.scaler}.update()`",
+            )
         if self.flavor != "fp16_utils":
             raise _Blocked(
                 call,
@@ -1107,12 +1285,11 @@ class _Planner:
         return self.ctx.fresh_name(preferred)
 
     def _scale_floor(self) -> Statement | None:
-        """apex.optimizers' FP16_Optimizer halved its dynamic scale down to 1, never below; GradScaler
-        has no floor, so the migration puts the scale back to 1 after an update that went under it."""
-        if self.flavor != "optimizers":
-            return None
+        """apex.optimizers' FP16_Optimizer (and the pre-2019 DynamicLossScaler of fp16_utils copies)
+        halved the dynamic scale down to 1, never below; GradScaler has no floor, so the migration puts
+        the scale back to 1 after an update that went under it."""
         dynamic = [c.static is None for c in self.setup.constructions]
-        if not any(dynamic):
+        if not any(c.floor for c in self.setup.constructions):
             return None
         test = f"{self.scaler}.get_scale() < 1.0"
         chain = self.setup.chain
@@ -1175,10 +1352,22 @@ class _Planner:
             self.load_helper = self._module_helper(template, _LOAD_HELPER)
         return self.load_helper
 
+    def _pre2019(self) -> bool:
+        """A local copy of apex.fp16_utils whose dynamic scaling is the pre-2019 DynamicLossScaler."""
+        return self.flavor == "fp16_utils" and any(c.floor for c in self.setup.constructions)
+
     def _load_state_dict(self, call: cst.Call) -> None:
         """``X.load_state_dict(s)`` -> ``load_fp16_optimizer_state(X, scaler, s)``, which also takes the
         checkpoints Apex's FP16_Optimizer wrote."""
         ctx, name = self.ctx, self.name
+        if self._pre2019():
+            raise _Blocked(
+                call,
+                "the checkpoints this copy of FP16_Optimizer wrote pickle its pre-2019 DynamicLossScaler, which the "
+                "load helper does not read: load `state['optimizer_state_dict']` into the optimizer, copy "
+                "`state['fp32_from_fp16']` into the float16 parameters' places, and give the scaler "
+                "`scaler.update(new_scale=state['loss_scaler'].cur_scale)`",
+            )
         bound = syntax.bind_arguments(call, ("state_dict",))
         if bound is None or "state_dict" not in bound:
             raise _Blocked(
@@ -1312,6 +1501,9 @@ class _Planner:
         """Remove the casts that made the model float16 for FP16_Optimizer (same guard, same scope)."""
         ctx = self.ctx
         guard_codes = [syntax.normalized(g) for g in self.guards]
+        # models halved under exactly the set-up's guards before it: what FP16_Optimizer trained
+        halved_before: set[str] = set()
+        later: list[tuple[cst.Call, str, cst.CSTNode, list[str]]] = []
         for call in ctx.nodes_of(cst.Call):
             if ctx.scope_of(call) is not self.setup.scope:
                 continue
@@ -1323,19 +1515,65 @@ class _Planner:
                 continue
             if self._fresh_model(call, statement, halving):
                 continue  # a model loaded after training (fp16 inference): it stays as it was
-            kept = self._without_half(statement)
             conditions, _ = _guards(ctx, statement)
-            if kept is ... or [syntax.normalized(c) for c in conditions] != guard_codes:
+            codes = [syntax.normalized(c) for c in conditions]
+            if codes != guard_codes:
+                later.append((call, halving, statement, codes))
+                continue
+            if ctx.position(statement)[0] < self.start_line:
+                halved_before.add(halving)
+            self._drop_half(call, statement)
+        for call, halving, statement, codes in later:
+            if not self._halved_again(call, halving, statement, codes, guard_codes, halved_before):
                 raise _Blocked(
                     call,
                     f"`{syntax.code(call).strip()}` makes the model float16 here, apart from the FP16_Optimizer set-up: "
                     "remove it (the model stays float32 under torch.autocast) and run ampmigrate again",
                 )
-            if kept is None:
-                self.edits.remove.add(statement)
-            else:
-                assert isinstance(kept, cst.SimpleStatementLine)
-                self.edits.replace_statement[statement] = [kept]
+            self._drop_half(call, statement)
+
+    def _halved_again(
+        self,
+        call: cst.Call,
+        halving: str,
+        statement: cst.CSTNode,
+        codes: list[str],
+        guard_codes: list[str],
+        halved_before: set[str],
+    ) -> bool:
+        """Whether ``halving.half()`` only halves again the model the set-up's own ``.half()`` made
+        float16: after the set-up, under its guards and more (RRC's checkpoints: ``model.float()``,
+        save, ``if args.fp16: model.half()``), on a model halved under those guards before it. Such a
+        call runs only where FP16_Optimizer trains that model, which the migration keeps float32 (its
+        ``model.float()`` a no-op there): it goes like the first one."""
+        remaining = list(codes)
+        for code in guard_codes:
+            if code not in remaining:
+                return False
+            remaining.remove(code)
+        return (
+            isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "half"
+            and halving in halved_before
+            and self.ctx.position(statement)[0] > self.start_line
+        )
+
+    def _drop_half(self, call: cst.Call, statement: cst.CSTNode) -> None:
+        """Remove the ``.half()`` (or Apex halving wrapper) of ``statement``, keeping the rest of it."""
+        if statement in self.edits.remove or statement in self.edits.replace_statement:
+            return
+        kept = self._without_half(statement)
+        if kept is ...:
+            raise _Blocked(
+                call,
+                f"`{syntax.code(call).strip()}` makes the model float16 here, apart from the FP16_Optimizer set-up: "
+                "remove it (the model stays float32 under torch.autocast) and run ampmigrate again",
+            )
+        if kept is None:
+            self.edits.remove.add(statement)
+        else:
+            assert isinstance(kept, cst.SimpleStatementLine)
+            self.edits.replace_statement[statement] = [kept]
 
     def _fresh_model(self, call: cst.Call, statement: cst.CSTNode, name: str) -> bool:
         """Whether ``name.half()`` halves a model bound anew after the optimizer's last use.
@@ -1644,13 +1882,22 @@ def _drop_fused_adam_plan(ctx: ModuleContext, call: cst.Call) -> None:
     ]
 
 
-def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int) -> None:
+def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int, contrib: bool = False) -> None:
     """The old FusedAdam of an apex.optimizers FP16_Optimizer that stays, stays too (one finding)."""
     for call in calls:
         _drop_fused_adam_plan(ctx, call)
         found = ctx.apex_path(call.func)
         if found is not None:
             ctx.consumed.discard(found[1])
+        if contrib:
+            ctx.report(
+                "AMP042",
+                call,
+                f"apex.optimizers.FusedAdam kept with the apex.contrib.optimizers.FP16_Optimizer at line {at} that "
+                "wraps it (the finding there says what to write); with the pre-2019 pair "
+                "(`from apex.optimizers import FP16_Optimizer`) ampmigrate writes this one as `LegacyFusedAdam`",
+            )
+            continue
         ctx.report(
             "AMP042",
             call,
@@ -1659,6 +1906,11 @@ def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int) -> None
             f"together or not at all: once line {at} can migrate, ampmigrate writes this one as `LegacyFusedAdam`, "
             "its update in plain torch",
         )
+
+
+def _is_contrib(ctx: ModuleContext, construction: cst.Call) -> bool:
+    found = _flavor(ctx, construction)
+    return found is not None and found[1] == "contrib"
 
 
 def _wrapped_fused(ctx: ModuleContext, construction: cst.Call) -> list[cst.Call]:
@@ -1773,12 +2025,94 @@ def _plan_helpers(ctx: ModuleContext) -> None:
         ctx.consumed.add(star_alias)  # amp_import drops the star import
 
 
+_NETWORK_TO_HALF = """\
+class {cls}(torch.nn.Module):
+    \"\"\"Apex's tofp16: its forward returns the input cast to float16.\"\"\"
+
+    def forward(self, input):
+        return input.half()
+
+
+def {name}(network):
+    \"\"\"apex.fp16_utils.network_to_half in plain torch: the network cast to float16 but its affine batch
+    norms (float32 again), behind a module that casts the input to float16; the Sequential gives the
+    state_dict keys a `1.` prefix, as Apex's did.\"\"\"
+    network.half()
+    for module in network.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.affine is True:
+            module.float()
+    return torch.nn.Sequential({cls}(), network)
+"""
+_NETWORK_TO_HALF_PATHS = frozenset({"apex.fp16_utils.network_to_half", "apex.fp16_utils.fp16util.network_to_half"})
+
+
+def _plan_network_to_half(ctx: ModuleContext) -> None:
+    """``network_to_half(net)`` in a module with no FP16_Optimizer (fp16 inference, or pure fp16
+    training): the same function, written into the module. Where an FP16_Optimizer is set up, the
+    set-up decides (its model stays float32, or all of it stays)."""
+    names: tuple[str, str] | None = None
+    # the helpers go after the module's imports: a call above that point (a notebook importing in a
+    # later cell) would run before they exist, so such a module keeps Apex's (amp_import reports it)
+    early = set(ctx.module.body[: _after_imports(ctx.module.body)])
+    calls = [
+        call
+        for call in ctx.nodes_of(cst.Call)
+        if (found := ctx.apex_path(call.func)) is not None and found[0] in _NETWORK_TO_HALF_PATHS
+    ]
+    if any(_top_statement(ctx, call) in early for call in calls):
+        return
+    for call in calls:
+        found = ctx.apex_path(call.func)
+        if found is None or ctx.skipped(call):
+            continue
+        binding = ctx.resolve(found[1].value, found[1])
+        if binding is None or binding.copy is not None:
+            continue  # a project's own copy: its BN_convert_float may differ from Apex's
+        if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
+            continue
+        if names is None:
+            names = (ctx.fresh_name("half_network"), ctx.fresh_name("HalfInput"))
+            ctx.plan.module_helpers.append(
+                cst.parse_module(_NETWORK_TO_HALF.format(name=names[0], cls=names[1])).body[0]
+            )
+            ctx.plan.module_helpers.append(
+                cst.parse_module(_NETWORK_TO_HALF.format(name=names[0], cls=names[1])).body[1]
+            )
+            ctx.plan.needs_torch_import = True
+        ctx.plan.substitute(call.func, cst.Name(names[0]))
+        ctx.consumed.add(found[1])
+        ctx.report(
+            "AMP041",
+            call,
+            f"apex.fp16_utils.network_to_half became `{names[0]}`, the same function in plain torch written into "
+            "this module (float16 network, affine batch norms float32, input cast to float16, state_dict keys "
+            "prefixed `1.`); Apex before January 2019 (NVIDIA/apex fe365d5) also made batch norms with "
+            "affine=False float32",
+        )
+
+
+def _top_statement(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode:
+    """The module-level statement holding ``node``."""
+    current = node
+    while True:
+        parent = ctx.parent(current)
+        if parent is None or isinstance(parent, cst.Module):
+            return current
+        current = parent
+
+
+def _has_fp16_optimizer(ctx: ModuleContext) -> bool:
+    return any(_flavor(ctx, call) is not None for call in ctx.nodes_of(cst.Call))
+
+
 def plan(ctx: ModuleContext) -> None:
     _plan_helpers(ctx)
+    if not _has_fp16_optimizer(ctx):
+        _plan_network_to_half(ctx)
     setups, blocked = _collect(ctx)
     for error, call in blocked:
         _report_blocked(ctx, error, call)
-        _keep_fused_adam(ctx, _wrapped_fused(ctx, call), ctx.position(call)[0])
+        _keep_fused_adam(ctx, _wrapped_fused(ctx, call), ctx.position(call)[0], _is_contrib(ctx, call))
     stray = _halving_outside(ctx, setups)
     for setup in setups:
         planner = _Planner(ctx, setup)
@@ -1799,6 +2133,6 @@ def plan(ctx: ModuleContext) -> None:
             _report_blocked(ctx, error, setup.first.call)
             at = ctx.position(setup.first.call)[0]
             for construction in setup.constructions:
-                _keep_fused_adam(ctx, _wrapped_fused(ctx, construction.call), at)
+                _keep_fused_adam(ctx, _wrapped_fused(ctx, construction.call), at, _is_contrib(ctx, construction.call))
             continue
         planner.commit()

@@ -27,12 +27,17 @@ __all__ = ["FP16_Optimizer"]
 def _flat_views(params: list[torch.Tensor]) -> torch.Tensor:
     """One flat copy of ``params``; each parameter's data becomes a view into it."""
     flat = torch.cat([param.detach().reshape(-1) for param in params]).clone()
+    _repoint(params, flat)
+    return flat
+
+
+def _repoint(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Make each parameter's data a view into ``flat``, in order."""
     offset = 0
     for param in params:
         count = param.numel()
         param.data = flat[offset : offset + count].view_as(param)
         offset += count
-    return flat
 
 
 class FP16_Optimizer:
@@ -123,6 +128,10 @@ class FP16_Optimizer:
         finally:
             for master in self.fp32_groups_flat:
                 master.grad = None
+        # Apex pointed the parameters at the flat buffer again after each step: a model.float() /
+        # model.half() round trip (a float32 checkpoint saved mid-training) had replaced their data
+        for group, flat in zip(self.fp16_groups, self.fp16_groups_flat):
+            _repoint(group, flat)
         self._update_scale(False)
 
     def backward(self, loss: torch.Tensor) -> None:

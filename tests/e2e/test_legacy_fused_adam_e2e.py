@@ -12,6 +12,7 @@ makes the first steps overflow at 2**16, so both skip and halve the same steps.
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,13 +28,15 @@ RUNS = {
     "dynamic": ("--fp16",),
     "overflowing": ("--fp16", "--loss_weight", "4000"),
     "static": ("--fp16", "--loss_scale", "128"),
+    # a float32 checkpoint every 7 steps (model.float(), save, model.half() again, as BERT-for-RRC-ABSA does)
+    "saving": ("--fp16", "--save_every", "7"),
     "fp32": (),
 }
 # An fp16 model with fp32 masters (Apex) against autocast over fp32 weights: per-step losses
 # measured within 3e-4 (relative 1.2e-3 on the overflowing run, whose losses are ~5000), gradient norms within 1e-3
 # relative; the bounds are a few times wider and still fail a missing clip (the norms are ~2,
 # the clip is 1), a step taken where Apex skipped, or the eps/weight-decay/bias-correction forms.
-LOSS_REL_TOL = {"dynamic": 1e-3, "overflowing": 5e-3, "static": 1e-3}
+LOSS_REL_TOL = {"dynamic": 1e-3, "overflowing": 5e-3, "static": 1e-3, "saving": 1e-3}
 LOSS_ABS_TOL = 1e-3
 NORM_REL_TOL = 5e-3
 # the two final models differ by fp16 rounding only: measured below 5% of how far training moved them
@@ -41,8 +44,12 @@ PARAM_DRIFT_FRACTION = 0.15
 
 
 @pytest.fixture(scope="module")
-def metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], dict[str, Any]]:
-    folder = tmp_path_factory.mktemp("legacy_fused_adam")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("legacy_fused_adam")
+
+
+@pytest.fixture(scope="module")
+def metrics(folder: Path) -> dict[tuple[str, bool], dict[str, Any]]:
     migrated = write_migration(SCRIPT, folder)
     runs = {name: [*args, "--steps", str(STEPS)] for name, args in RUNS.items()}
     return original_and_migrated_runs(SCRIPT, migrated, runs, folder)
@@ -69,7 +76,7 @@ def test_migration_writes_the_old_update_and_no_apex() -> None:
     assert "growth_interval=1000" in source and "model.half()" not in source
 
 
-@pytest.mark.parametrize("name", ["dynamic", "overflowing", "static"])
+@pytest.mark.parametrize("name", ["dynamic", "overflowing", "static", "saving"])
 def test_mixed_runs_train_alike(metrics: dict[tuple[str, bool], dict[str, Any]], name: str) -> None:
     original, migrated = metrics[(name, True)], metrics[(name, False)]
     assert len(original["loss"]) == len(migrated["loss"]) == STEPS
@@ -99,3 +106,21 @@ def test_fp32_runs_are_the_same_program(metrics: dict[tuple[str, bool], dict[str
     original, migrated = metrics[("fp32", True)], metrics[("fp32", False)]
     assert migrated["loss"] == pytest.approx(original["loss"], rel=1e-6)
     assert migrated["params"] == original["params"]
+
+
+def test_checkpoints_saved_in_the_loop_are_float32_and_alike(
+    metrics: dict[tuple[str, bool], dict[str, Any]], folder: Path
+) -> None:
+    """The migration's float32 model saves what Apex's model.float() saved (the re-halving went)."""
+    import torch
+
+    saved = {
+        which: torch.load(folder / f"saving-{which}.json.bin", map_location="cpu") for which in ("original", "migrated")
+    }
+    assert list(saved["original"]) == list(saved["migrated"])
+    initial = metrics[("saving", True)]["initial_params"]  # the parameters in state_dict order (no buffers)
+    for (key, theirs), start in zip(saved["original"].items(), initial):
+        ours = saved["migrated"][key]
+        assert theirs.dtype == ours.dtype == torch.float32, key
+        moved = (theirs - torch.tensor(start).view_as(theirs)).abs().max()
+        assert (ours - theirs).abs().max() <= PARAM_DRIFT_FRACTION * moved + 1e-6, key

@@ -27,6 +27,9 @@ pytestmark = pytest.mark.slow
 PROJECT = REPO / "fixtures" / "project" / "local_fp16_copy" / "in"
 STEPS = 30
 RUNS = {"static": ("--fp16",), "fp32": ()}
+# dynamic.py: the copy's pre-2019 DynamicLossScaler from 2**32 (16 overflowing steps down to 2**16), then
+# doubling after 10 clean steps (scale_window) and halving again on the next overflow
+DYNAMIC_STEPS = 60
 # as in test_fp16_optimizer_e2e.py: a half model with float32 masters against autocast over float32 weights
 MIXED_LOSS_ABS_TOL = 5e-3
 MIXED_LOSS_REL_TOL = 2e-2
@@ -61,13 +64,19 @@ def metrics(
             found[(name, is_original)] = shim_metrics(
                 tree / "main.py", [*args, "--steps", str(STEPS)], out, original=is_original, env=env
             )
+    for is_original, tree in ((True, original), (False, migrated)):
+        env = None if is_original else native_env
+        out = tree / "metrics-dynamic.json"
+        found[("dynamic", is_original)] = shim_metrics(
+            tree / "dynamic.py", ["--steps", str(DYNAMIC_STEPS)], out, original=is_original, env=env
+        )
     return found
 
 
 def test_only_the_training_script_changes(trees: tuple[Path, Path, list[Any]]) -> None:
     original, migrated, results = trees
     changed = {Path(r.path).relative_to(migrated).as_posix() for r in results if r.status is Status.CHANGED}
-    assert changed == {"main.py"}
+    assert changed == {"main.py", "dynamic.py"}
     for copy in sorted((original / "fp16").glob("*.py")):
         assert (migrated / "fp16" / copy.name).read_text() == copy.read_text(), "the local copy is user code"
     tree = ast.parse((migrated / "main.py").read_text())
@@ -88,4 +97,17 @@ def test_static_scale_run_trains_like_the_copy(metrics: dict[tuple[str, bool], A
         assert abs(mine - theirs) <= MIXED_LOSS_ABS_TOL + MIXED_LOSS_REL_TOL * abs(theirs), (step, mine, theirs)
     # the clip sees unscaled gradients in both (a scaled norm would be 128 times larger)
     assert migrated["grad_norm"][0] == pytest.approx(original["grad_norm"][0], rel=MIXED_NORM_REL_TOL)
+    assert original["loss"][-1] < 0.5 * original["loss"][0], "the original did not train"
+
+
+def test_pre2019_dynamic_scale_follows_the_copy(metrics: dict[tuple[str, bool], Any]) -> None:
+    """The copy's pre-2019 schedule, step for step: GradScaler from the copy's 2**32 with
+    growth_interval=scale_window, halving on the same overflows."""
+    original, migrated = metrics[("dynamic", True)], metrics[("dynamic", False)]
+    scales = original["loss_scale"]
+    assert scales[0] == 2.0**31 and min(scales) < 2.0**17, "the run did not overflow down"
+    assert any(later > earlier for earlier, later in zip(scales, scales[1:])), "the scale never grew"
+    assert migrated["loss_scale"] == scales
+    for step, (mine, theirs) in enumerate(zip(migrated["loss"], original["loss"], strict=True)):
+        assert abs(mine - theirs) <= MIXED_LOSS_ABS_TOL + MIXED_LOSS_REL_TOL * abs(theirs), (step, mine, theirs)
     assert original["loss"][-1] < 0.5 * original["loss"][0], "the original did not train"
