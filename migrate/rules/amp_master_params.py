@@ -139,6 +139,39 @@ def _conditional_step(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call
     return False
 
 
+def _inside_scale_loss(ctx: ModuleContext, model: AmpModel, statement: cst.CSTNode) -> bool:
+    """Whether ``statement`` runs inside the body of a ``with amp.scale_loss(...)`` being migrated."""
+    sites = set(map(id, model.sites))
+    return any(
+        isinstance(ancestor, cst.With) and any(id(item.item) in sites for item in ancestor.items)
+        for ancestor in ctx.ancestors(statement)
+    )
+
+
+def _report_clip_inside_scale_loss(ctx: ModuleContext, node: cst.CSTNode) -> None:
+    """Freeze the setup: a clip inside the ``scale_loss`` block saw gradients Apex had not unscaled yet.
+
+    Apex unscales when the block exits, and before the backward it set aside the gradients
+    accumulated so far (O1) or left the master gradients of the last step (O2): a clip inside
+    the block acted on this backward's still-scaled gradients alone. ``unscale_`` before it
+    would clip the true gradients instead (about 65536 times more weakly), and with
+    accumulation GradScaler's gradients hold every micro-batch: no native spelling keeps it.
+    """
+    argument = ctx.parent(node)
+    clip = node if isinstance(node, cst.Call) and is_clip(node.func) else argument and ctx.parent(argument)
+    what = f"`{syntax.code(clip.func)}(...)`" if isinstance(clip, cst.Call) else "this clip"
+    ctx.report(
+        "AMP024",
+        node,
+        f"{what} runs inside `with amp.scale_loss(...)`, where Apex had not unscaled the gradients yet: it clipped "
+        "this backward's still-scaled gradients (after setting aside those accumulated before it), so its "
+        "threshold acted about `loss_scale` times more strongly than written; `scaler.unscale_(optimizer)` before it "
+        "would clip the true gradients and train differently: left as it was. If clipping the true gradients is what "
+        "was meant, move the clip after the `with` block (then run ampmigrate again)",
+    )
+    ctx.unfinished.append(node)  # the setup stays as it was (AMP025)
+
+
 def _unscale_before(
     ctx: ModuleContext,
     model: AmpModel,
@@ -148,6 +181,9 @@ def _unscale_before(
 ) -> bool:
     """Plan ``scaler.unscale_(optimizer)`` before ``node``'s statement; False if impossible."""
     statement = ctx.statement_of(node)
+    if _inside_scale_loss(ctx, model, statement):
+        _report_clip_inside_scale_loss(ctx, node)
+        return False
     key = optimizer_key(ctx, optimizer, node)
     step = _next_step(ctx, model, node, key)
     if step is not None and _conditional_step(ctx, statement, step):
