@@ -692,7 +692,38 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
                 "`if`, then run ampmigrate again",
             )
             return None
+        varying = _varying_in_loop(ctx, outermost, enabled_parts)
+        if varying:
+            loop, names = varying
+            ctx.report(
+                "AMP010",
+                found.call,
+                f"the scaler would be created before the `if` around this call, inside the loop at line "
+                f"{ctx.position(loop)[0]}, but its `enabled=` reads {', '.join(names)}, which that loop changes: "
+                "Apex kept the set-up this call made for the later iterations, while a GradScaler made there would "
+                "be made again on every iteration, disabled (float32, no autocast) where the condition no longer "
+                'holds: create `scaler = torch.amp.GradScaler("cuda", enabled=...)` once before the loop, then run '
+                "ampmigrate again",
+            )
+            return None
     return _Settings(level, level_expression, disabled, enabled_parts, outermost, in_branch, shared_above)
+
+
+def _varying_in_loop(
+    ctx: ModuleContext, outermost: cst.CSTNode, enabled_parts: list[cst.BaseExpression]
+) -> tuple[cst.CSTNode, list[str]] | None:
+    """The loop around ``outermost`` (in its function) and the names of the ``enabled=`` parts
+    it assigns (its target included), when there are any: a scaler created there would be
+    created again each iteration under a condition that changes."""
+    function = ctx.function_of(outermost)
+    read = {n.value for part in enabled_parts for n in _names_in(part)}
+    for ancestor in ctx.ancestors(outermost):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
+            return None
+        if isinstance(ancestor, (cst.For, cst.While)) and ctx.function_of(ancestor) is function:
+            names = sorted(read & _bound_inside(ancestor))
+            return (ancestor, names) if names else None
+    return None
 
 
 def _loss_scale(bound: dict[str, cst.Arg]) -> _LossScale:
