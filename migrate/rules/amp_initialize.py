@@ -692,6 +692,30 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
                 "`if`, then run ampmigrate again",
             )
             return None
+        latched = sorted(_attributes_read(enabled_parts) & _attributes_assigned(outermost))
+        if latched:
+            ctx.report(
+                "AMP010",
+                found.call,
+                f"the `if` around this call reads {', '.join(latched)}, which it also sets: it runs amp.initialize "
+                "once, and Apex's set-up then stayed for every later call, while a GradScaler made above that `if` "
+                "would be made again on each call, disabled (float32, no autocast) once the flag is set: create the "
+                'GradScaler once where the flag starts (`torch.amp.GradScaler("cuda", enabled=...)`), then run '
+                "ampmigrate again",
+            )
+            return None
+        counters = _counters_compared(ctx, outermost, enabled_parts)
+        if counters:
+            ctx.report(
+                "AMP010",
+                found.call,
+                f"the `if` around this call compares {', '.join(counters)} (a parameter) with a number: a call made "
+                "on every epoch or step runs amp.initialize on one of them only, and Apex's set-up then stayed for "
+                "the later calls, while a GradScaler made above that `if` would be made again on each call, disabled "
+                '(float32, no autocast) on the others: create the GradScaler once (`torch.amp.GradScaler("cuda", '
+                "enabled=...)`) where the training starts and pass it in, then run ampmigrate again",
+            )
+            return None
         varying = _varying_in_loop(ctx, outermost, enabled_parts)
         if varying:
             loop, names = varying
@@ -707,6 +731,64 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
             )
             return None
     return _Settings(level, level_expression, disabled, enabled_parts, outermost, in_branch, shared_above)
+
+
+def _counters_compared(ctx: ModuleContext, outermost: cst.CSTNode, parts: list[cst.BaseExpression]) -> list[str]:
+    """Parameters of the function around ``outermost`` that ``parts`` compare with an integer
+    (``epoch == 0``): counters of a function called again and again, not amp switches."""
+    function = ctx.function_of(outermost)
+    if function is None:
+        return []
+    params = function.params
+    parameters = {
+        param.name.value for group in (params.posonly_params, params.params, params.kwonly_params) for param in group
+    }
+    found: set[str] = set()
+    for part in parts:
+        for node in _walk(part):
+            if not isinstance(node, cst.Comparison):
+                continue
+            operands = [node.left, *(target.comparator for target in node.comparisons)]
+            if any(isinstance(syntax.strip_parens(o), cst.Integer) for o in operands):
+                found.update(
+                    o.value
+                    for o in map(syntax.strip_parens, operands)
+                    if isinstance(o, cst.Name) and o.value in parameters
+                )
+    return sorted(found)
+
+
+def _attributes_read(parts: list[cst.BaseExpression]) -> set[str]:
+    """The dotted attributes (``self.amp_ready``) that ``parts`` read."""
+    found: set[str] = set()
+    for part in parts:
+        for node in _walk(part):
+            if isinstance(node, cst.Attribute) and (dotted := dotted_name(node)) is not None:
+                found.add(dotted)
+    return found
+
+
+def _attributes_assigned(statement: cst.CSTNode) -> set[str]:
+    """The dotted attributes assigned anywhere inside ``statement`` (``self.amp_ready = True``)."""
+    found: set[str] = set()
+    for node in _walk(statement):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(node, cst.AssignTarget):
+            targets = [node.target]
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            targets = [node.target]
+        for target in targets:
+            elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+            found.update(d for e in elements if isinstance(e, cst.Attribute) and (d := dotted_name(e)) is not None)
+    return found
+
+
+def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node`` and everything below it."""
+    nodes = [node]
+    for child in node.children:
+        nodes += _walk(child)
+    return nodes
 
 
 def _varying_in_loop(
