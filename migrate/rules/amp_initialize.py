@@ -794,16 +794,18 @@ def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
 def _varying_in_loop(
     ctx: ModuleContext, outermost: cst.CSTNode, enabled_parts: list[cst.BaseExpression]
 ) -> tuple[cst.CSTNode, list[str]] | None:
-    """The loop around ``outermost`` (in its function) and the names of the ``enabled=`` parts
-    it assigns (its target included), when there are any: a scaler created there would be
-    created again each iteration under a condition that changes."""
+    """The loop around ``outermost`` (in its function) and the names (or ``self.x`` attributes)
+    of the ``enabled=`` parts it assigns (its target included), when there are any: a scaler
+    created there would be created again each iteration under a condition that changes."""
     function = ctx.function_of(outermost)
     read = {n.value for part in enabled_parts for n in _names_in(part)}
     for ancestor in ctx.ancestors(outermost):
         if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
             return None
         if isinstance(ancestor, (cst.For, cst.While)) and ctx.function_of(ancestor) is function:
-            names = sorted(read & _bound_inside(ancestor))
+            names = sorted(
+                read & _bound_inside(ancestor) | _attributes_read(enabled_parts) & _attributes_assigned(ancestor)
+            )
             return (ancestor, names) if names else None
     return None
 
