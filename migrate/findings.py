@@ -176,6 +176,15 @@ CODES: dict[str, Code] = {
         "after `scaler.unscale_(optimizer)` (that changes training: Apex clipped every micro-batch).",
         True,
     ),
+    "AMP028": Code(
+        "gradients-read-twice-per-step",
+        "Gradients are read (clipped, measured) at two places under different conditions before the same "
+        "optimizer step, and no one place after the scaled backward runs before both: GradScaler can unscale "
+        "only once per step, so the setup was left as it was.",
+        "Call `scaler.unscale_(optimizer)` once right after the scaled backward (where Apex unscaled), read the "
+        "gradients after it, then run ampmigrate again.",
+        False,
+    ),
     "AMP030": Code(
         "amp-module-used-as-value",
         "The apex amp module is stored, passed or compared as a value.",

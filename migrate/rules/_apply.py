@@ -340,7 +340,7 @@ class PlanApplier(cst.CSTTransformer):
         if plan.module_globals:
             position = _after_imports(body)
             shared = list(plan.module_globals)
-            shared[0] = shared[0].with_changes(leading_lines=[cst.EmptyLine()])
+            shared[0] = shared[0].with_changes(leading_lines=[cst.EmptyLine(), *shared[0].leading_lines])
             body[position:position] = shared
         if plan.module_helpers:
             position = _after_imports(body)

@@ -89,15 +89,25 @@ def is_import_fallback(ctx: ModuleContext, name: cst.Name) -> bool:
 
 def checks_presence(ctx: ModuleContext, node: cst.CSTNode) -> bool:
     """``amp is None`` / ``amp is not None`` / ``not amp`` / ``if amp:`` / ``assert amp``."""
+    return presence_check(ctx, node) is not None
+
+
+def presence_check(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The construct whose test only checks that ``node`` is bound (see ``checks_presence``):
+    the ``if``/``while``/``assert``/conditional expression, or the ``is None`` comparison."""
     parent = ctx.parent(node)
+    comparison = None
     if isinstance(parent, cst.Comparison) and len(parent.comparisons) == 1:
         target = parent.comparisons[0]
         if isinstance(target.operator, (cst.Is, cst.IsNot)) and isinstance(target.comparator, cst.Name):
             if target.comparator.value == "None":
-                return True
+                comparison = node = parent
+                parent = ctx.parent(parent)
     while isinstance(parent, (cst.UnaryOperation, cst.BooleanOperation)):
         node, parent = parent, ctx.parent(parent)
-    return isinstance(parent, (cst.If, cst.While, cst.Assert, cst.IfExp)) and getattr(parent, "test", None) is node
+    if isinstance(parent, (cst.If, cst.While, cst.Assert, cst.IfExp)) and getattr(parent, "test", None) is node:
+        return parent
+    return comparison
 
 
 def _classify_import(module_path: str, name: str) -> tuple[str, str] | None:

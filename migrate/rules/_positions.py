@@ -175,6 +175,18 @@ def statement_blocks(
     return found
 
 
+def _position(
+    spans: dict[cst.CSTNode, tuple[int, int]], code: str, node: cst.CSTNode, statement: cst.CSTNode, first: int
+) -> tuple[int, int, int]:
+    """Line, column and end line of ``node`` from the ``code`` of ``statement``, whose syntax
+    starts on line ``first`` of the input."""
+    # the line the statement's own code (leading comment lines included) starts on
+    origin = first - code.count("\n", 0, spans[statement][0])
+    start, end = spans[node]
+    column = start - (code.rfind("\n", 0, start) + 1) + 1
+    return origin + code.count("\n", 0, start), column, origin + code.count("\n", 0, max(start, end - 1))
+
+
 class TreesDisagree(Exception):
     """libcst's and ast's statements do not pair up (never expected: the finer map is dropped)."""
 
@@ -224,10 +236,7 @@ class Positions:
     ) -> tuple[int, int, int] | None:
         """The position of ``node`` from the code of ``statement`` (whose syntax starts on
         line ``first``); None when that code's line does not read as the input's there."""
-        known = self._statement_offsets.get(statement)
-        if known is None:
-            known = self._statement_offsets[statement] = _spans(self.module, statement, indents)
-        spans, code = known
+        spans, code = self._offsets(statement, indents)
         begin = spans[statement][0]
         if not self._source_lines:
             self._source_lines = self.source.split("\n")
@@ -238,53 +247,52 @@ class Positions:
             or self._source_lines[first - 1] != code[line_start : len(code) if line_end < 0 else line_end]
         ):
             return None
-        # the line the statement's own code (leading comment lines included) starts on
-        origin = first - code.count("\n", 0, begin)
-        start, end = spans[node]
-        column = start - (code.rfind("\n", 0, start) + 1) + 1
-        return origin + code.count("\n", 0, start), column, origin + code.count("\n", 0, max(start, end - 1))
+        return _position(spans, code, node, statement, first)
 
     def _locate_in_top(self, node: cst.CSTNode, top: cst.CSTNode) -> tuple[int, int, int]:
         first_lines = self._top_level_lines()
         if top not in first_lines:
             return self._locate_in_module(node)
-        known = self._statement_offsets.get(top)
+        spans, code = self._offsets(top, [])
+        return _position(spans, code, node, top, first_lines[top])
+
+    def _offsets(self, statement: cst.CSTNode, indents: list[str]) -> tuple[dict[cst.CSTNode, tuple[int, int]], str]:
+        """``_spans`` of ``statement``, generated once."""
+        known = self._statement_offsets.get(statement)
         if known is None:
-            known = self._statement_offsets[top] = _spans(self.module, top)
-        spans, code = known
-        # the line the statement's own code (leading comment lines included) starts on
-        origin = first_lines[top] - code.count("\n", 0, spans[top][0])
-        start, end = spans[node]
-        column = start - (code.rfind("\n", 0, start) + 1) + 1
-        return origin + code.count("\n", 0, start), column, origin + code.count("\n", 0, max(start, end - 1))
+            known = self._statement_offsets[statement] = _spans(self.module, statement, indents)
+        return known
+
+    def _ast_body(self) -> list[ast.stmt] | None:
+        """The statements of the engine's ``ast`` tree of the input (not a second parse); None
+        when it does not parse."""
+        try:
+            return pytree.parse(self.source).body
+        except (SyntaxError, ValueError, RecursionError):
+            return None
 
     def _nested_lines(self) -> dict[cst.CSTNode, int]:
         """The line each statement of every block (top level, function bodies, branches...)
         starts on, from ``ast``; {} where the two trees do not pair up."""
         if self._statement_lines is None:
             self._statement_lines = {}
-            try:
-                body = pytree.parse(self.source).body  # the engine's tree, not a second parse
-            except (SyntaxError, ValueError, RecursionError):
+            body = self._ast_body()
+            if body is None:
                 return self._statement_lines
             try:
                 blocks = statement_blocks(self.module, body)
             except TreesDisagree:
                 return self._statement_lines
             # libcst starts a decorated definition at `def`/`class`, as ast's lineno does
-            found: dict[cst.CSTNode, int] = {
-                statement: tree.lineno for _, paired in blocks for statement, tree in paired
-            }
-            self._statement_lines = found
+            self._statement_lines = {statement: tree.lineno for _, paired in blocks for statement, tree in paired}
         return self._statement_lines
 
     def _top_level_lines(self) -> dict[cst.CSTNode, int]:
         """The line each top-level statement's syntax starts on, from ``ast``."""
         if self._first_lines is None:
             self._first_lines = {}
-            try:
-                body = pytree.parse(self.source).body  # the engine's tree, not a second parse
-            except (SyntaxError, ValueError, RecursionError):
+            body = self._ast_body()
+            if body is None:
                 return self._first_lines
             # libcst starts a decorated definition at `def`/`class`, as ast's lineno does
             lines = [statement.lineno for statement in body]

@@ -118,7 +118,8 @@ def why_left(ctx: ModuleContext, names: list[cst.CSTNode]) -> str:
     first = min(names, key=lambda name: ctx.position(name))
     line = ctx.position(first)[0]
     if isinstance(first, cst.Call):  # a library helper that runs amp inside (timm's ApexScaler)
-        return f"`{syntax.code(first.func)}()` at line {line} could not be migrated (see its finding)"
+        arguments = "(...)" if first.args else "()"
+        return f"`{syntax.code(first.func)}{arguments}` at line {line} could not be migrated (see its finding)"
     if not isinstance(first, cst.Name) or ctx.resolve(first.value, first) is None:
         return f"{ctx.handles.describe(first)} could not be migrated (see its finding)"
     binding = ctx.resolve(first.value, first)

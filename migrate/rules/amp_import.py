@@ -53,7 +53,13 @@ import libcst as cst
 from migrate.rules import _syntax as syntax
 from migrate.rules import amp_private_state, apex_clip_grad, apex_normalization
 from migrate.rules._amp import AmpModel
-from migrate.rules._bindings import Binding, bound_name, checks_presence, dotted_name, is_import_fallback
+from migrate.rules._bindings import (
+    Binding,
+    bound_name,
+    dotted_name,
+    is_import_fallback,
+    presence_check,
+)
 from migrate.rules._context import ModuleContext
 from migrate.rules._exports import reached_from_outside
 from migrate.rules.amp_cast_functions import APIS as CAST_APIS
@@ -496,6 +502,18 @@ def _escaping_probe(ctx: ModuleContext, binding: Binding) -> bool:
     return True
 
 
+def _quoted_check(ctx: ModuleContext, check: cst.CSTNode) -> str:
+    """The code of a presence check on one line: the header of an ``if``/``while``, the
+    ``assert``, or the expression (a conditional expression, an ``is None`` comparison)."""
+    if isinstance(check, cst.Assert):
+        text = f"assert {ctx.code(check.test)}" + (f", {ctx.code(check.msg)}" if check.msg else "")
+    elif isinstance(check, (cst.If, cst.While)):
+        text = f"{'while' if isinstance(check, cst.While) else 'if'} {ctx.code(check.test)}:"
+    else:
+        text = ctx.code(check)
+    return " ".join(text.split())
+
+
 def _report_leftovers(
     ctx: ModuleContext,
     model: AmpModel,
@@ -505,11 +523,10 @@ def _report_leftovers(
 ) -> None:
     for name in model.value_uses:
         if name not in ctx.consumed:
-            if checks_presence(ctx, name):
-                statement = ctx.statement_of(name)
-                check = ctx.code(statement).strip().splitlines()[0]
-                asserted = any(isinstance(node, cst.Assert) for node in ctx.walk(statement))
-                effect = "fails" if asserted else "takes its no-Apex branch"
+            found = presence_check(ctx, name)
+            if found is not None:
+                check = _quoted_check(ctx, found)
+                effect = "fails" if isinstance(found, cst.Assert) else "takes its no-Apex branch"
                 ctx.report(
                     "AMP030",
                     name,

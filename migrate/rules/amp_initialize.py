@@ -33,11 +33,27 @@ The name travels with the scaler (threaded parameters, project mode). Under a gu
 read only when amp is on (``args.fp16 and ...``), or, when the guard computes it, in the
 guarded clause, which builds its own scaler. At O3 None keeps O3's 1.0.
 
+A top-level factory that calls it under a run-time switch (``if args.fp16:``) and returns
+the model and optimizer to a loop elsewhere in the file sets a module-level scaler where
+the call ran, off until then (as Apex amp did nothing before ``amp.initialize``); autocast
+follows it with ``enabled=scaler.is_enabled()``::
+
+    # off until build() sets up mixed precision
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+
+    def build(model, optimizer, args):
+        global scaler
+        if args.fp16:
+            scaler = torch.amp.GradScaler("cuda")
+        return model, optimizer
+
 Not rewritten (reported instead)
     A call that is not a plain assignment or expression statement (AMP010);
     ``cast_model_outputs``, a ``loss_scale`` that is no number, or a run-time ``loss_scale``
     whose held value cannot reach every ``scaler.update`` (a scaler on ``self``, a step in a
-    closure) (AMP005; the setup stays as it was, AMP025).
+    closure) (AMP005; the setup stays as it was, AMP025); a factory like the one above
+    whose file has another amp.initialize, or that turns scaling off (O0, ``loss_scale=1``)
+    while autocast stays on (AMP022).
 
 Safety
     O1 maps exactly onto autocast + GradScaler up to the op lists. O2/O3 have no native
@@ -497,6 +513,8 @@ class _Settings:
     outermost: cst.CSTNode  # the statement the scaler is created before
     in_branch: bool  # one of several initializes in the clauses of one if/else
     shared_above: bool  # ... whose scaler is created once, above the guarded chain
+    guard_parts: int = 0  # how many of ``enabled_parts`` (the first ones) come from guarding ifs
+    guards_check_apex: bool = False  # a guarding if asks whether Apex is installed (``amp is not None``)
 
     @property
     def level_code(self) -> str | None:
@@ -663,7 +681,13 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
         shared_above = bool(guards)
         if not shared_above:
             guards, outermost = [], statement
-    enabled_parts[:0] = [part for guard in guards for part in _apex_free_conjuncts(ctx, guard)]
+    from_guards = [part for guard in guards for part in _apex_free_conjuncts(ctx, guard)]
+    checks_apex = any(
+        isinstance(node, cst.Name) and (binding := ctx.resolve(node.value, node)) is not None and binding.kind == "amp"
+        for guard in guards
+        for node in ctx.walk(guard)
+    )
+    enabled_parts[:0] = from_guards
     if level_expression is not None:
         enabled_parts.append(
             cst.Comparison(
@@ -730,7 +754,17 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
                 "ampmigrate again",
             )
             return None
-    return _Settings(level, level_expression, disabled, enabled_parts, outermost, in_branch, shared_above)
+    return _Settings(
+        level,
+        level_expression,
+        disabled,
+        enabled_parts,
+        outermost,
+        in_branch,
+        shared_above,
+        len(from_guards),
+        checks_apex,
+    )
 
 
 def _counters_compared(ctx: ModuleContext, outermost: cst.CSTNode, parts: list[cst.BaseExpression]) -> list[str]:
@@ -942,9 +976,9 @@ def _home(
         return function, None
     klass = ctx.class_of_method(function)
     unreachable = [other for other in elsewhere if not model.can_reach(function, klass, other.call)]
-    if unreachable and klass is None and not settings.enabled_parts and isinstance(ctx.parent(function), cst.Module):
-        # a factory function: a scaler with a fixed configuration can live at module
-        # level, where every function of the file reaches it
+    if unreachable and klass is None and isinstance(ctx.parent(function), cst.Module):
+        # a factory function: the scaler lives at module level, where every function of the
+        # file reaches it (switched on at run time, the factory sets it: see _set_by_factory)
         return None, None
     if unreachable:
         # migrating this call alone would leave Apex code behind that needs it
@@ -1163,6 +1197,9 @@ def _create_scaler(
     if klass is not None and function is not None and function.name.value != "__init__":
         scaler.may_be_disabled = _default_in_init(ctx, klass, name)
 
+    if _set_by_factory(ctx, found, settings, home):
+        _set_in_factory(ctx, found, settings, scale, scaler)
+        return
     if function is None and ctx.function_of(call) is not None:
         ctx.plan.module_globals.append(creation)
         _drop_call(ctx, found)
@@ -1175,6 +1212,44 @@ def _create_scaler(
             # Apex's last call left one set of loss scalers, and one scaler made above stands for them
             planned.extend([*held_above, creation])
         _drop_call(ctx, found, then=held_here)
+
+
+def _set_in_factory(
+    ctx: ModuleContext, found: SetupCall, settings: _Settings, scale: _LossScale, scaler: Scaler
+) -> None:
+    """The factory's scaler (``_set_by_factory``): a disabled one at module level, replaced
+    where amp.initialize ran, under the same guards (a call of the factory with amp off
+    leaves the scaler as it was, as it left Apex's state), declared global at the top."""
+    factory = ctx.function_of(found.call)
+    assert factory is not None and isinstance(factory.body, cst.IndentedBlock)
+    scaler.may_be_disabled = True
+    off = syntax.assign_statement(
+        cst.Name(scaler.name), syntax.call("torch.amp.GradScaler", _scaler_arguments(ctx, None, cst.Name("False")))
+    )
+    note = cst.EmptyLine(comment=cst.Comment(f"# off until {factory.name.value}() sets up mixed precision"))
+    ctx.plan.module_globals.append(off.with_changes(leading_lines=[note]))
+    body = factory.body.body
+    first = 1 if len(body) > 1 and syntax.is_docstring(body[0]) else 0
+    ctx.plan.before[body[first]].insert(0, cst.SimpleStatementLine([cst.Global([cst.NameItem(cst.Name(scaler.name))])]))
+    if settings.guards_check_apex:
+        # `if amp is not None and ...:` goes: torch.amp is always there, so the scaler is made
+        # above that if, switched by the rest of its conditions
+        enabled, _ = _enabled_arguments(settings, scale)
+        at = settings.outermost
+    else:
+        # under the guards, where the call stood: only the call's own conditions (its opt level)
+        here = replace(settings, enabled_parts=settings.enabled_parts[settings.guard_parts :])
+        enabled, _ = _enabled_arguments(here, scale)
+        at = found.statement
+    scaler.enabled = enabled
+    creation = syntax.assign_statement(
+        cst.Name(scaler.name), syntax.call("torch.amp.GradScaler", _scaler_arguments(ctx, scale.initial, enabled))
+    )
+    if at is found.statement:
+        _drop_call(ctx, found, then=[creation])
+    else:
+        ctx.plan.before[at].append(creation)
+        _drop_call(ctx, found)
 
 
 def _scale_written_after(
@@ -1253,6 +1328,17 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         if blocked is not None:
             _report_runtime_blocked(ctx, found, scale, blocked)
             return
+    if _set_by_factory(ctx, found, settings, home):
+        why = _factory_blocked(model, settings, scale)
+        if why is not None:
+            where = ctx.position(use.call)[0]
+            ctx.report(
+                "AMP022",
+                use.call,
+                f"amp.initialize left as it was: its function is a factory that switches amp on at run time, and "
+                f"the code that needs its GradScaler is elsewhere in the file, but {why} (line {where})",
+            )
+            return
     ctx.consumed.add(use.base)
     for note in scale.notes:
         ctx.report(*note)
@@ -1282,6 +1368,27 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         if scale.static is not None:
             scale.static = value
     _create_scaler(ctx, model, found, settings, scale, home, name)
+
+
+def _set_by_factory(
+    ctx: ModuleContext, found: SetupCall, settings: _Settings, home: tuple[cst.FunctionDef | None, cst.ClassDef | None]
+) -> bool:
+    """Whether the scaler is a module-level name that the function holding ``amp.initialize``
+    sets, switched on by conditions only that function can evaluate (``if args.fp16:`` in a
+    factory whose caller runs the loop elsewhere). A disabled scaler stands at module level
+    until the factory runs, as Apex's amp did nothing before amp.initialize."""
+    return home == (None, None) and ctx.function_of(found.call) is not None and bool(settings.enabled_parts)
+
+
+def _factory_blocked(model: AmpModel, settings: _Settings, scale: _LossScale) -> str | None:
+    """Why a factory-set scaler (``_set_by_factory``) cannot stand for this call; None if it can."""
+    if model.scalers:
+        return "another amp.initialize of the file already has a GradScaler"
+    if settings.disabled or scale.off:
+        return "autocast would not follow the GradScaler's switch (`scaler.is_enabled()`)"
+    if scale.runtime is not None:
+        return "its loss scale is chosen at run time"
+    return None
 
 
 def _reinitializes(

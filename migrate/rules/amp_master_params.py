@@ -40,8 +40,18 @@ After::
         scaler.step(optimizer)
         scaler.update()
 
+The same goes for a clip of ``model.parameters()`` (or any parameters) after a scaled
+backward, and for a function of the module that touches ``.grad`` given them (a norm, a
+hand-made clip, a log of the largest gradient, whatever its name): Apex had unscaled them.
+
+Gradients read at several places before one step (a norm logged under one condition, a
+clip under another) get one ``unscale_``: before the first read of each block when those
+blocks exclude each other (``if``/``else``), else right after the scaled backward of their
+common block; GradScaler refuses a second ``unscale_`` before ``update``.
+
 Not rewritten (reported instead)
-    A clip where no GradScaler is reachable (AMP022, AMP023).
+    A clip where no GradScaler is reachable (AMP022, AMP023); reads before one step with no
+    one place after the backward that runs before them all (AMP028).
 
 Safety
     Exact for O1. Under O2 the master params were fp32 copies; natively the optimizer
@@ -54,6 +64,9 @@ References
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import cast
 
 import libcst as cst
@@ -149,7 +162,8 @@ def _inside_scale_loss(ctx: ModuleContext, model: AmpModel, statement: cst.CSTNo
 
 
 def _report_clip_inside_scale_loss(ctx: ModuleContext, node: cst.CSTNode) -> None:
-    """Freeze the setup: a clip inside the ``scale_loss`` block saw gradients Apex had not unscaled yet.
+    """Freeze the setup: a clip (or another gradient reader) inside the ``scale_loss`` block saw
+    gradients Apex had not unscaled yet.
 
     Apex unscales when the block exits, and before the backward it set aside the gradients
     accumulated so far (O1) or left the master gradients of the last step (O2): a clip inside
@@ -158,28 +172,56 @@ def _report_clip_inside_scale_loss(ctx: ModuleContext, node: cst.CSTNode) -> Non
     accumulation GradScaler's gradients hold every micro-batch: no native spelling keeps it.
     """
     argument = ctx.parent(node)
-    clip = node if isinstance(node, cst.Call) and is_clip(node.func) else argument and ctx.parent(argument)
-    what = f"`{syntax.code(clip.func)}(...)`" if isinstance(clip, cst.Call) else "this clip"
-    ctx.report(
-        "AMP024",
-        node,
-        f"{what} runs inside `with amp.scale_loss(...)`, where Apex had not unscaled the gradients yet: it clipped "
-        "this backward's still-scaled gradients (after setting aside those accumulated before it), so its "
-        "threshold acted about `loss_scale` times more strongly than written; `scaler.unscale_(optimizer)` before it "
-        "would clip the true gradients and train differently: left as it was. If clipping the true gradients is what "
-        "was meant, move the clip after the `with` block (then run ampmigrate again)",
-    )
+    outer = argument and ctx.parent(argument)
+    clip = node if isinstance(node, cst.Call) and is_clip(node.func) else outer
+    if isinstance(clip, cst.Call) and is_clip(clip.func):
+        ctx.report(
+            "AMP024",
+            node,
+            f"`{syntax.code(clip.func)}(...)` runs inside `with amp.scale_loss(...)`, where Apex had not unscaled the "
+            "gradients yet: it clipped this backward's still-scaled gradients (after setting aside those accumulated "
+            "before it), so its threshold acted about `loss_scale` times more strongly than written; "
+            "`scaler.unscale_(optimizer)` before it would clip the true gradients and train differently: left as it "
+            "was. If clipping the true gradients is what was meant, move the clip after the `with` block (then run "
+            "ampmigrate again)",
+        )
+    else:
+        reader = node if isinstance(node, cst.Call) else outer
+        what = f"`{syntax.code(reader.func)}(...)`" if isinstance(reader, cst.Call) else "this code"
+        ctx.report(
+            "AMP024",
+            node,
+            f"{what} reads the gradients inside `with amp.scale_loss(...)`, where Apex had not unscaled them yet: it "
+            "saw this backward's still-scaled gradients (those accumulated before it set aside), and "
+            "`scaler.unscale_(optimizer)` before it would show it the true ones: left as it was. If the true "
+            "gradients are meant, move it after the `with` block (then run ampmigrate again)",
+        )
     ctx.unfinished.append(node)  # the setup stays as it was (AMP025)
+
+
+@dataclass
+class _Unscale:
+    """A statement that reads gradients after a scaled backward: ``scaler.unscale_`` must run
+    before it (once per step: GradScaler refuses a second call before ``update``)."""
+
+    statement: cst.CSTNode
+    node: cst.Call  # the clip, or the amp.master_params call in it
+    access: cst.BaseExpression  # the scaler, as this code reaches it
+    optimizer: cst.BaseExpression
+    key: str
+    step: cst.Call | None
+    placed: bool = False  # already written (an if/else of two clips collapsed into unscale_ + clip)
 
 
 def _unscale_before(
     ctx: ModuleContext,
     model: AmpModel,
-    node: cst.CSTNode,
+    node: cst.Call,
     optimizer: cst.BaseExpression,
-    unscaled: set[tuple[int, str]],
+    requests: list[_Unscale],
 ) -> bool:
-    """Plan ``scaler.unscale_(optimizer)`` before ``node``'s statement; False if impossible."""
+    """Ask for ``scaler.unscale_(optimizer)`` before ``node``'s statement (``_place_unscales``
+    writes it); False if impossible."""
     statement = ctx.statement_of(node)
     if _inside_scale_loss(ctx, model, statement):
         _report_clip_inside_scale_loss(ctx, node)
@@ -191,13 +233,127 @@ def _unscale_before(
     found = model.scaler_access_or_report(node)
     if found is None:
         return False
-    _, access = found
-    if (id(ctx.block_of(statement)), key) not in unscaled:
-        unscaled.add((id(ctx.block_of(statement)), key))
-        ctx.plan.before[statement].append(
-            syntax.expression_statement(syntax.attribute_call(access, "unscale_", [cst.Arg(optimizer.deep_clone())]))
-        )
+    requests.append(_Unscale(statement, node, found.expression, optimizer, key, step))
     return True
+
+
+def _place_unscales(ctx: ModuleContext, model: AmpModel, requests: list[_Unscale]) -> None:
+    """One ``unscale_`` per optimizer and step on every path: before the first statement that
+    reads the gradients in each block, when no two of those blocks run in one pass (the
+    branches of an ``if``/``else``); else before the statement of their common block that holds
+    the first of them, provided a scaled backward runs earlier in that block. Where no such
+    place exists, the later reads are reported (AMP028) and the setup stays as it was."""
+    groups: dict[tuple[int, str, int], list[_Unscale]] = defaultdict(list)
+    for request in requests:
+        function = ctx.function_of(request.statement)
+        groups[(id(function), request.key, id(request.step))].append(request)
+    for group in groups.values():
+        collapsed = {id(request.statement) for request in group if request.placed}
+        # a read inside a collapsed if/else goes with it
+        group = [
+            request
+            for request in group
+            if request.placed or not any(id(node) in collapsed for node in ctx.ancestors(request.statement))
+        ]
+        group.sort(key=lambda request: ctx.order(request.node))
+        by_block: dict[int, list[_Unscale]] = defaultdict(list)
+        for request in group:
+            by_block[id(ctx.block_of(request.statement))].append(request)
+        firsts = [reads[0] for reads in by_block.values()]
+        if any(request.placed for reads in by_block.values() for request in reads[1:]):
+            _report_reread(ctx, group)  # a collapsed if/else clip after another read of its block
+        elif len(firsts) == 1 or _exclusive(ctx, [request.statement for request in firsts]):
+            for request in firsts:
+                if not request.placed:
+                    _write_unscale(ctx, request, request.statement)
+        elif any(request.placed for request in firsts):
+            _report_reread(ctx, group)
+        elif (after := _common_place(ctx, model, [request.statement for request in group])) is not None:
+            _write_unscale(ctx, group[0], after, after=True)
+        else:
+            _report_reread(ctx, group)
+
+
+def _write_unscale(ctx: ModuleContext, request: _Unscale, statement: cst.CSTNode, after: bool = False) -> None:
+    """``scaler.unscale_(optimizer)`` before ``statement`` (or after it)."""
+    unscale = syntax.expression_statement(
+        syntax.attribute_call(request.access, "unscale_", [cst.Arg(request.optimizer.deep_clone())])
+    )
+    (ctx.plan.after if after else ctx.plan.before)[statement].append(unscale)
+
+
+def _exclusive(ctx: ModuleContext, statements: list[cst.CSTNode]) -> bool:
+    """Whether no two of ``statements`` run in one pass: each pair sits in different branches
+    of an ``if``/``elif``/``else`` or in different cases of a ``match``."""
+    for index, first in enumerate(statements):
+        for second in statements[index + 1 :]:
+            second_path = {id(node): child for child, node in _steps_up(ctx, second)}
+            for child, node in _steps_up(ctx, first):
+                if id(node) not in second_path:
+                    continue
+                other = second_path[id(node)]
+                if isinstance(node, cst.If):
+                    if {id(child), id(other)} != {id(node.body), id(node.orelse)}:
+                        return False
+                elif not isinstance(node, cst.Match):
+                    return False
+                break
+            else:
+                return False
+    return True
+
+
+def _steps_up(ctx: ModuleContext, node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
+    """(child, parent) pairs from ``node`` up to the module."""
+    child = node
+    for parent in ctx.ancestors(node):
+        yield child, parent
+        child = parent
+
+
+def _common_place(ctx: ModuleContext, model: AmpModel, statements: list[cst.CSTNode]) -> cst.CSTNode | None:
+    """The statement after which one ``unscale_`` serves all ``statements``: in the innermost
+    block holding them all, the last statement with a scaled backward before the one holding
+    the first of them (where Apex unscaled); None when there is none."""
+    chains = [[statement, *ctx.ancestors(statement)] for statement in statements]
+    holding = [{id(node) for node in chain} for chain in chains]
+    block = next(
+        (
+            node
+            for node in chains[0]
+            if isinstance(node, (cst.IndentedBlock, cst.Module)) and all(id(node) in ids for ids in holding)
+        ),
+        None,
+    )
+    if block is None:
+        return None
+    body = [id(statement) for statement in block.body]
+
+    def index_in_block(node: cst.CSTNode) -> int | None:
+        for current in [node, *ctx.ancestors(node)]:
+            if id(current) in body and ctx.parent(current) is block:
+                return body.index(id(current))
+        return None
+
+    first = min(index for index in map(index_in_block, statements) if index is not None)
+    backwards = [index for index in map(index_in_block, model.sites) if index is not None and index < first]
+    return block.body[max(backwards)] if backwards else None
+
+
+def _report_reread(ctx: ModuleContext, group: list[_Unscale]) -> None:
+    """AMP028 at each read after the first; each stays as it was (and so does the setup)."""
+    first = ctx.position(group[0].node)[0]
+    optimizer = syntax.code(group[0].optimizer)
+    for request in group[1:]:
+        ctx.report(
+            "AMP028",
+            request.node,
+            f"the gradients of `{optimizer}` are read here and at line {first} under different conditions before "
+            f"the same step, and no one place after the scaled backward runs before both: GradScaler unscales once "
+            f"per step (a second `unscale_` raises), so the setup was left as it was. Apex unscaled right after the "
+            f"backward: call `scaler.unscale_({optimizer})` there once, and read the gradients after it",
+        )
+        ctx.unfinished.append(request.node)
 
 
 # the threshold argument of each clip that can act on scaled gradients as Apex's acted on
@@ -263,7 +419,7 @@ def _clip_scaled_gradients(ctx: ModuleContext, model: AmpModel, node: cst.CSTNod
     return True
 
 
-def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[tuple[int, str]]) -> None:
+def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, requests: list[_Unscale]) -> None:
     call = use.call
     if ctx.skipped(call):
         return
@@ -302,9 +458,12 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
                 cst.SimpleStatementLine, cast(cst.IndentedBlock, cast(cst.Else, collapsible.orelse).body).body[0]
             )
             ctx.plan.replace_statement[collapsible] = [unscale, other.with_changes(leading_lines=())]
+            key = optimizer_key(ctx, optimizer, call)
+            step = _next_step(ctx, model, call, key)
+            requests.append(_Unscale(collapsible, call, found.expression, optimizer, key, step, placed=True))
             ctx.consumed.add(use.base)
             return
-        if not _unscale_before(ctx, model, call, optimizer, unscaled):
+        if not _unscale_before(ctx, model, call, optimizer, requests):
             return
         replacement = _parameters_of(optimizer)
         if len(outer.args) == 1:
@@ -320,7 +479,19 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, unscaled: set[t
     ctx.consumed.add(use.base)
 
 
-def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, unscaled: set[tuple[int, str]]) -> None:
+def _gradient_readers(ctx: ModuleContext) -> set[str]:
+    """Top-level functions of the module that touch ``.grad`` (a norm, a hand-made clip, a
+    log of the largest gradient): given the parameters after a scaled backward, they read
+    what Apex had already unscaled."""
+    return {
+        statement.name.value
+        for statement in ctx.module.body
+        if isinstance(statement, cst.FunctionDef)
+        and any(isinstance(node, cst.Attribute) and node.attr.value == "grad" for node in ctx.walk(statement))
+    }
+
+
+def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, requests: list[_Unscale]) -> None:
     """Clips of ``model.parameters()`` after a scaled backward also need ``unscale_``.
 
     Apex had unscaled the gradients when ``scale_loss`` exited, so clipping the model's
@@ -329,8 +500,12 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, unscaled: set[tuple[i
     if not model.sites:
         return
     site_functions = {ctx.function_of(site) for site in model.sites}
+    readers = _gradient_readers(ctx)
     for clip in ctx.nodes_of(cst.Call):
-        if not is_clip(clip.func) or any(
+        reads = is_clip(clip.func) or (
+            isinstance(clip.func, cst.Name) and clip.func.value in readers and bool(clip.args)
+        )
+        if not reads or any(
             isinstance(n, cst.Call) and (found := ctx.amp_api(n.func)) is not None and found[0] == "master_params"
             for n in ctx.walk(clip)
         ):
@@ -354,12 +529,13 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, unscaled: set[tuple[i
         if not backward_at or min(backward_at) > ctx.order(clip):
             continue
         optimizer = step.func.value  # type: ignore[attr-defined]
-        _unscale_before(ctx, model, clip, optimizer, unscaled)
+        _unscale_before(ctx, model, clip, optimizer, requests)
 
 
 def plan(ctx: ModuleContext) -> None:
     model = ctx.amp
-    unscaled: set[tuple[int, str]] = set()
+    requests: list[_Unscale] = []
     for use in model.of("master_params"):
-        _plan_one(ctx, model, use, unscaled)
-    _plan_plain_clips(ctx, model, unscaled)
+        _plan_one(ctx, model, use, requests)
+    _plan_plain_clips(ctx, model, requests)
+    _place_unscales(ctx, model, requests)

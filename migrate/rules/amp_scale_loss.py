@@ -373,6 +373,9 @@ def _collapse_fp32_branch(
     )
     merged = fp32_line.with_changes(body=[fp32_line.body[0].with_changes(value=scaled)], leading_lines=())
     ctx.plan.replace_statement[branch] = [merged]
+    # `if amp and ...:` goes with the branch: its check of the amp module no longer stays
+    in_test = {id(branch.test), *(id(node) for node in ctx.walk(branch.test))}
+    ctx.consumed.update(name for name in ctx.amp.value_uses if id(name) in in_test)
 
 
 def _unscaled_sibling_branch(ctx: ModuleContext, with_node: cst.With) -> cst.If | None:

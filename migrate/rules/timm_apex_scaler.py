@@ -197,14 +197,25 @@ def _leaves_head_out(ctx: ModuleContext) -> bool:
     )
 
 
-def _partial(ctx: ModuleContext) -> str:
-    """How this module spells functools.partial (importing functools when it does not)."""
+def _native_autocast(ctx: ModuleContext) -> str:
+    """``functools.partial(torch.autocast, ...)`` as this module spells ``partial``, importing
+    functools where no name is in its way; a lambda where ``functools`` names something else
+    (or is imported only inside a function), which the loop's ``amp_autocast()`` calls alike."""
+    arguments = f'"{ctx.options.device}", dtype=torch.{ctx.options.dtype}'
     found = _imported(ctx, frozenset({"functools"}), "partial")
     if found is not None:
-        return found[0]
+        return f"{found[0]}(torch.autocast, {arguments})"
+    imported = any(
+        dotted_name(alias.name) == "functools" and alias.asname is None and ctx.function_of(statement) is None
+        for statement in ctx.nodes_of(cst.Import)
+        for alias in statement.names
+    )
+    if imported and not _rebound(ctx, "functools"):
+        return f"functools.partial(torch.autocast, {arguments})"
     if "functools" not in ctx.all_names():
         ctx.plan.imports.add("functools")
-    return "functools.partial"
+        return f"functools.partial(torch.autocast, {arguments})"
+    return f"lambda: torch.autocast({arguments})"
 
 
 def _utils_module(ctx: ModuleContext) -> str | None:
@@ -303,7 +314,7 @@ def plan(ctx: ModuleContext) -> None:
             f"dtype=torch.{ctx.options.dtype})`, and write `NativeScaler()` for `ApexScaler()`",
         )
         return
-    autocast = f'{_partial(ctx)}(torch.autocast, "{ctx.options.device}", dtype=torch.{ctx.options.dtype})'
+    autocast = _native_autocast(ctx)
     ctx.plan.replace_statement[recipe.line] = [cst.parse_statement(f"{recipe.factory} = {autocast}\n")]
     ctx.plan.substitute(recipe.made.func, cst.parse_expression(recipe.native))
     ctx.plan.needs_torch_import = True

@@ -120,6 +120,8 @@ CASES = [
     Case("trainer_class", ("--amp",), (), ("loss",), 40),
     # 60 micro-batches, 2 per optimizer step
     Case("mtdnn_global_amp", ("--fp16",), (), ("loss",), 30, clips=True),
+    # the scaler set by a factory under `if args.fp16:`, the step reading the gradients twice
+    Case("factory_runtime_switch", ("--fp16",), (), ("loss",), 30, clips=True),
 ]
 CASE_IDS = [case.id for case in CASES]
 
@@ -385,6 +387,15 @@ def test_dynamic_scaler_updates_once_per_iteration(case: Case, runner: Runner) -
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_fp32_switch_turns_scaling_off(case: Case, runner: Runner) -> None:
     assert scaler_scale(runner.run(case.name, case.fp32_args).get("amp_state")) is None
+
+
+def test_gradients_read_twice_per_step_are_unscaled_once(runner: Runner) -> None:
+    """A gradient norm logged and a clip, each under its own condition, read what Apex gave them:
+    the unscaled gradients (one ``unscale_`` serves both; a second would raise)."""
+    mixed = runner.run("factory_runtime_switch", ("--fp16",))["largest_gradient"]
+    fp32 = runner.run("factory_runtime_switch", ())["largest_gradient"]
+    assert len(mixed) == len(fp32) == 30
+    assert mixed[0] == pytest.approx(fp32[0], rel=FIRST_GRAD_NORM_REL_TOL), "the logged gradients were still scaled"
 
 
 @pytest.mark.parametrize("case", [case for case in CASES if case.clips], ids=lambda case: case.name)
