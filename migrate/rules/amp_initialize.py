@@ -716,7 +716,8 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
                 "`if`, then run ampmigrate again",
             )
             return None
-        latched = sorted(_attributes_read(enabled_parts) & _attributes_assigned(outermost))
+        # the call's own results (`self.model, self.optimizer = amp.initialize(...)`) are the objects it was given
+        latched = sorted(_attributes_read(enabled_parts) & _attributes_assigned(outermost, skip=statement))
         if latched:
             ctx.report(
                 "AMP010",
@@ -802,10 +803,11 @@ def _attributes_read(parts: list[cst.BaseExpression]) -> set[str]:
     return found
 
 
-def _attributes_assigned(statement: cst.CSTNode) -> set[str]:
-    """The dotted attributes assigned anywhere inside ``statement`` (``self.amp_ready = True``)."""
+def _attributes_assigned(statement: cst.CSTNode, skip: cst.CSTNode | None = None) -> set[str]:
+    """The dotted attributes assigned anywhere inside ``statement`` (``self.amp_ready = True``),
+    but in ``skip``."""
     found: set[str] = set()
-    for node in _walk(statement):
+    for node in _walk(statement, skip):
         targets: list[cst.BaseExpression] = []
         if isinstance(node, cst.AssignTarget):
             targets = [node.target]
@@ -817,11 +819,13 @@ def _attributes_assigned(statement: cst.CSTNode) -> set[str]:
     return found
 
 
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """``node`` and everything below it."""
+def _walk(node: cst.CSTNode, skip: cst.CSTNode | None = None) -> list[cst.CSTNode]:
+    """``node`` and everything below it, but ``skip`` and what is below it."""
+    if node is skip:
+        return []
     nodes = [node]
     for child in node.children:
-        nodes += _walk(child)
+        nodes += _walk(child, skip)
     return nodes
 
 
