@@ -716,6 +716,45 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
                 "`if`, then run ampmigrate again",
             )
             return None
+        # the call's own results (`self.model, self.optimizer = amp.initialize(...)`) are the objects it was given
+        latched = sorted(_attributes_read(enabled_parts) & _attributes_assigned(outermost, skip=statement))
+        if latched:
+            ctx.report(
+                "AMP010",
+                found.call,
+                f"the `if` around this call reads {', '.join(latched)}, which it also sets: it runs amp.initialize "
+                "once, and Apex's set-up then stayed for every later call, while a GradScaler made above that `if` "
+                "would be made again on each call, disabled (float32, no autocast) once the flag is set: create the "
+                'GradScaler once where the flag starts (`torch.amp.GradScaler("cuda", enabled=...)`), then run '
+                "ampmigrate again",
+            )
+            return None
+        counters = _counters_compared(ctx, outermost, enabled_parts)
+        if counters:
+            ctx.report(
+                "AMP010",
+                found.call,
+                f"the `if` around this call compares {', '.join(counters)} (a parameter) with a number: a call made "
+                "on every epoch or step runs amp.initialize on one of them only, and Apex's set-up then stayed for "
+                "the later calls, while a GradScaler made above that `if` would be made again on each call, disabled "
+                '(float32, no autocast) on the others: create the GradScaler once (`torch.amp.GradScaler("cuda", '
+                "enabled=...)`) where the training starts and pass it in, then run ampmigrate again",
+            )
+            return None
+        varying = _varying_in_loop(ctx, outermost, enabled_parts)
+        if varying:
+            loop, names = varying
+            ctx.report(
+                "AMP010",
+                found.call,
+                f"the scaler would be created before the `if` around this call, inside the loop at line "
+                f"{ctx.position(loop)[0]}, but its `enabled=` reads {', '.join(names)}, which that loop changes: "
+                "Apex kept the set-up this call made for the later iterations, while a GradScaler made there would "
+                "be made again on every iteration, disabled (float32, no autocast) where the condition no longer "
+                'holds: create `scaler = torch.amp.GradScaler("cuda", enabled=...)` once before the loop, then run '
+                "ampmigrate again",
+            )
+            return None
     return _Settings(
         level,
         level_expression,
@@ -727,6 +766,86 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
         len(from_guards),
         checks_apex,
     )
+
+
+def _counters_compared(ctx: ModuleContext, outermost: cst.CSTNode, parts: list[cst.BaseExpression]) -> list[str]:
+    """Parameters of the function around ``outermost`` that ``parts`` compare with an integer
+    (``epoch == 0``): counters of a function called again and again, not amp switches."""
+    function = ctx.function_of(outermost)
+    if function is None:
+        return []
+    params = function.params
+    parameters = {
+        param.name.value for group in (params.posonly_params, params.params, params.kwonly_params) for param in group
+    }
+    found: set[str] = set()
+    for part in parts:
+        for node in _walk(part):
+            if not isinstance(node, cst.Comparison):
+                continue
+            operands = [node.left, *(target.comparator for target in node.comparisons)]
+            if any(isinstance(syntax.strip_parens(o), cst.Integer) for o in operands):
+                found.update(
+                    o.value
+                    for o in map(syntax.strip_parens, operands)
+                    if isinstance(o, cst.Name) and o.value in parameters
+                )
+    return sorted(found)
+
+
+def _attributes_read(parts: list[cst.BaseExpression]) -> set[str]:
+    """The dotted attributes (``self.amp_ready``) that ``parts`` read."""
+    found: set[str] = set()
+    for part in parts:
+        for node in _walk(part):
+            if isinstance(node, cst.Attribute) and (dotted := dotted_name(node)) is not None:
+                found.add(dotted)
+    return found
+
+
+def _attributes_assigned(statement: cst.CSTNode, skip: cst.CSTNode | None = None) -> set[str]:
+    """The dotted attributes assigned anywhere inside ``statement`` (``self.amp_ready = True``),
+    but in ``skip``."""
+    found: set[str] = set()
+    for node in _walk(statement, skip):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(node, cst.AssignTarget):
+            targets = [node.target]
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            targets = [node.target]
+        for target in targets:
+            elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+            found.update(d for e in elements if isinstance(e, cst.Attribute) and (d := dotted_name(e)) is not None)
+    return found
+
+
+def _walk(node: cst.CSTNode, skip: cst.CSTNode | None = None) -> list[cst.CSTNode]:
+    """``node`` and everything below it, but ``skip`` and what is below it."""
+    if node is skip:
+        return []
+    nodes = [node]
+    for child in node.children:
+        nodes += _walk(child, skip)
+    return nodes
+
+
+def _varying_in_loop(
+    ctx: ModuleContext, outermost: cst.CSTNode, enabled_parts: list[cst.BaseExpression]
+) -> tuple[cst.CSTNode, list[str]] | None:
+    """The loop around ``outermost`` (in its function) and the names (or ``self.x`` attributes)
+    of the ``enabled=`` parts it assigns (its target included), when there are any: a scaler
+    created there would be created again each iteration under a condition that changes."""
+    function = ctx.function_of(outermost)
+    read = {n.value for part in enabled_parts for n in _names_in(part)}
+    for ancestor in ctx.ancestors(outermost):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
+            return None
+        if isinstance(ancestor, (cst.For, cst.While)) and ctx.function_of(ancestor) is function:
+            names = sorted(
+                read & _bound_inside(ancestor) | _attributes_read(enabled_parts) & _attributes_assigned(ancestor)
+            )
+            return (ancestor, names) if names else None
+    return None
 
 
 def _loss_scale(bound: dict[str, cst.Arg]) -> _LossScale:

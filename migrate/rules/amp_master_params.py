@@ -152,6 +152,53 @@ def _conditional_step(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call
     return False
 
 
+def _inside_scale_loss(ctx: ModuleContext, model: AmpModel, statement: cst.CSTNode) -> bool:
+    """Whether ``statement`` runs inside the body of a ``with amp.scale_loss(...)`` being migrated."""
+    sites = set(map(id, model.sites))
+    return any(
+        isinstance(ancestor, cst.With) and any(id(item.item) in sites for item in ancestor.items)
+        for ancestor in ctx.ancestors(statement)
+    )
+
+
+def _report_clip_inside_scale_loss(ctx: ModuleContext, node: cst.CSTNode) -> None:
+    """Freeze the setup: a clip (or another gradient reader) inside the ``scale_loss`` block saw
+    gradients Apex had not unscaled yet.
+
+    Apex unscales when the block exits, and before the backward it set aside the gradients
+    accumulated so far (O1) or left the master gradients of the last step (O2): a clip inside
+    the block acted on this backward's still-scaled gradients alone. ``unscale_`` before it
+    would clip the true gradients instead (about 65536 times more weakly), and with
+    accumulation GradScaler's gradients hold every micro-batch: no native spelling keeps it.
+    """
+    argument = ctx.parent(node)
+    outer = argument and ctx.parent(argument)
+    clip = node if isinstance(node, cst.Call) and is_clip(node.func) else outer
+    if isinstance(clip, cst.Call) and is_clip(clip.func):
+        ctx.report(
+            "AMP024",
+            node,
+            f"`{syntax.code(clip.func)}(...)` runs inside `with amp.scale_loss(...)`, where Apex had not unscaled the "
+            "gradients yet: it clipped this backward's still-scaled gradients (after setting aside those accumulated "
+            "before it), so its threshold acted about `loss_scale` times more strongly than written; "
+            "`scaler.unscale_(optimizer)` before it would clip the true gradients and train differently: left as it "
+            "was. If clipping the true gradients is what was meant, move the clip after the `with` block (then run "
+            "ampmigrate again)",
+        )
+    else:
+        reader = node if isinstance(node, cst.Call) else outer
+        what = f"`{syntax.code(reader.func)}(...)`" if isinstance(reader, cst.Call) else "this code"
+        ctx.report(
+            "AMP024",
+            node,
+            f"{what} reads the gradients inside `with amp.scale_loss(...)`, where Apex had not unscaled them yet: it "
+            "saw this backward's still-scaled gradients (those accumulated before it set aside), and "
+            "`scaler.unscale_(optimizer)` before it would show it the true ones: left as it was. If the true "
+            "gradients are meant, move it after the `with` block (then run ampmigrate again)",
+        )
+    ctx.unfinished.append(node)  # the setup stays as it was (AMP025)
+
+
 @dataclass
 class _Unscale:
     """A statement that reads gradients after a scaled backward: ``scaler.unscale_`` must run
@@ -176,6 +223,9 @@ def _unscale_before(
     """Ask for ``scaler.unscale_(optimizer)`` before ``node``'s statement (``_place_unscales``
     writes it); False if impossible."""
     statement = ctx.statement_of(node)
+    if _inside_scale_loss(ctx, model, statement):
+        _report_clip_inside_scale_loss(ctx, node)
+        return False
     key = optimizer_key(ctx, optimizer, node)
     step = _next_step(ctx, model, node, key)
     if step is not None and _conditional_step(ctx, statement, step):
