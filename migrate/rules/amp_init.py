@@ -30,9 +30,9 @@ After::
 
     import torch
 
-    scaler = torch.amp.GradScaler("cuda", enabled=args.fp16)
+    scaler = torch.amp.GradScaler("cuda", enabled=bool(args.fp16))
     for images, target in loader:
-        with torch.autocast("cuda", dtype=torch.float16, enabled=args.fp16):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=bool(args.fp16)):
             output = model(images)
             loss = criterion(output, target)
         optimizer.zero_grad()

@@ -5,7 +5,10 @@ What it rewrites
     GradScaler is created in its place. Targets that differ from the arguments become a
     plain assignment (``model_amp = model``). ``enabled=``, a guarding ``if`` and an
     ``opt_level`` chosen at run time flow into the scaler's ``enabled=`` (O0 means fp32
-    with scaling off); autocast follows the scaler.
+    with scaling off); autocast follows the scaler. A switch that may hold an int or a
+    string (``--fp16 1``, a config's 0/1) is written ``bool(...)``: autocast raises
+    TypeError on anything but a bool; argparse ``store_true`` flags and parameters with a
+    True/False default of the module are used as they are.
 
 Before::
 
@@ -19,7 +22,7 @@ After::
 
     import torch
 
-    scaler = torch.amp.GradScaler("cuda", enabled=args.fp16 and args.opt_level != "O0")
+    scaler = torch.amp.GradScaler("cuda", enabled=bool(args.fp16) and args.opt_level != "O0")
 
 A ``loss_scale`` computed at run time (``args.loss_scale``: a number, a numeric string,
 ``"dynamic"`` or None) is read once where the scaler is created and held at each update::
@@ -70,7 +73,6 @@ References
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -326,7 +328,8 @@ def _apex_free_conjuncts(ctx: ModuleContext, guard: cst.BaseExpression) -> list[
     return [guard]
 
 
-def _surely_bool(node: cst.BaseExpression) -> bool:
+def _surely_bool(node: cst.BaseExpression, flags: BoolFlags | None = None) -> bool:
+    """Whether ``node`` is a bool (autocast raises TypeError on an int, even 0 or 1)."""
     if isinstance(node, (cst.Comparison,)):
         return True
     if isinstance(node, cst.Name) and node.value in ("True", "False"):
@@ -334,14 +337,64 @@ def _surely_bool(node: cst.BaseExpression) -> bool:
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
         return True
     if isinstance(node, cst.BooleanOperation):
-        return _surely_bool(node.left) and _surely_bool(node.right)
+        return _surely_bool(node.left, flags) and _surely_bool(node.right, flags)
     if isinstance(node, cst.Call) and dotted_name(node.func) in ("bool", "isinstance", "hasattr"):
         return True
+    if flags is not None:
+        if isinstance(node, cst.Name):
+            return node.value in flags.names
+        if isinstance(node, cst.Attribute):
+            return node.attr.value in flags.attributes
     return False
 
 
-def _conjunction(parts: list[cst.BaseExpression], level_code: str | None) -> cst.BaseExpression | None:
-    """``a and b and ...``; flags that hold an opt-level string get a ``bool()``."""
+@dataclass(frozen=True)
+class BoolFlags:
+    """Names and attributes a module surely holds bools in: argparse ``store_true`` /
+    ``store_false`` options (``args.fp16``), parameters with a True/False default, and
+    ``self.x = <such a parameter>``."""
+
+    names: frozenset[str]
+    attributes: frozenset[str]
+
+
+def bool_flags(ctx: ModuleContext) -> BoolFlags:
+    names: set[str] = set()
+    attributes: set[str] = set()
+    for call in ctx.nodes_of(cst.Call):
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):
+            continue
+        keywords = {arg.keyword.value: arg.value for arg in call.args if arg.keyword is not None}
+        action = keywords.get("action")
+        if syntax.literal(action) not in ("store_true", "store_false") if action is not None else True:
+            continue
+        dest = syntax.literal(keywords["dest"]) if "dest" in keywords else None
+        if not isinstance(dest, str):
+            options = [syntax.literal(arg.value) for arg in call.args if arg.keyword is None]
+            spelled = [o for o in options if isinstance(o, str)]
+            long = [o for o in spelled if o.startswith("--")]
+            dest = (long or spelled or [""])[0].lstrip("-").replace("-", "_")
+        if dest:
+            attributes.add(dest)
+    for param in ctx.nodes_of(cst.Param):
+        if isinstance(param.default, cst.Name) and param.default.value in ("True", "False"):
+            names.add(param.name.value)
+    for target in ctx.nodes_of(cst.AssignTarget):
+        assign = ctx.parent(target)
+        if (
+            isinstance(target.target, cst.Attribute)
+            and isinstance(assign, cst.Assign)
+            and isinstance(assign.value, cst.Name)
+            and assign.value.value in names
+        ):
+            attributes.add(target.target.attr.value)
+    return BoolFlags(frozenset(names), frozenset(attributes))
+
+
+def _conjunction(parts: list[cst.BaseExpression], flags: BoolFlags | None = None) -> cst.BaseExpression | None:
+    """``a and b and ...``; given the module's ``flags``, each part a bool: a flag that may
+    hold an int (``--fp16 1``, a config's 0/1) or an opt-level string gets ``bool()``, since
+    autocast raises on anything but a bool (and ``0 and x`` is 0)."""
     unique: list[cst.BaseExpression] = []
     seen: set[str] = set()
     for part in parts:
@@ -349,13 +402,7 @@ def _conjunction(parts: list[cst.BaseExpression], level_code: str | None) -> cst
         if key in seen:
             continue
         seen.add(key)
-        if (
-            level_code is not None
-            and not _surely_bool(part)
-            and re.search(rf"(?<![\w.]){re.escape(syntax.normalized(part))}(?![\w.])", level_code)
-        ):
-            # `if args.fp16:` where args.fp16 holds "O1" (or "%i" of an int): autocast
-            # needs a real bool
+        if flags is not None and not _surely_bool(part, flags):
             part = syntax.call("bool", [cst.Arg(syntax.strip_parens(part))])
         elif isinstance(part, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) and len(parts) > 1:
             part = part.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
@@ -515,6 +562,7 @@ class _Settings:
     shared_above: bool  # ... whose scaler is created once, above the guarded chain
     guard_parts: int = 0  # how many of ``enabled_parts`` (the first ones) come from guarding ifs
     guards_check_apex: bool = False  # a guarding if asks whether Apex is installed (``amp is not None``)
+    flags: BoolFlags | None = None  # the module's names that surely hold bools
 
     @property
     def level_code(self) -> str | None:
@@ -765,6 +813,7 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
         shared_above,
         len(from_guards),
         checks_apex,
+        bool_flags(ctx),
     )
 
 
@@ -1031,7 +1080,8 @@ def _report_numerics(ctx: ModuleContext, found: SetupCall, settings: _Settings) 
         or any(name in bound and syntax.literal(bound[name].value) is not None for name in _CASTING_SETTINGS)
     ):
         if level_expression is not None:
-            what = f"opt_level is chosen at run time ({syntax.normalized(level_expression)}): O2/O3 runs now use"
+            spelled = " ".join(syntax.code(level_expression).split())
+            what = f"opt_level is chosen at run time ({spelled}): O2/O3 runs now use"
         elif level in ("O2", "O3"):
             what = f"{level} was migrated to"
         else:
@@ -1049,7 +1099,7 @@ def _join_local_scaler(
     branch_enabled = (
         cst.Name("False")
         if settings.disabled or scale.off
-        else _conjunction(settings.enabled_parts, settings.level_code) if settings.enabled_parts else None
+        else _conjunction(settings.enabled_parts, settings.flags) if settings.enabled_parts else None
     )
     args = _scaler_arguments(ctx, scale.initial, branch_enabled)
     held: list[Statement] = []
@@ -1131,7 +1181,7 @@ def _enabled_arguments(
     settings: _Settings, scale: _LossScale
 ) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None | str]:
     """The scaler's ``enabled=`` and autocast's (see ``Scaler``)."""
-    scaler_enabled = _conjunction(settings.enabled_parts, settings.level_code) if settings.enabled_parts else None
+    scaler_enabled = _conjunction(settings.enabled_parts, settings.flags) if settings.enabled_parts else None
     if settings.disabled:
         return cst.Name("False"), "off"
     if scale.off:

@@ -797,7 +797,7 @@ class _Planner:
         self.flavor = setup.first.flavor
         anchor = setup.chain if setup.chain is not None else setup.first.statement
         self.guards, self.outermost = _guards(ctx, anchor)
-        self.enabled = _conjunction(list(self.guards), None) if self.guards else None
+        self.enabled = _conjunction(list(self.guards)) if self.guards else None
         self.scaler = ctx.fresh_name(ctx.options.scaler_name)
         self.helper = _legacy_helper_name(ctx) if self.flavor == "optimizers" else _LEGACY_HELPER
         self.model_names: set[str] = set()
