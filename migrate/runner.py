@@ -20,7 +20,6 @@ same code (``_finish``), so they print the same.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -293,7 +292,7 @@ class _Project:
         from migrate.roots import project_root
 
         # the working folder too: findings name modules that were not given relative to it
-        digest = hashlib.sha256(self.cache.salt + os.fsencode(os.getcwd()))
+        digest = cache_module.sha256(self.cache.salt + os.fsencode(os.getcwd()))
         for path in sorted(self.by_path):
             task = self.by_path[path]
             kind = "ipynb" if task.candidate.is_notebook else "py"
