@@ -109,8 +109,15 @@ def install(sources: Path, venv: Path) -> list[str]:
         check=True,
         capture_output=True,
     )
+    # the console script the package declares (pip's --target leaves scripts out)
+    import tomllib
+
+    declared = tomllib.loads((sources / "pyproject.toml").read_text())["project"]["scripts"]["ampmigrate"]
+    module, function = declared.split(":")
     script = venv / "bin" / "ampmigrate"
-    script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom migrate.cli import main\nsys.exit(main())\n")
+    script.write_text(
+        f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {module} import {function}\nsys.exit({function}())\n"
+    )
     script.chmod(0o755)
     return [str(script), "--check"]
 

@@ -1,6 +1,6 @@
 """``python -m migrate`` runs the ``ampmigrate`` command line."""
 
-from migrate.cli import main
+from migrate.entry import run
 
 if __name__ == "__main__":
-    main(prog_name="ampmigrate")
+    run(prog_name="ampmigrate")

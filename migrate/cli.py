@@ -18,14 +18,12 @@ import click
 
 from migrate import __version__
 from migrate.config import Config, ConfigError, OutputFormat, build_config
+from migrate.entry import print_report, progress_bar
 
 if TYPE_CHECKING:
     from migrate.report import Report
 
 DEFAULT_COMMAND = "migrate"
-# A progress bar is worth drawing only when this many files need parsing (about
-# 0.1 s each on one core).
-_PROGRESS_MIN_FILES = 40
 
 
 class DefaultGroup(click.Group):
@@ -239,33 +237,7 @@ def migrate_command(
 
 def _print(report: Report, config: Config) -> None:
     """Everything the run has to say, in the format asked for; the summary last, on stderr."""
-    from migrate.report import dumps_json
-
-    if config.output_format is OutputFormat.TEXT:
-        for text, to_stderr in report.text_lines(config.color):
-            click.echo(
-                text,
-                nl=not text.endswith("\n"),
-                err=to_stderr,
-                color=None if to_stderr else config.color,
-            )
-    elif config.output_format is OutputFormat.JSON:
-        click.echo(dumps_json(report.to_json()), nl=False)
-    elif config.output_format is OutputFormat.SARIF:
-        click.echo(dumps_json(report.to_sarif()), nl=False)
-    else:
-        for line in report.github_lines():
-            click.echo(line)
-    if config.report_path is not None:
-        try:
-            config.report_path.write_text(report.markdown(), encoding="utf-8")
-        except OSError as error:
-            click.echo(
-                f"error: cannot write report {config.report_path}: {error.strerror or error}",
-                err=True,
-            )
-            sys.exit(2)
-    click.echo(report.summary(), err=True)
+    print_report(report, config, click.echo)
 
 
 def _check_rule_names(selected: frozenset[str]) -> None:
@@ -279,12 +251,10 @@ def _check_rule_names(selected: frozenset[str]) -> None:
 
 def _progress_bar(total: int) -> Iterator[None]:
     """A bar on stderr for long runs on a terminal; nothing in pipes or CI logs."""
-    if total < _PROGRESS_MIN_FILES or not sys.stderr.isatty() or os.environ.get("CI"):
-        return iter(())
-    return _BarTicks(total)
+    return progress_bar(total)
 
 
-class _BarTicks:
+class BarTicks:
     """An iterator advancing a click progress bar; closes the bar at the last tick."""
 
     def __init__(self, total: int) -> None:
@@ -293,7 +263,7 @@ class _BarTicks:
         self.bar: Any = click.progressbar(length=total, label="ampmigrate", file=sys.stderr)
         self.bar.__enter__()
 
-    def __iter__(self) -> _BarTicks:
+    def __iter__(self) -> BarTicks:
         return self
 
     def __next__(self) -> None:

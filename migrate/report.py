@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-import click
-
 from migrate import __version__
 from migrate.config import Config
 from migrate.runner import FileResult, Status
@@ -379,6 +377,8 @@ def _md_location(d: Diagnostic) -> str:
 
 def colorize_diff(diff: str) -> str:
     """ANSI colours for a unified diff (click.echo strips them when not on a terminal)."""
+    import click  # only for colours: the fast path (migrate.entry) prints without click
+
     out = []
     for line in diff.splitlines(keepends=True):
         body, ending = line.rstrip("\r\n"), line[len(line.rstrip("\r\n")) :]

@@ -20,7 +20,6 @@ same code (``_finish``), so they print the same.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -293,7 +292,7 @@ class _Project:
         from migrate.roots import project_root
 
         # the working folder too: findings name modules that were not given relative to it
-        digest = hashlib.sha256(self.cache.salt + os.fsencode(os.getcwd()))
+        digest = cache_module.sha256(self.cache.salt + os.fsencode(os.getcwd()))
         for path in sorted(self.by_path):
             task = self.by_path[path]
             kind = "ipynb" if task.candidate.is_notebook else "py"
@@ -311,8 +310,9 @@ class _Project:
         probes, keys = recorded
         if set(keys) != set(self.by_path):
             return False
+        absent: dict[str, bool] = {}
         for path, signature in probes:
-            if signature is None and _missing(path, self.listings):
+            if signature is None and _missing(path, self.listings, absent):
                 continue  # absent then, and now
             if _signature(path) != signature:
                 return False
@@ -418,7 +418,12 @@ class _LazyPool:
                 # each paying for libcst again (imported, never used: nothing is parsed here).
                 import gc
 
-                import migrate.engine  # noqa: F401
+                from migrate.gcpause import cycle_collector_paused
+
+                # libcst's import makes some hundred thousand objects, nearly all for good:
+                # the cycle collector's passes over them meanwhile only find them alive
+                with cycle_collector_paused():
+                    import migrate.engine  # noqa: F401
 
                 # What is alive now (the modules, above all) stays for the whole run: moved out
                 # of the cycle collector's sight, its passes here and in every worker skip it.
@@ -624,16 +629,24 @@ class _Summaries:
 _MISS = object()
 
 
-def _missing(path: str, listings: dict[str, set[str]]) -> bool:
+def _missing(path: str, listings: dict[str, set[str]], memo: dict[str, bool] | None = None) -> bool:
     """Whether ``path`` is certainly absent by what discovery found: the nearest folder above
-    it that this run searched has no entry on the way to it (``pkg`` for ``pkg/sub/m.py``)."""
-    child, folder = path, os.path.dirname(path)
-    while folder != child:
-        names = listings.get(folder)
-        if names is not None:
-            return os.path.basename(child) not in names
-        child, folder = folder, os.path.dirname(folder)
-    return False
+    it that this run searched has no entry on the way to it (``pkg`` for ``pkg/sub/m.py``).
+    ``memo`` keeps the answers for folders no search listed, for the calls of one replay (the
+    modules a plan looked for and did not find share a few such folders)."""
+    folder = os.path.dirname(path)
+    if folder == path:
+        return False  # the root: nothing above it was searched
+    names = listings.get(folder)
+    if names is not None:
+        return os.path.basename(path) not in names
+    # not searched: absent exactly when that folder is (the nearest searched folder decides)
+    if memo is None:
+        return _missing(folder, listings)
+    known = memo.get(folder)
+    if known is None:
+        known = memo[folder] = _missing(folder, listings, memo)
+    return known
 
 
 def _signature(path: str) -> list[int] | None:

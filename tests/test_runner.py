@@ -167,3 +167,36 @@ def test_migrated_apis_names_what_the_rewrite_removed() -> None:
     old = "from apex import amp\nwith amp.scale_loss(l, o) as s:\n    s.backward()\namp.state_dict()\n"
     new = "scaler.scale(l).backward()\namp.state_dict()\n"
     assert runner.migrated_apis(old, new) == ("amp.scale_loss", "from apex import")
+
+
+def test_missing_says_the_same_with_a_memo_as_without() -> None:
+    from migrate.runner import _missing
+
+    listings = {"/r": {"pkg", "a.py"}, "/r/pkg": {"m.py", "sub"}, "/r/pkg/sub": set()}
+
+    def reference(path: str) -> bool:  # walk up to the nearest searched folder
+        child, folder = path, os.path.dirname(path)
+        while folder != child:
+            if folder in listings:
+                return os.path.basename(child) not in listings[folder]
+            child, folder = folder, os.path.dirname(folder)
+        return False
+
+    paths = [
+        "/r/a.py",
+        "/r/b.py",
+        "/r/pkg/m.py",
+        "/r/pkg/n.py",
+        "/r/pkg/sub/x.py",
+        "/r/pkg/gone/x.py",
+        "/r/pkg/gone/deeper/y.py",
+        "/r/pkg/sub/inner/z.py",
+        "/r/other/x.py",
+        "/elsewhere/x.py",
+        "/x.py",
+        "/",
+    ]
+    memo: dict[str, bool] = {}
+    for path in paths * 2:  # the second time from the memo
+        assert _missing(path, listings, memo) == _missing(path, listings) == reference(path), path
+    assert memo  # the folders not searched were remembered
