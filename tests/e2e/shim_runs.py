@@ -7,6 +7,7 @@ migration that still needs Apex fails loudly instead of borrowing the shim's.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -118,3 +119,13 @@ def original_and_migrated_runs(
             assert process.returncode == 0, f"{which} {name} run failed:\n{stderr[-4000:]}"
             results[(name, original)] = json.loads(out.read_text(encoding="utf-8"))
     return results
+
+
+def imported_modules(source: str) -> list[str]:
+    """The modules a source imports (``from X import y`` gives X), in the order ``ast.walk`` meets them."""
+    return [
+        (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    ]

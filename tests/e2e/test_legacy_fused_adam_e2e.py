@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_runs import REPO, original_and_migrated_runs, write_migration
+from shim_runs import REPO, imported_modules, original_and_migrated_runs, write_migration
 
 pytest.importorskip("torch")
 
@@ -65,12 +65,7 @@ def _drift(original: dict[str, Any], migrated: dict[str, Any]) -> tuple[float, f
 def test_migration_writes_the_old_update_and_no_apex() -> None:
     source = (SCRIPT.parent / "legacy_fused_adam_loop.out.py").read_text(encoding="utf-8")
     tree = ast.parse(source)
-    imported = [
-        node.module if isinstance(node, ast.ImportFrom) else alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in node.names
-    ]
+    imported = imported_modules(source)
     assert not [name for name in imported if (name or "").split(".")[0] == "apex"]
     assert [node.name for node in tree.body if isinstance(node, ast.ClassDef)] == ["LegacyFusedAdam", "Classifier"]
     assert "growth_interval=1000" in source and "model.half()" not in source

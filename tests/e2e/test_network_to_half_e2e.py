@@ -7,11 +7,10 @@ norms, float16 elsewhere) and training, bit for bit.
 
 from __future__ import annotations
 
-import ast
 from typing import Any
 
 import pytest
-from shim_runs import REPO, original_and_migrated_runs, write_migration
+from shim_runs import REPO, imported_modules, original_and_migrated_runs, write_migration
 
 pytest.importorskip("torch")
 
@@ -29,13 +28,7 @@ def metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], 
 
 def test_migration_has_no_apex_and_the_helper() -> None:
     source = (SCRIPT.parent / "network_to_half_inference.out.py").read_text(encoding="utf-8")
-    tree = ast.parse(source)
-    imported = [
-        node.module if isinstance(node, ast.ImportFrom) else alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in node.names
-    ]
+    imported = imported_modules(source)
     assert imported and not [name for name in imported if (name or "").split(".")[0] == "apex"]
     assert "model = half_network(model)" in source
 
