@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from migrate import __version__
-from migrate.config import Config, ConfigError, OutputFormat, build_config
-from migrate.entry import print_report, progress_bar
-
-if TYPE_CHECKING:
-    from migrate.report import Report
+from migrate.config import ConfigError, OutputFormat, build_config
+from migrate.entry import run_and_exit
 
 DEFAULT_COMMAND = "migrate"
 
@@ -194,9 +191,6 @@ def migrate_command(
     no_cache: bool,
 ) -> None:
     """Migrate PATH... (files and folders) from Apex amp to torch.amp."""
-    from migrate.report import INTERRUPTED, Report  # keeps --help fast
-    from migrate.runner import execute
-
     try:
         config = build_config(
             list(paths),
@@ -224,20 +218,7 @@ def migrate_command(
         raise click.UsageError(str(error)) from None
     if config.options.select is not None:
         _check_rule_names(config.options.select)
-
-    try:
-        outcome = execute(list(paths), config, progress=_progress_bar)
-        report = Report(outcome.results, config, outcome.notices, outcome.interrupted)
-        _print(report, config)
-    except KeyboardInterrupt:  # before or after the run proper, which handles its own
-        click.echo("ampmigrate: interrupted", err=True)
-        sys.exit(INTERRUPTED)
-    sys.exit(report.return_code)
-
-
-def _print(report: Report, config: Config) -> None:
-    """Everything the run has to say, in the format asked for; the summary last, on stderr."""
-    print_report(report, config, click.echo)
+    run_and_exit(list(paths), config, click.echo)
 
 
 def _check_rule_names(selected: frozenset[str]) -> None:
@@ -247,11 +228,6 @@ def _check_rule_names(selected: frozenset[str]) -> None:
     unknown = sorted(selected - set(RULE_NAMES))
     if unknown:
         raise click.UsageError(f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(RULE_NAMES)}")
-
-
-def _progress_bar(total: int) -> Iterator[None]:
-    """A bar on stderr for long runs on a terminal; nothing in pipes or CI logs."""
-    return progress_bar(total)
 
 
 class BarTicks:

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from migrate.config import Config
@@ -128,6 +128,12 @@ def _migrate(paths: list[Path], flags: set[str]) -> None:
         return  # click reports it, as a usage error
     if config.options.select is not None:
         return  # rules selected in the configuration: click checks their names
+    run_and_exit(paths, config, echo)
+
+
+def run_and_exit(paths: list[Path], config: Config, echo: Callable[..., None]) -> NoReturn:
+    """Migrate ``paths`` as ``config`` says, print the report with ``echo`` (``click.echo``, or
+    this module's) and exit with its code; the one run of both command lines."""
     from migrate.report import INTERRUPTED, Report
     from migrate.runner import execute
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from migrate import cli
+from migrate import entry
 from migrate.cli import main
 
 # The engine rewrites this (no finding)...
@@ -340,7 +340,7 @@ def test_progress_bar_on_a_terminal_for_long_runs(
     terminal = FakeTerminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     monkeypatch.delenv("CI", raising=False)
-    ticks = cli._progress_bar(300)
+    ticks = entry.progress_bar(300)
     for _ in range(300):
         next(ticks)
     assert "ampmigrate" in terminal.getvalue() and "100%" in terminal.getvalue()
@@ -356,5 +356,5 @@ def test_no_progress_bar_in_ci_pipes_or_short_runs(
         monkeypatch.delenv("CI", raising=False)
     else:
         monkeypatch.setenv("CI", ci)
-    assert list(cli._progress_bar(files)) == []
+    assert list(entry.progress_bar(files)) == []
     assert stream.getvalue() == ""

@@ -316,7 +316,7 @@ def optimizer_key(ctx: ModuleContext, expression: cst.BaseExpression, at: cst.CS
     return key
 
 
-def _arm(ctx: ModuleContext, branch: cst.If, node: cst.CSTNode) -> bool | None:
+def arm(ctx: ModuleContext, branch: cst.If, node: cst.CSTNode) -> bool | None:
     """True when ``node`` is in ``branch``'s body, False in its else/elif, None outside."""
     for ancestor in ctx.ancestors(node):
         if ancestor is branch.body:
@@ -339,8 +339,8 @@ def fp32_only(ctx: ModuleContext, step: cst.CSTNode, sites: Sequence[cst.CSTNode
         if ancestor is function:
             break
         if isinstance(ancestor, cst.If):
-            side = _arm(ctx, ancestor, step)
-            if side is not None and all(_arm(ctx, ancestor, site) is (not side) for site in local_sites):
+            side = arm(ctx, ancestor, step)
+            if side is not None and all(arm(ctx, ancestor, site) is (not side) for site in local_sites):
                 return True
     return False
 

@@ -252,17 +252,33 @@ def _is_main_guard(test: cst.BaseExpression) -> bool:
 
 def _bound_inside(statement: cst.CSTNode) -> set[str]:
     """Names assigned anywhere inside ``statement`` (targets, loop variables, imports, ``as``)."""
+    return _assigned_inside(statement)[0]
+
+
+def _assigned_inside(statement: cst.CSTNode, skip: cst.CSTNode | None = None) -> tuple[set[str], set[str]]:
+    """What is assigned anywhere inside ``statement`` but in ``skip``: the names (targets, loop
+    variables, imports, ``as``) and the dotted attributes an assignment sets (``self.amp_ready =
+    True``)."""
     names: set[str] = set()
+    attributes: set[str] = set()
+
+    def assigned(target: cst.BaseExpression) -> None:
+        names.update(_target_names(target))
+        elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+        attributes.update(d for e in elements if isinstance(e, cst.Attribute) and (d := dotted_name(e)) is not None)
 
     class Targets(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            return node is not skip and super().on_visit(node)
+
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            names.update(_target_names(node.target))
+            assigned(node.target)
 
         def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            names.update(_target_names(node.target))
+            assigned(node.target)
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            names.update(_target_names(node.target))
+            assigned(node.target)
 
         def visit_For(self, node: cst.For) -> None:
             names.update(_target_names(node.target))
@@ -275,7 +291,7 @@ def _bound_inside(statement: cst.CSTNode) -> set[str]:
             names.add(bound.split(".")[0])
 
     statement.visit(Targets())
-    return names
+    return names, attributes
 
 
 def _target_names(target: cst.CSTNode) -> set[str]:
@@ -765,7 +781,7 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
             )
             return None
         # the call's own results (`self.model, self.optimizer = amp.initialize(...)`) are the objects it was given
-        latched = sorted(_attributes_read(enabled_parts) & _attributes_assigned(outermost, skip=statement))
+        latched = sorted(_attributes_read(enabled_parts) & _assigned_inside(outermost, skip=statement)[1])
         if latched:
             ctx.report(
                 "AMP010",
@@ -852,29 +868,12 @@ def _attributes_read(parts: list[cst.BaseExpression]) -> set[str]:
     return found
 
 
-def _attributes_assigned(statement: cst.CSTNode, skip: cst.CSTNode | None = None) -> set[str]:
-    """The dotted attributes assigned anywhere inside ``statement`` (``self.amp_ready = True``),
-    but in ``skip``."""
-    found: set[str] = set()
-    for node in _walk(statement, skip):
-        targets: list[cst.BaseExpression] = []
-        if isinstance(node, cst.AssignTarget):
-            targets = [node.target]
-        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
-            targets = [node.target]
-        for target in targets:
-            elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
-            found.update(d for e in elements if isinstance(e, cst.Attribute) and (d := dotted_name(e)) is not None)
-    return found
-
-
-def _walk(node: cst.CSTNode, skip: cst.CSTNode | None = None) -> list[cst.CSTNode]:
-    """``node`` and everything below it, but ``skip`` and what is below it."""
-    if node is skip:
-        return []
+def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node`` and everything below it (a condition built here, which the module's index does
+    not hold: ``ctx.walk`` would not enter it)."""
     nodes = [node]
     for child in node.children:
-        nodes += _walk(child, skip)
+        nodes += _walk(child)
     return nodes
 
 
@@ -890,9 +889,8 @@ def _varying_in_loop(
         if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
             return None
         if isinstance(ancestor, (cst.For, cst.While)) and ctx.function_of(ancestor) is function:
-            names = sorted(
-                read & _bound_inside(ancestor) | _attributes_read(enabled_parts) & _attributes_assigned(ancestor)
-            )
+            bound, attributes = _assigned_inside(ancestor)
+            names = sorted(read & bound | _attributes_read(enabled_parts) & attributes)
             return (ancestor, names) if names else None
     return None
 

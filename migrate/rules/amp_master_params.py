@@ -65,14 +65,13 @@ References
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
 
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._amp import AmpCall, AmpModel, fp32_only, is_clip, optimizer_key
+from migrate.rules._amp import AmpCall, AmpModel, arm, fp32_only, is_clip, optimizer_key
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
 
@@ -152,6 +151,12 @@ def _conditional_step(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call
     return False
 
 
+def _call_around(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The call ``node`` is an argument of (``clip(amp.master_params(opt), n)`` for the inner call)."""
+    argument = ctx.parent(node)
+    return argument and ctx.parent(argument)
+
+
 def _inside_scale_loss(ctx: ModuleContext, model: AmpModel, statement: cst.CSTNode) -> bool:
     """Whether ``statement`` runs inside the body of a ``with amp.scale_loss(...)`` being migrated."""
     sites = set(map(id, model.sites))
@@ -171,8 +176,7 @@ def _report_clip_inside_scale_loss(ctx: ModuleContext, node: cst.CSTNode) -> Non
     would clip the true gradients instead (about 65536 times more weakly), and with
     accumulation GradScaler's gradients hold every micro-batch: no native spelling keeps it.
     """
-    argument = ctx.parent(node)
-    outer = argument and ctx.parent(argument)
+    outer = _call_around(ctx, node)
     clip = node if isinstance(node, cst.Call) and is_clip(node.func) else outer
     if isinstance(clip, cst.Call) and is_clip(clip.func):
         ctx.report(
@@ -276,10 +280,12 @@ def _place_unscales(ctx: ModuleContext, model: AmpModel, requests: list[_Unscale
 
 def _write_unscale(ctx: ModuleContext, request: _Unscale, statement: cst.CSTNode, after: bool = False) -> None:
     """``scaler.unscale_(optimizer)`` before ``statement`` (or after it)."""
-    unscale = syntax.expression_statement(
-        syntax.attribute_call(request.access, "unscale_", [cst.Arg(request.optimizer.deep_clone())])
-    )
+    unscale = _unscale_statement(request.access, request.optimizer)
     (ctx.plan.after if after else ctx.plan.before)[statement].append(unscale)
+
+
+def _unscale_statement(scaler: cst.BaseExpression, optimizer: cst.BaseExpression) -> cst.SimpleStatementLine:
+    return syntax.expression_statement(syntax.attribute_call(scaler, "unscale_", [cst.Arg(optimizer.deep_clone())]))
 
 
 def _exclusive(ctx: ModuleContext, statements: list[cst.CSTNode]) -> bool:
@@ -287,28 +293,13 @@ def _exclusive(ctx: ModuleContext, statements: list[cst.CSTNode]) -> bool:
     of an ``if``/``elif``/``else`` or in different cases of a ``match``."""
     for index, first in enumerate(statements):
         for second in statements[index + 1 :]:
-            second_path = {id(node): child for child, node in _steps_up(ctx, second)}
-            for child, node in _steps_up(ctx, first):
-                if id(node) not in second_path:
-                    continue
-                other = second_path[id(node)]
-                if isinstance(node, cst.If):
-                    if {id(child), id(other)} != {id(node.body), id(node.orelse)}:
-                        return False
-                elif not isinstance(node, cst.Match):
-                    return False
-                break
-            else:
+            above_second = {id(node) for node in ctx.ancestors(second)}
+            common = next((node for node in ctx.ancestors(first) if id(node) in above_second), None)
+            if isinstance(common, cst.Match):
+                continue  # the innermost node above both: they are in different cases
+            if not isinstance(common, cst.If) or {arm(ctx, common, first), arm(ctx, common, second)} != {True, False}:
                 return False
     return True
-
-
-def _steps_up(ctx: ModuleContext, node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
-    """(child, parent) pairs from ``node`` up to the module."""
-    child = node
-    for parent in ctx.ancestors(node):
-        yield child, parent
-        child = parent
 
 
 def _common_place(ctx: ModuleContext, model: AmpModel, statements: list[cst.CSTNode]) -> cst.CSTNode | None:
@@ -373,8 +364,7 @@ def _clip_scaled_gradients(ctx: ModuleContext, model: AmpModel, node: cst.CSTNod
     same gradients by the same factor (and the norm it returns is divided back). Other
     clips are reported (AMP024) and the setup left as it was.
     """
-    argument = ctx.parent(node)
-    clip = node if isinstance(node, cst.Call) and is_clip(node.func) else argument and ctx.parent(argument)
+    clip = node if isinstance(node, cst.Call) and is_clip(node.func) else _call_around(ctx, node)
     name = dotted_name(clip.func) if isinstance(clip, cst.Call) else None
     parameters = _SCALABLE_CLIPS.get((name or "").split(".")[-1])
     bound = syntax.bind_arguments(clip, parameters, partial=True) if parameters and isinstance(clip, cst.Call) else {}
@@ -451,9 +441,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, requests: list[
             found = model.scaler_access_or_report(call)
             if found is None:
                 return
-            unscale = syntax.expression_statement(
-                syntax.attribute_call(found.expression, "unscale_", [cst.Arg(optimizer.deep_clone())])
-            )
+            unscale = _unscale_statement(found.expression, optimizer)
             other = cast(
                 cst.SimpleStatementLine, cast(cst.IndentedBlock, cast(cst.Else, collapsible.orelse).body).body[0]
             )
