@@ -8,7 +8,7 @@ attached to a statement that goes away move to the next statement emitted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TypeVar, cast
 
 import libcst as cst
@@ -24,6 +24,19 @@ def _is_import(statement: cst.CSTNode) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(
         isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
     )
+
+
+def _binds_torch(statement: cst.CSTNode) -> bool:
+    """``import torch`` (or ``import torch.nn``) binding the name ``torch`` at this statement."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for small in statement.body:
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                bound = syntax.code(alias.asname.name) if alias.asname else syntax.code(alias.name).split(".")[0]
+                if bound == "torch":
+                    return True
+    return False
 
 
 def _is_future_import(statement: cst.CSTNode) -> bool:
@@ -83,15 +96,45 @@ def _guarded_imports(statement: cst.CSTNode) -> bool:
     return False
 
 
-def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
-    """Index just after the module's imports (and docstring), before its first definition."""
+class _Mentions(cst.CSTVisitor):
+    def __init__(self, names: Collection[str]) -> None:
+        self.names = names
+        self.found = False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.found = self.found or node.value in self.names
+
+
+def _mentions(statement: cst.CSTNode, names: Collection[str]) -> bool:
+    visitor = _Mentions(names)
+    statement.visit(visitor)
+    return visitor.found
+
+
+def _after_imports(body: Sequence[cst.BaseStatement], uses: Collection[str] = ()) -> int:
+    """Index just after the module's imports (and docstring), before its first definition, and
+    before the first statement that uses one of ``uses``: in a script or notebook that imports
+    again after some code, that code runs before the later imports."""
     position = 0
     for index, statement in enumerate(body):
         if _is_import(statement) or _guarded_imports(statement) or (syntax.is_docstring(statement) and index == 0):
             position = index + 1
-        elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or (uses and _mentions(statement, uses)):
             break
     return position
+
+
+def _defined_names(statements: Sequence[Statement]) -> set[str]:
+    """The names the module-level additions bind (helper functions and classes, globals)."""
+    names: set[str] = set()
+    for statement in statements:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            names.add(statement.name.value)
+        elif isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                targets = small.targets if isinstance(small, cst.Assign) else ()
+                names.update(t.target.value for t in targets if isinstance(t.target, cst.Name))
+    return names
 
 
 def _with_leading_lines(statement: Statement, lines: Sequence[cst.EmptyLine]) -> Statement:
@@ -337,13 +380,16 @@ class PlanApplier(cst.CSTTransformer):
                 if not _is_import(head):
                     body[position] = body[position].with_changes(leading_lines=[cst.EmptyLine()])
             body[position:position] = imports
+        added = _defined_names([*plan.module_globals, *plan.module_helpers])
         if plan.module_globals:
-            position = _after_imports(body)
+            position = _after_imports(body, added)
             shared = list(plan.module_globals)
+            if not any(_binds_torch(statement) for statement in body[:position]):
+                shared.insert(0, _IMPORT_TORCH)  # the module imports torch only further down: globals run now
             shared[0] = shared[0].with_changes(leading_lines=[cst.EmptyLine(), *shared[0].leading_lines])
             body[position:position] = shared
         if plan.module_helpers:
-            position = _after_imports(body)
+            position = _after_imports(body, added)
             helpers = [
                 helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for helper in plan.module_helpers
             ]

@@ -169,11 +169,10 @@ import libcst as cst
 from migrate.apex_copies import pre2019_dynamic
 from migrate.rules import _local_copies as local_copies
 from migrate.rules import _syntax as syntax
-from migrate.rules._apply import _after_imports
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext, Statement
 from migrate.rules._forward import forward_span
-from migrate.rules.amp_initialize import _conjunction, _guards
+from migrate.rules.amp_initialize import _conjunction, _guards, bool_flags
 
 RULE = "fp16_optimizer"
 
@@ -797,7 +796,9 @@ class _Planner:
         self.flavor = setup.first.flavor
         anchor = setup.chain if setup.chain is not None else setup.first.statement
         self.guards, self.outermost = _guards(ctx, anchor)
-        self.enabled = _conjunction(list(self.guards)) if self.guards else None
+        # the fp16 switch as the code tests it, and as GradScaler/autocast take it (a bool: they raise on an int)
+        self.switch = _conjunction(list(self.guards)) if self.guards else None
+        self.enabled = _conjunction(list(self.guards), bool_flags(ctx)) if self.guards else None
         self.scaler = ctx.fresh_name(ctx.options.scaler_name)
         self.helper = _legacy_helper_name(ctx) if self.flavor == "optimizers" else _LEGACY_HELPER
         self.model_names: set[str] = set()
@@ -891,8 +892,8 @@ class _Planner:
 
     def plan_scaler(self) -> None:
         ctx, setup = self.ctx, self.setup
-        if self.enabled is not None:
-            self._check_stable(self.enabled, "the fp16 switch")
+        if self.switch is not None:
+            self._check_stable(self.switch, "the fp16 switch")
         if setup.chain is not None:
             self._check_stable(setup.chain.test, "the test choosing the loss scale")
         for construction in setup.constructions:
@@ -1143,9 +1144,9 @@ class _Planner:
         ctx = self.ctx
         block = ctx.parent(statement)
         branch = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
-        if self.enabled is None or not isinstance(branch, cst.If) or branch.body is not block or len(block.body) != 1:
+        if self.switch is None or not isinstance(branch, cst.If) or branch.body is not block or len(block.body) != 1:
             return False
-        if syntax.normalized(branch.test) != syntax.normalized(self.enabled) or not isinstance(branch.orelse, cst.Else):
+        if syntax.normalized(branch.test) != syntax.normalized(self.switch) or not isinstance(branch.orelse, cst.Else):
             return False
         other = branch.orelse.body.body if isinstance(branch.orelse.body, cst.IndentedBlock) else ()
         expected = syntax.code(syntax.attribute_call(loss, "backward", args))
@@ -1316,7 +1317,8 @@ class _Planner:
             value = cst.Name("False")
         else:
             # FP16_Optimizer zeroed the gradients; the plain optimizer of the fp32 path sets them to None
-            inner = self.enabled.deep_clone()
+            assert self.switch is not None
+            inner = self.switch.deep_clone()
             if isinstance(inner, (cst.BooleanOperation, cst.Comparison)):
                 inner = inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
             value = cst.UnaryOperation(cst.Not(), inner)
@@ -2051,16 +2053,11 @@ def _plan_network_to_half(ctx: ModuleContext) -> None:
     training): the same function, written into the module. Where an FP16_Optimizer is set up, the
     set-up decides (its model stays float32, or all of it stays)."""
     names: tuple[str, str] | None = None
-    # the helpers go after the module's imports: a call above that point (a notebook importing in a
-    # later cell) would run before they exist, so such a module keeps Apex's (amp_import reports it)
-    early = set(ctx.module.body[: _after_imports(ctx.module.body)])
     calls = [
         call
         for call in ctx.nodes_of(cst.Call)
         if (found := ctx.apex_path(call.func)) is not None and found[0] in _NETWORK_TO_HALF_PATHS
     ]
-    if any(_top_statement(ctx, call) in early for call in calls):
-        return
     for call in calls:
         found = ctx.apex_path(call.func)
         if found is None or ctx.skipped(call):
@@ -2089,16 +2086,6 @@ def _plan_network_to_half(ctx: ModuleContext) -> None:
             "prefixed `1.`); Apex before January 2019 (NVIDIA/apex fe365d5) also made batch norms with "
             "affine=False float32",
         )
-
-
-def _top_statement(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode:
-    """The module-level statement holding ``node``."""
-    current = node
-    while True:
-        parent = ctx.parent(current)
-        if parent is None or isinstance(parent, cst.Module):
-            return current
-        current = parent
 
 
 def _has_fp16_optimizer(ctx: ModuleContext) -> bool:
