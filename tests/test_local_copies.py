@@ -115,6 +115,17 @@ def test_static_setup_from_the_copy_migrates(tmp_path: Path) -> None:
     assert (root / "fp16" / "fp16.py").read_text() == (COPY / "fp16" / "fp16.py").read_text()
 
 
+def test_static_setup_at_module_level_migrates(tmp_path: Path) -> None:
+    # the names the copy's import binds stay the copy's where the script uses them at its top level
+    script = "\n".join(
+        line[4:] if line.startswith("    ") else line
+        for line in SCRIPT.replace("def train(model, loader):\n", "model, loader = build()\n").splitlines()
+    )
+    text, findings = _review(_project(tmp_path, script + "\n"))
+    assert "FP16_" not in text and "GradScaler" in text and "torch.autocast" in text
+    assert any(f.startswith("AMP041 FP16_Optimizer (") and "a local copy of apex" in f for f in findings)
+
+
 def test_model_parallel_clip_leaves_the_setup(tmp_path: Path) -> None:
     old = "clip_grad_norm = torch.nn.utils.clip_grad_norm_\n"
     root = _project(

@@ -179,6 +179,11 @@ class Indexer:
     def __init__(self) -> None:
         self.imports: dict[Scope, dict[str, list[Binding]]] = defaultdict(lambda: defaultdict(list))
         self.locals: dict[Scope, set[str]] = defaultdict(set)
+        # imports of other modules' names, per scope: one may rebind a tracked name on a path
+        # (`from torch.nn.parallel import DistributedDataParallel` in the else of an Apex branch)
+        self.other_imports: dict[Scope, dict[str, list[cst.Import | cst.ImportFrom]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
         self.scope_parent: dict[Scope, Scope | None] = {}
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self.children: dict[cst.CSTNode, list[cst.CSTNode]] = defaultdict(list)
@@ -332,6 +337,7 @@ class Indexer:
                     kind, target = "torch", "torch"
                 else:
                     self.locals[scope].add(bound)
+                    self.other_imports[scope][bound].append(node)
                     continue
             elif bound == "apex":
                 kind, target = "apex", path
@@ -339,6 +345,7 @@ class Indexer:
                 kind, target = "torch", "torch"
             else:
                 self.locals[scope].add(bound)
+                self.other_imports[scope][bound].append(node)
                 continue
             self.imports[scope][bound].append(Binding(kind, target, alias, node))
 
@@ -359,5 +366,6 @@ class Indexer:
             classified = _classify_import(module_path, name)
             if classified is None:
                 self.locals[scope].add(bound)
+                self.other_imports[scope][bound].append(node)
                 continue
             self.imports[scope][bound].append(Binding(*classified, alias, node))

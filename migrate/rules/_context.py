@@ -244,6 +244,8 @@ class ModuleContext:
                 continue
             bindings = self.imports.get(scope, {}).get(name)
             if bindings:
+                if first and self._rebound_by_other_import(scope, name, at, bindings):
+                    return None
                 if len(bindings) > 1 and first:
                     # `from apex import amp` in each branch of one function: a use reads the
                     # import above it, not the last one of the function (which would leave the
@@ -258,6 +260,28 @@ class ModuleContext:
             first = False
             scope = self.scope_parent.get(scope)
         return None
+
+    def _rebound_by_other_import(self, scope: Scope, name: str, at: cst.CSTNode, bindings: list[Binding]) -> bool:
+        """Whether an import of something else binds ``name`` on every path to ``at`` after
+        the tracked imports: it stands above ``at`` in a block that holds ``at``, and no
+        tracked import comes between them."""
+        others = self._index.other_imports.get(scope, {}).get(name)
+        if not others:
+            return False
+        here = self.position(at)
+        ancestors = set(self.ancestors(at))
+        covering = []
+        for other in others:
+            line = self.parent(other)
+            # on its own line in a block (not `if x: import y`, whose block is the if's)
+            if isinstance(line, cst.SimpleStatementLine) and self.parent(line) in ancestors:
+                if self.position(other) <= here:
+                    covering.append(other)
+        if not covering:
+            return False
+        latest = max(self.position(other) for other in covering)
+        # (a project's copy of an Apex module is bound by that same import: it stays tracked)
+        return not any(latest <= self.position(binding.statement) <= here for binding in bindings)
 
     def amp_api(self, func: cst.BaseExpression) -> tuple[str, cst.CSTNode] | None:
         """For ``amp.X`` / ``apex.amp.X`` / a name from ``apex.amp``: (X, the base Name); for
