@@ -48,6 +48,9 @@ class ImportEdge:
     # the names the importer binds: one per imported name, or the one name `import module` binds
     aliases: tuple[str, ...] = ()
     spelled: str = ""  # `from <spelled> import ...` as written (".x" for a relative import); "" for `import`
+    # `import pkg` at module level: the attributes the importer reads on `pkg` (None: unknown,
+    # or `pkg` is also used as a value)
+    attributes: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class ModuleSummary:
     amp_apis: set[str] = field(default_factory=set)  # amp functions the module calls
     amp_outside_functions: bool = False  # an amp call at module level or in a class
     calls_outside_functions: frozenset[str] = frozenset()  # names called at module level or in classes
+    # every name the module binds at its top level (function, class, variable) -> the names read by
+    # the statements that bind it (a function's body, a class's, an assignment's value)
+    definitions: dict[str, frozenset[str]] = field(default_factory=dict)
     # top-level definitions shaped like Apex's fp16_utils API (a local copy of it): name -> facts
     apex_defs: dict[str, Any] = field(default_factory=dict)
 
@@ -110,7 +116,19 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
     # calls (``amp.x(...)`` once the module's amp names are known): one walk for everything.
     called: list[set[str]] = [set() for _ in tree.body]
     called_on: list[set[str]] = [set() for _ in tree.body]
+    # `import pkg` at module level (the walk meets every top-level statement before any name):
+    # the attributes read on `pkg`, and how often `pkg` is read at all
+    plain: dict[str, int] = {}
+    read: list[set[str]] = [set() for _ in tree.body]
+    stored: list[set[str]] = [set() for _ in tree.body]  # top-level statement -> module names it binds
+    read_attributes: dict[str, set[str]] = {}
+    reads: dict[str, int] = {}
     for node, top in _walk(tree):
+        if isinstance(node, ast.Attribute):
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in plain:
+                read_attributes.setdefault(base.id, set()).add(node.attr)
+                reads[base.id] = reads.get(base.id, 0) - 1  # this read is an attribute's
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Name):
@@ -129,6 +147,14 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
         elif isinstance(node, ast.Name):
             if not isinstance(node.ctx, ast.Load):
                 bound.add(node.id)
+                if node.id in plain:
+                    reads[node.id] = reads.get(node.id, 0) + 1  # rebound: not surely the package
+                if not isinstance(tree.body[top], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    stored[top].add(node.id)
+            else:
+                read[top].add(node.id)
+                if node.id in plain:
+                    reads[node.id] = reads.get(node.id, 0) + 1
         elif isinstance(node, ast.arg):
             parameters.add(node.arg)
         elif isinstance(node, ast.Import):
@@ -139,6 +165,8 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
                     if alias.asname and _at_module_level(tree, node):
                         summary.amp_names.add(alias.asname)
                 bound_as = alias.asname or alias.name
+                if "." not in bound_as and isinstance(tree.body[top], ast.Import):
+                    plain[bound_as] = len(summary.imports)
                 summary.imports.append(ImportEdge(alias.name, (), node.lineno, (bound_as,)))
         elif isinstance(node, ast.ImportFrom):
             module = _absolute(node.module, node.level, package)
@@ -155,6 +183,12 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
                 summary.imports.append(ImportEdge(module, names, node.lineno, aliases, spelled))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.add(node.name)
+            if node is tree.body[top]:
+                stored[top].add(node.name)
+    for name, at in plain.items():
+        if reads.get(name, 0) == 0:
+            edge = summary.imports[at]
+            summary.imports[at] = replace(edge, attributes=tuple(sorted(read_attributes.get(name, ()))))
     for name, api, call in calls:
         if name in summary.amp_names or name == "amp":
             summary.amp_apis.add(api)
@@ -168,6 +202,11 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
         elif name not in bound:
             summary.unbound_uses.append(use)
     summary.uses_amp = summary.uses_amp or bool(summary.unbound_uses or summary.parameter_uses)
+    definitions: dict[str, set[str]] = {}
+    for top, defined in enumerate(stored):
+        for name in defined:
+            definitions.setdefault(name, set()).update(read[top])
+    summary.definitions = {name: frozenset(reads) for name, reads in definitions.items()}
     _summarize_functions(tree, summary, called, called_on)
     summary.apex_defs = apex_copies.scan(tree)
     return summary
@@ -220,7 +259,15 @@ def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
     """``summary`` as JSON data for the cache (its path and ``given`` are the caller's)."""
     return {
         "imports": [
-            [edge.module, list(edge.names), edge.line, list(edge.aliases), edge.spelled] for edge in summary.imports
+            [
+                edge.module,
+                list(edge.names),
+                edge.line,
+                list(edge.aliases),
+                edge.spelled,
+                None if edge.attributes is None else list(edge.attributes),
+            ]
+            for edge in summary.imports
         ],
         "amp_names": sorted(summary.amp_names),
         "uses_amp": summary.uses_amp,
@@ -232,6 +279,7 @@ def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
         "amp_apis": sorted(summary.amp_apis),
         "amp_outside_functions": summary.amp_outside_functions,
         "calls_outside_functions": sorted(summary.calls_outside_functions),
+        "definitions": {name: sorted(reads) for name, reads in summary.definitions.items()},
         "apex_defs": summary.apex_defs,
     }
 
@@ -241,8 +289,15 @@ def summary_from_json(path: str, data: dict[str, Any]) -> ModuleSummary:
     return ModuleSummary(
         path,
         imports=[
-            ImportEdge(str(module), tuple(map(str, names)), int(line), tuple(map(str, aliases)), str(spelled))
-            for module, names, line, aliases, spelled in data["imports"]
+            ImportEdge(
+                str(module),
+                tuple(map(str, names)),
+                int(line),
+                tuple(map(str, aliases)),
+                str(spelled),
+                None if attributes is None else tuple(map(str, attributes)),
+            )
+            for module, names, line, aliases, spelled, attributes in data["imports"]
         ],
         amp_names=set(map(str, data["amp_names"])),
         uses_amp=bool(data["uses_amp"]),
@@ -255,6 +310,7 @@ def summary_from_json(path: str, data: dict[str, Any]) -> ModuleSummary:
         amp_apis=set(map(str, data["amp_apis"])),
         amp_outside_functions=bool(data["amp_outside_functions"]),
         calls_outside_functions=frozenset(map(str, data["calls_outside_functions"])),
+        definitions={str(name): frozenset(map(str, reads)) for name, reads in data["definitions"].items()},
         apex_defs=dict(data["apex_defs"]),
     )
 
@@ -333,20 +389,94 @@ class ProjectIndex:
         return found
 
     def reached_amp_modules(self, path: str) -> list[str]:
-        """The amp modules ``path`` imports, directly or through modules without amp."""
+        """The amp modules ``path`` imports, directly or through modules without amp.
+
+        A module without amp that only re-exports the names asked of it (a package's
+        ``__init__``: ``from .trainer import Trainer``) leads on only where those names come
+        from: ``from transformers import AdamW`` does not reach the amp of ``trainer.py``.
+        """
         reached: list[str] = []
-        seen = {path}
-        pending = [path]
+        seen: set[tuple[str, frozenset[str] | None]] = set()
+        # (module, the names asked of it (None: all), the dotted name it was imported by)
+        pending: list[tuple[str, frozenset[str] | None, str]] = [(path, None, "")]
         while pending:
-            for _edge, target in self.imported(self.modules[pending.pop()]):
-                if target in seen:
+            current, wanted, dotted = pending.pop()
+            summary = self.modules[current]
+            edges = self.imported(summary)
+            if wanted is not None:
+                wanted = self._passed_on(summary, wanted, dotted, edges)
+            for edge, target in edges:
+                asked = _asked_of(edge, wanted)
+                if asked == frozenset() or (target, asked) in seen:
                     continue
-                seen.add(target)
+                seen.add((target, asked))
                 if self.modules[target].uses_amp:
-                    reached.append(target)
+                    if target not in reached and target != path:
+                        reached.append(target)
                 else:
-                    pending.append(target)
+                    pending.append((target, asked, edge.module))
         return reached
+
+    def _passed_on(
+        self, summary: ModuleSummary, wanted: frozenset[str], dotted: str, edges: list[tuple[ImportEdge, str]]
+    ) -> frozenset[str] | None:
+        """The names of its own imports a module without amp passes on when ``wanted`` is asked
+        of it (its re-exports, what its functions read); None when that is unknown. A submodule
+        read on a package (``pkg.sub``) is added to ``edges``."""
+        own = wanted - _reexported(summary)
+        for name in sorted(own):
+            submodule = self.resolve(summary.path, f"{dotted}.{name}") if dotted else None
+            if submodule is not None and submodule != summary.path:
+                edges.append((ImportEdge(f"{dotted}.{name}", (), 0), submodule))
+                own = own - {name}
+        return _read_through(summary, wanted)
+
+
+def _imported_names(summary: ModuleSummary) -> frozenset[str]:
+    """Every name ``summary``'s imports bind (``from x import y``, ``import pkg``)."""
+    return frozenset(alias.split(".")[0] for edge in summary.imports if edge.names != ("*",) for alias in edge.aliases)
+
+
+def _reexported(summary: ModuleSummary) -> frozenset[str]:
+    """The names ``summary`` binds by ``from x import y`` (which it may pass on)."""
+    return frozenset(alias for edge in summary.imports if edge.names not in ((), ("*",)) for alias in edge.aliases)
+
+
+def _asked_of(edge: ImportEdge, wanted: frozenset[str] | None) -> frozenset[str] | None:
+    """The names asked of the module ``edge`` imports, when its importer is asked for ``wanted``:
+    an empty set when the edge brings none of them; None for every name (a plain ``import``,
+    ``import *`` under no filter, or an importer asked for everything)."""
+    if edge.names == ():
+        if wanted is None:
+            return None if edge.attributes is None else frozenset(edge.attributes)
+        return None if any(alias.split(".")[0] in wanted for alias in edge.aliases) else frozenset()
+    if edge.names == ("*",):
+        return wanted
+    pairs = list(zip(edge.names, edge.aliases or edge.names))
+    if wanted is None:
+        return frozenset(name for name, _ in pairs)
+    return frozenset(name for name, alias in pairs if alias in wanted)
+
+
+def _read_through(summary: ModuleSummary, names: frozenset[str]) -> frozenset[str]:
+    """The names of its imports that ``summary`` uses for ``names``: those it re-exports, and
+    those read by the statements that define the others (following its own definitions they
+    read). Names it neither imports nor defines stay: a star import may bring them."""
+    imported = _imported_names(summary)
+    starred = any(edge.names == ("*",) for edge in summary.imports)
+    found: set[str] = set()
+    seen: set[str] = set()
+    pending = list(names)
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in imported or (starred and name not in summary.definitions):
+            found.add(name)
+        if name in summary.definitions:
+            pending.extend(summary.definitions[name])
+    return frozenset(found)
 
 
 def _import_names(path: str) -> list[str]:
