@@ -392,6 +392,11 @@ def iter_discover(
         elif not walk.excludes.excluded(walk.excludes.relative(absolute, os.path.dirname(absolute)), False):
             # Named on the command line: followed wherever it leads (the user asked for it).
             yield from walk.given_file(absolute, str(given))
+        else:
+            from migrate.records import Notice  # rare: made where needed
+
+            # pre-commit names every staged file and expects the project's excludes to hold
+            yield Notice(str(given), "not migrated: the exclude patterns of the configuration match it")
     yield from walk.links()
 
 

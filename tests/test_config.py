@@ -102,6 +102,9 @@ def test_excludes_apply_to_folders_and_to_files_named_explicitly(
     named = cli(tmp_path, monkeypatch, "--check", "legacy/old.py", "src/gen_model.py")
     assert named.exit_code == 0  # type: ignore[attr-defined]
     assert "0 files scanned" in named.stderr  # type: ignore[attr-defined]
+    # ... and says why each named file was passed over
+    for name in ("legacy/old.py", "src/gen_model.py"):
+        assert f"{name}: not migrated: the exclude patterns" in named.stderr  # type: ignore[attr-defined]
     # --exclude replaces the default patterns (build/ is one); extend-exclude still adds.
     replaced = cli(tmp_path, monkeypatch, "--check", "--exclude", "src/", ".")
     assert "would migrate build/b.py" in replaced.stderr  # type: ignore[attr-defined]
