@@ -186,8 +186,16 @@ REPLACEMENTS = {
     "apex.contrib.focal_loss": "`torchvision.ops.sigmoid_focal_loss`",
     "apex.contrib.multihead_attn": "`torch.nn.MultiheadAttention`",
     "apex.contrib.layer_norm": "`torch.nn.LayerNorm`",
-    "apex.contrib.optimizers": "`torch.distributed.optim.ZeroRedundancyOptimizer(params, "
-    "optimizer_class=torch.optim.AdamW, lr=lr, weight_decay=weight_decay)`",
+    "apex.contrib.optimizers.DistributedFusedAdam": "`torch.distributed.optim.ZeroRedundancyOptimizer(params, "
+    "optimizer_class=torch.optim.AdamW, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)` (optimizer state "
+    "sharded across ranks, as Apex's was)",
+    "apex.contrib.optimizers.distributed_fused_adam": "`torch.distributed.optim.ZeroRedundancyOptimizer(params, "
+    "optimizer_class=torch.optim.AdamW, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)`",
+    "apex.contrib.optimizers": "no exact torch counterpart: apex.contrib.optimizers' FusedAdam and FusedSGD are "
+    "Apex's older fused optimizers, stepped by apex.contrib.optimizers.FP16_Optimizer through step(grads=..., "
+    "output_params=..., scale=...): keep the pair, or replace both together by a torch optimizer under "
+    '`scaler = torch.amp.GradScaler("cuda")` as the FP16_Optimizer\'s finding says; its LAMB optimizers have no '
+    "torch counterpart: keep `apex.contrib.optimizers` for them",
     "apex.mlp": "a `torch.nn.Sequential` of `torch.nn.Linear` and `torch.nn.ReLU` layers",
     "apex.fused_dense": "`torch.nn.Linear`",
     "apex.RNN": "`torch.nn.LSTM` / `torch.nn.GRU`",
