@@ -104,6 +104,42 @@ def test_modules_linked_by_imports_form_one_group(tmp_path: Path) -> None:
     assert groups == [1, 2]
 
 
+PACKAGE = {
+    "pkg/__init__.py": "from .trainer import Trainer\nfrom .optim import AdamW\nfrom .utils import *\n",
+    "pkg/trainer.py": "from apex import amp\nclass Trainer:\n    def step(self, loss, opt): amp.scale_loss(loss, opt)\n",
+    "pkg/optim.py": "import torch\nclass AdamW(torch.optim.Optimizer): pass\n",
+    "pkg/utils.py": (
+        "VERSION = '1.0'\n"
+        "def set_seed(seed): pass\n"
+        "def fit(model):\n    from .trainer import Trainer\n    return Trainer()\n"
+        "def build(model):\n    return fit(model)\n"
+        "class Runner:\n    def run(self): return build(None)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("script", "joins"),
+    [
+        ("from pkg import AdamW, VERSION, set_seed\n", False),  # re-exports and definitions without amp
+        ("import pkg\npkg.optim.AdamW\n", False),  # a submodule read on the package
+        ("from pkg import Trainer\n", True),
+        ("from pkg import build\n", True),  # build -> fit -> trainer.Trainer
+        ("from pkg import Runner\n", True),  # a class whose method calls build
+        ("import pkg\npkg.Trainer\n", True),
+        ("import pkg\nrun(pkg)\n", True),  # the package passed on as a value: anything may be read
+        ("from pkg.utils import *\nfit(None)\n", True),
+    ],
+)
+def test_a_module_without_amp_leads_on_only_where_the_names_asked_of_it_come_from(
+    tmp_path: Path, script: str, joins: bool
+) -> None:
+    index = _index(tmp_path, {**PACKAGE, "main.py": "from apex import amp\n" + script})
+    assert index.reached_amp_modules(str(tmp_path / "main.py")) == (
+        [str(tmp_path / "pkg" / "trainer.py")] if joins else []
+    )
+
+
 def test_star_import_of_a_module_that_imports_amp_binds_amp(tmp_path: Path) -> None:
     index = _index(
         tmp_path,
