@@ -140,15 +140,84 @@ def _next_step(ctx: ModuleContext, model: AmpModel, node: cst.CSTNode, key: str 
     return min(candidates, key=ctx.order, default=None)
 
 
-def _conditional_step(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call) -> bool:
-    """Whether ``step`` runs under an `if` that ``statement`` is not under (accumulation)."""
+def _skipping_tests(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call) -> list[cst.BaseExpression | None]:
+    """The conditions that can keep ``step`` from running after ``statement`` (accumulation, a
+    skipped step): the tests of the `if`s around the step that ``statement`` is not under, and
+    of the `if`s between them that leave the iteration (``continue``, ``break``, ``return``);
+    None for a jump under something else (a ``try``, a ``with``)."""
     around = set(map(id, ctx.ancestors(statement)))
+    tests: list[cst.BaseExpression | None] = []
+    block: cst.CSTNode | None = None
     for ancestor in ctx.ancestors(step):
         if id(ancestor) in around:
-            return False
+            block = ancestor
+            break
         if isinstance(ancestor, cst.If):
+            tests.append(ancestor.test)
+    if isinstance(block, (cst.IndentedBlock, cst.Module)):
+        tops = [id(node) for node in block.body]
+        positions = [
+            tops.index(id(node))
+            for node in (ctx.statement_of(statement), step, *ctx.ancestors(step))
+            if id(node) in tops
+        ]
+        if len(positions) >= 2:
+            for between in block.body[positions[0] + 1 : positions[1]]:
+                if _leaves_iteration(ctx, between):
+                    tests.append(between.test if isinstance(between, cst.If) else None)
+    return tests
+
+
+def _leaves_iteration(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
+    """Whether ``statement`` holds a ``continue``/``break`` of the enclosing loop or a ``return``."""
+    pending = [statement]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (cst.Continue, cst.Break, cst.Return)):
             return True
+        for child in node.children:
+            if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                continue
+            if isinstance(child, (cst.For, cst.While)):
+                # their own continue/break stay inside; a return still leaves
+                pending.extend(n for n in ctx.walk(child) if isinstance(n, cst.Return))
+                continue
+            pending.append(child)
     return False
+
+
+def _assigned_names(statement: cst.CSTNode) -> set[str]:
+    """The plain names ``statement`` assigns (``norm = clip_grad_norm_(...)``)."""
+    names: set[str] = set()
+    if isinstance(statement, cst.SimpleStatementLine):
+        for small in statement.body:
+            targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else []
+            if isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+                targets = [small.target]
+            for target in targets:
+                elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+                names.update(e.value for e in elements if isinstance(e, cst.Name))
+    return names
+
+
+def _report_step_decided_by_gradients(ctx: ModuleContext, node: cst.CSTNode, test: cst.BaseExpression) -> None:
+    """Freeze the setup: whether the optimizer steps depends on the clipped norm.
+
+    After an fp16 overflow the norm is inf or NaN. Apex lowered its scale when the backward's
+    block exited, whatever the code did next; GradScaler lowers it in ``update()``, which a
+    skipped step never reaches (the scale would stay too high for good, and a later
+    ``unscale_`` raises), so the rewrite needs ``update()`` on the skipping path too.
+    """
+    ctx.report(
+        "AMP024",
+        node,
+        f"whether the optimizer steps depends on the norm this clip returns (`{syntax.code(test).strip()}` at line "
+        f"{ctx.position(test)[0]}): after an fp16 overflow it is inf or NaN; Apex lowered its loss scale at the "
+        "backward whatever came next, GradScaler lowers it in `scaler.update()`, which a skipped step never reaches: "
+        "left as it was. Write `scaler.unscale_(optimizer)` before the clip, `scaler.step(optimizer)` where the "
+        "step was, and `scaler.update()` on every path after the clip, the skipping one included",
+    )
+    ctx.unfinished.append(node)
 
 
 def _call_around(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode | None:
@@ -232,7 +301,17 @@ def _unscale_before(
         return False
     key = optimizer_key(ctx, optimizer, node)
     step = _next_step(ctx, model, node, key)
-    if step is not None and _conditional_step(ctx, statement, step):
+    tests = _skipping_tests(ctx, statement, step) if step is not None else []
+    results = _assigned_names(statement)
+    deciding = [
+        test
+        for test in tests
+        if test is not None and any(isinstance(n, cst.Name) and n.value in results for n in ctx.walk(test))
+    ]
+    if deciding:
+        _report_step_decided_by_gradients(ctx, node, deciding[0])
+        return False
+    if tests:
         return _clip_scaled_gradients(ctx, model, node)
     found = model.scaler_access_or_report(node)
     if found is None:
