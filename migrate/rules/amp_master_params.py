@@ -156,13 +156,13 @@ def _skipping_tests(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call) 
             tests.append(ancestor.test)
     if isinstance(block, (cst.IndentedBlock, cst.Module)):
         tops = [id(node) for node in block.body]
-        positions = [
-            tops.index(id(node))
-            for node in (ctx.statement_of(statement), step, *ctx.ancestors(step))
-            if id(node) in tops
-        ]
-        if len(positions) >= 2:
-            for between in block.body[positions[0] + 1 : positions[1]]:
+
+        def position(node: cst.CSTNode) -> int:
+            """Where the statement of ``block`` that holds ``node`` stands in it."""
+            return next(tops.index(id(n)) for n in (node, *ctx.ancestors(node)) if id(n) in tops)
+
+        if statement is not block:
+            for between in block.body[position(statement) + 1 : position(step)]:
                 if _leaves_iteration(ctx, between):
                     tests.append(between.test if isinstance(between, cst.If) else None)
     return tests

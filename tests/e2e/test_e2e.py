@@ -109,6 +109,8 @@ CASES = [
     Case("hf_glue_accumulation", ("--fp16",), (), ("loss",), 36, clips=True),
     # The same data, clipped after each of the 2 backward passes of every optimizer step.
     Case("oscar_clip_every_microbatch", ("--fp16",), (), ("loss",), 36, clips=True, clipped_per_step=2),
+    # The same, the accumulation written as `continue` before the step.
+    Case("oscar_clip_continue_before_step", ("--fp16",), (), ("loss",), 36, clips=True, clipped_per_step=2),
     Case(
         "dcgan_two_optimizers",
         ("--opt_level", "O1"),
@@ -447,12 +449,13 @@ def test_resume_from_checkpoints_written_by_apex(runner: Runner) -> None:
     assert restored["_growth_tracker"] == 7
 
 
-def test_clips_every_micro_batch_as_apex_did(runner: Runner) -> None:
+@pytest.mark.parametrize("name", ["oscar_clip_every_microbatch", "oscar_clip_continue_before_step"])
+def test_clips_every_micro_batch_as_apex_did(runner: Runner, name: str) -> None:
     """Oscar's clip after each backward pass: Apex clipped the unscaled running sum of the
     gradients each time. The migration clips the scaled sum at a scaled threshold; the norms it
     reports (and so the clipping it does, which feeds the next norm) must match Apex's."""
-    migrated = runner.run("oscar_clip_every_microbatch", ("--fp16",))["grad_norm"]
-    original = runner.run("oscar_clip_every_microbatch", ("--fp16",), original=True)["grad_norm"]
+    migrated = runner.run(name, ("--fp16",))["grad_norm"]
+    original = runner.run(name, ("--fp16",), original=True)["grad_norm"]
     threshold = 0.3  # the script's --max_grad_norm default
     assert sum(norm > threshold for norm in original) > len(original) // 4, "too few clips to prove anything"
     assert migrated == pytest.approx(original, rel=0.01)
