@@ -435,6 +435,10 @@ def {name}(closure, optimizer, scaler, new_scale=None):
 """
 
 
+# nn.Module methods that return the module they are called on
+_SELF_RETURNING = frozenset("cuda to cpu half float double bfloat16 train eval type requires_grad_ apply".split())
+
+
 class _Blocked(Exception):
     """This FP16_Optimizer setup cannot be migrated exactly; the message says why."""
 
@@ -1608,7 +1612,13 @@ class _Planner:
         func = call.func
         if isinstance(func, cst.Attribute) and func.attr.value == "half" and not call.args:
             base: cst.BaseExpression = func.value
-            while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute):
+            # `model.cuda().half()`: through the methods that return the module itself, never into
+            # the callee of a constructor (`torch.nn.Linear(8, 2).cuda().half()` is not `torch.nn`)
+            while (
+                isinstance(base, cst.Call)
+                and isinstance(base.func, cst.Attribute)
+                and base.func.attr.value in _SELF_RETURNING
+            ):
                 base = base.func.value
             name = dotted_name(base)
             if name is None:
