@@ -111,7 +111,8 @@ touches stays as it was)
     gradients of several calls would add up where Apex rebuilt the master gradients at each call),
     a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads`` with no
     ``step()`` (without closure) after it in its block, a model still halved elsewhere in the
-    function. A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
+    function, or no ``.half()`` of the model in the set-up's function at all (a helper or another
+    module halves it, or it stays float32, which autocast would not keep). A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
     torch raised TypeError on Apex's FP16_Optimizer, a plain object, so that path never trained.
     ``apex.contrib.optimizers.FP16_Optimizer`` (around ``apex.optimizers.FusedAdam(max_grad_norm=...)``,
     a pair no Apex had, the finding says to import the pre-2019 one). For ``apex.optimizers.FP16_Optimizer`` also:
@@ -1508,6 +1509,9 @@ class _Planner:
         # models halved under exactly the set-up's guards before it: what FP16_Optimizer trained
         halved_before: set[str] = set()
         later: list[tuple[cst.Call, str, cst.CSTNode, list[str]]] = []
+        # whether a cast of the trained model was seen here: without one it is made float16 out of
+        # sight (a helper such as PKD's load_model(model, args), another module), or never is
+        halved = False
         for call in ctx.nodes_of(cst.Call):
             if ctx.scope_of(call) is not self.setup.scope:
                 continue
@@ -1516,9 +1520,11 @@ class _Planner:
                 continue
             statement = ctx.statement_of(call)
             if statement in self.edits.remove or statement in self.edits.replace_statement:
+                halved = True
                 continue
             if self._fresh_model(call, statement, halving):
                 continue  # a model loaded after training (fp16 inference): it stays as it was
+            halved = True
             conditions, _ = _guards(ctx, statement)
             codes = [syntax.normalized(c) for c in conditions]
             if codes != guard_codes:
@@ -1527,6 +1533,15 @@ class _Planner:
             if ctx.position(statement)[0] < self.start_line:
                 halved_before.add(halving)
             self._drop_half(call, statement)
+        if not halved:
+            raise _Blocked(
+                self.setup.first.call,
+                "no `.half()` of the model it trains is in sight where it is set up: that model is made float16 "
+                "elsewhere (a helper such as `load_model(model, args)`, another module), and a GradScaler cannot "
+                "unscale float16 gradients, or it stays float32, and autocast would compute in float16 what Apex "
+                "computed in float32: make the model float16 with `.half()` beside the FP16_Optimizer (the rule "
+                "then keeps it float32 under torch.autocast) and run ampmigrate again",
+            )
         for call, halving, statement, codes in later:
             if not self._halved_again(call, halving, statement, codes, guard_codes, halved_before):
                 raise _Blocked(
