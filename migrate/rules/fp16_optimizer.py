@@ -1708,6 +1708,16 @@ class _Planner:
                 name = dotted_name(call.args[0].value)
                 if name:
                     self.model_names.add(name.split(".")[-1])
+            func = call.func
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value in ("parameters", "named_parameters")
+                and self.ctx.position(self.ctx.statement_of(call))[0] <= self.start_line
+            ):
+                # `Student().parameters()` handed to the optimizer: its `student.half()` is the model's
+                name = dotted_name(func.value)
+                if name:
+                    self.model_names.add(name.split(".")[-1])
 
     def commit(self) -> None:
         ctx, edits = self.ctx, self.edits

@@ -1,8 +1,9 @@
 """End-to-end: FP16_Optimizer over a model built and halved in one expression
-(``nn.Sequential(...).cuda().half()``). The migration drops that ``.half()`` like a bare
-``model.half()``; before, it kept the model float16 and the migrated step raised
-"Attempting to unscale FP16 gradients". The original runs under the Apex shim (float16 model,
-float32 masters, static scale 128), the migration natively beside an ``apex`` that raises.
+(``nn.Sequential(...).cuda().half()``), and over one whose name does not say model
+(``student.half()``). The migration drops that ``.half()`` like a bare ``model.half()``; before,
+it kept the first model float16 (the migrated step raised "Attempting to unscale FP16
+gradients") and left the second set-up as it was. The original runs under the Apex shim (float16
+model, float32 masters, static scale 128), the migration natively beside an ``apex`` that raises.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = REPO / "fixtures" / "e2e" / "fp16_optimizer_chain_halved.in.py"
+SCRIPTS = ("fp16_optimizer_chain_halved", "fp16_optimizer_student_halved")
 STEPS = 30
 # float16 weights with float32 masters (Apex) against autocast over float32 weights: the losses
 # differ by float16 rounding only (measured under 2e-3 relative); a float16 model or a wrong
@@ -24,11 +25,14 @@ STEPS = 30
 LOSS_REL_TOL = 2e-2
 
 
-@pytest.fixture(scope="module")
-def metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], dict[str, Any]]:
-    folder = tmp_path_factory.mktemp("fp16_optimizer_chain_halved")
-    migrated = write_migration(SCRIPT, folder)
-    return original_and_migrated_runs(SCRIPT, migrated, {"train": ["--steps", str(STEPS)]}, folder)
+@pytest.fixture(scope="module", params=SCRIPTS)
+def metrics(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, bool], dict[str, Any]]:
+    script = REPO / "fixtures" / "e2e" / f"{request.param}.in.py"
+    folder = tmp_path_factory.mktemp(request.param)
+    migrated = write_migration(script, folder)
+    return original_and_migrated_runs(script, migrated, {"train": ["--steps", str(STEPS)]}, folder)
 
 
 def test_migrated_model_is_float32_and_trains_like_apex(metrics: dict[tuple[str, bool], dict[str, Any]]) -> None:
