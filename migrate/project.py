@@ -33,9 +33,18 @@ _DISTINCT_APIS = frozenset({"scale_loss", "master_params"})
 _AMP_APIS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"})
 
 
+def says_amp(name: str) -> bool:
+    """Whether a (dotted) name says amp as a word of its own (``amp``, ``apex_amp``, ``self.amp``,
+    ``amp_handle``), not inside another word: ``train_sampler``, ``example``, ``clamp``."""
+    return any(
+        word in ("amp", "apexamp") or (word.startswith("amp") and word[3:].isdigit())
+        for word in re.split(r"[^a-z0-9]+", name.lower())
+    )
+
+
 def looks_like_amp_call(name: str, api: str) -> bool:
     """Whether ``name.api(...)`` looks like a call of the Apex amp module (whatever binds ``name``)."""
-    return name not in ("self", "cls") and (api in _DISTINCT_APIS or (api in _AMP_APIS and "amp" in name.lower()))
+    return name not in ("self", "cls") and (api in _DISTINCT_APIS or (api in _AMP_APIS and says_amp(name)))
 
 
 @dataclass(frozen=True)
@@ -141,7 +150,7 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
                 elif isinstance(base, ast.Attribute):
                     if base.attr == "amp" and isinstance(base.value, ast.Name) and base.value.id == "apex":
                         summary.amp_apis.add(func.attr)  # apex.amp.X with `import apex`
-                    elif "amp" in base.attr.lower() and func.attr in _AMP_APIS:
+                    elif says_amp(base.attr) and func.attr in _AMP_APIS:
                         # `self.amp.scale_loss(...)`: the amp module stored on an object
                         summary.unbound_uses.append(AmpUse(base.attr, func.attr, node.lineno, node.col_offset + 1))
         elif isinstance(node, ast.Name):
@@ -960,7 +969,7 @@ def _initialized_in_function(path: str) -> str | None:
             isinstance(call, ast.Call)
             and isinstance(call.func, ast.Attribute)
             and call.func.attr == "initialize"
-            and "amp" in (ast.unparse(call.func.value).lower())
+            and says_amp(ast.unparse(call.func.value))
             for call in ast.walk(node)
         ):
             return node.name

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from migrate.config import Config
-from migrate.project import ModuleSummary, ProjectPlan, amp_groups, build_index, module_facts, summarize
+from migrate.project import ModuleSummary, ProjectPlan, amp_groups, build_index, module_facts, says_amp, summarize
 from migrate.runner import Status, run
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "project"
@@ -234,3 +234,16 @@ def test_summarizing_a_module_does_not_run_the_cycle_collector_over_its_tree() -
             gc.disable()
     assert summary is not None and len(summary.functions) == 300
     assert len(starts) <= 1, starts
+
+
+@pytest.mark.parametrize("name", ["amp", "apex_amp", "self.amp", "args.amp", "amp_handle", "_amp", "amp2", "apexAmp"])
+def test_a_name_that_says_amp(name: str) -> None:
+    assert says_amp(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["train_sampler", "self.training_dataloader.data_sampler", "example", "clamp", "timestamp", "ampere"]
+)
+def test_amp_inside_another_word_is_not_amp(name: str) -> None:
+    """DeepSpeed's `data_sampler.state_dict()` froze its engine's amp setup as an unseen amp module."""
+    assert not says_amp(name)

@@ -124,6 +124,21 @@ def test_the_loss_of_a_step_sums_its_micro_batches(session: verify.Session, tmp_
     assert all(s.taken and s.loss_count == 2 and s.scales == [1024.0, 1024.0] for s in run.steps)
 
 
+def test_a_plain_backward_counts_its_loss_once(session: verify.Session, tmp_path: Path) -> None:
+    """No scaler at all (an fp32 path): the loss comes from Tensor.backward, which the CUDA-on-CPU
+    mode dispatches a second time; counted twice, it made every fp32 path DIVERGE by 2x."""
+    plain = ACCUMULATING.replace("scaler.scale(loss).backward()", "loss.backward()")
+    plain = plain.replace("scaler.step(optimizer)", "optimizer.step()").replace("scaler.update()", "")
+    run = run_one(session, tmp_path, plain)
+    assert not run.failed, run.stderr
+    printed: dict[int, float] = {}
+    for line in run.stdout.splitlines():
+        _, index, _, value = line.split()
+        printed[int(index)] = printed.get(int(index), 0.0) + float(value)
+    assert [s.loss for s in run.steps] == pytest.approx([printed[i] for i in range(3)], rel=1e-6)
+    assert all(s.loss_count == 2 and s.loss_source == "backward" for s in run.steps)
+
+
 def test_a_planted_overflow_makes_gradscaler_skip_and_back_off(session: verify.Session, tmp_path: Path) -> None:
     run = run_one(session, tmp_path, ACCUMULATING, "--replay", "1:overflow", "--growth-interval", "4")
     assert not run.failed, run.stderr

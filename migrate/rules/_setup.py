@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from migrate import pytree
-from migrate.project import looks_like_amp_call
+from migrate.project import looks_like_amp_call, says_amp
 from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import Binding, checks_presence, is_import_fallback
 from migrate.rules._context import ModuleContext, dotted_name
@@ -167,7 +167,7 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
         func = call.func
         if not isinstance(func, cst.Attribute):
             continue
-        if isinstance(func.value, cst.Attribute) and "amp" in func.value.attr.value.lower():
+        if isinstance(func.value, cst.Attribute) and says_amp(func.value.attr.value):
             # `self.amp.scale_loss(...)`: the module stored on an object
             name = dotted_name(func.value) or func.value.attr.value
         elif isinstance(func.value, cst.Name):

@@ -601,6 +601,28 @@ class _LossScale:
     notes: list[tuple[str, cst.CSTNode, str | None]] = field(default_factory=list)
 
 
+def _inference_models(model: AmpModel) -> set[str]:
+    """The last names of the models passed to this module's amp.initialize calls without optimizers."""
+    names: set[str] = set()
+    for use in model.calls:
+        bound = _arguments(use.call) if use.api == "initialize" else None
+        if bound is None or "models" not in bound:
+            continue
+        optimizers = bound["optimizers"].value if "optimizers" in bound else None
+        if not (
+            optimizers is None
+            or syntax.literal(optimizers) is None
+            or (isinstance(optimizers, (cst.List, cst.Tuple)) and not optimizers.elements)
+        ):
+            continue
+        models = bound["models"].value
+        for element in models.elements if isinstance(models, (cst.List, cst.Tuple)) else [models]:
+            dotted = dotted_name(element.value if isinstance(element, cst.BaseElement) else element)
+            if dotted is not None:
+                names.add(dotted.split(".")[-1])
+    return names
+
+
 def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
     """The call's statement, arguments and targets; None (reported) when it is no plain assignment."""
     call = use.call
@@ -1215,6 +1237,9 @@ def _create_scaler(
         dotted = dotted_name(expression)
         if dotted is not None:
             scaler.model_names.add(dotted.split(".")[-1])
+    # a model given to an amp.initialize without optimizers (a momentum encoder, a teacher) ran its
+    # forward pass in float16 too: where it feeds the loss, autocast starts at its call
+    scaler.model_names |= _inference_models(model)
     model.scalers.append(scaler)
 
     arguments = _scaler_arguments(ctx, scale.initial, scaler_enabled)

@@ -111,7 +111,8 @@ touches stays as it was)
     gradients of several calls would add up where Apex rebuilt the master gradients at each call),
     a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads`` with no
     ``step()`` (without closure) after it in its block, a model still halved elsewhere in the
-    function. A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
+    function, or no ``.half()`` of the model in the set-up's function at all (a helper or another
+    module halves it, or it stays float32, which autocast would not keep). A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
     torch raised TypeError on Apex's FP16_Optimizer, a plain object, so that path never trained.
     ``apex.contrib.optimizers.FP16_Optimizer`` (around ``apex.optimizers.FusedAdam(max_grad_norm=...)``,
     a pair no Apex had, the finding says to import the pre-2019 one). For ``apex.optimizers.FP16_Optimizer`` also:
@@ -432,6 +433,10 @@ def {name}(closure, optimizer, scaler, new_scale=None):
 
     return run
 """
+
+
+# nn.Module methods that return the module they are called on
+_SELF_RETURNING = frozenset("cuda to cpu half float double bfloat16 train eval type requires_grad_ apply".split())
 
 
 class _Blocked(Exception):
@@ -1506,6 +1511,9 @@ class _Planner:
         # models halved under exactly the set-up's guards before it: what FP16_Optimizer trained
         halved_before: set[str] = set()
         later: list[tuple[cst.Call, str, cst.CSTNode, list[str]]] = []
+        # whether a cast of the trained model was seen here: without one it is made float16 out of
+        # sight (a helper such as PKD's load_model(model, args), another module), or never is
+        halved = False
         for call in ctx.nodes_of(cst.Call):
             if ctx.scope_of(call) is not self.setup.scope:
                 continue
@@ -1514,9 +1522,11 @@ class _Planner:
                 continue
             statement = ctx.statement_of(call)
             if statement in self.edits.remove or statement in self.edits.replace_statement:
+                halved = True
                 continue
             if self._fresh_model(call, statement, halving):
                 continue  # a model loaded after training (fp16 inference): it stays as it was
+            halved = True
             conditions, _ = _guards(ctx, statement)
             codes = [syntax.normalized(c) for c in conditions]
             if codes != guard_codes:
@@ -1525,6 +1535,15 @@ class _Planner:
             if ctx.position(statement)[0] < self.start_line:
                 halved_before.add(halving)
             self._drop_half(call, statement)
+        if not halved:
+            raise _Blocked(
+                self.setup.first.call,
+                "no `.half()` of the model it trains is in sight where it is set up: that model is made float16 "
+                "elsewhere (a helper such as `load_model(model, args)`, another module), and a GradScaler cannot "
+                "unscale float16 gradients, or it stays float32, and autocast would compute in float16 what Apex "
+                "computed in float32: make the model float16 with `.half()` beside the FP16_Optimizer (the rule "
+                "then keeps it float32 under torch.autocast) and run ampmigrate again",
+            )
         for call, halving, statement, codes in later:
             if not self._halved_again(call, halving, statement, codes, guard_codes, halved_before):
                 raise _Blocked(
@@ -1610,7 +1629,13 @@ class _Planner:
         func = call.func
         if isinstance(func, cst.Attribute) and func.attr.value == "half" and not call.args:
             base: cst.BaseExpression = func.value
-            while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute):
+            # `model.cuda().half()`: through the methods that return the module itself, never into
+            # the callee of a constructor (`torch.nn.Linear(8, 2).cuda().half()` is not `torch.nn`)
+            while (
+                isinstance(base, cst.Call)
+                and isinstance(base.func, cst.Attribute)
+                and base.func.attr.value in _SELF_RETURNING
+            ):
                 base = base.func.value
             name = dotted_name(base)
             if name is None:
@@ -1683,6 +1708,16 @@ class _Planner:
             found = self.ctx.apex_path(call.func)
             if found is not None and found[0] in _HALVING and call.args:
                 name = dotted_name(call.args[0].value)
+                if name:
+                    self.model_names.add(name.split(".")[-1])
+            func = call.func
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value in ("parameters", "named_parameters")
+                and self.ctx.position(self.ctx.statement_of(call))[0] <= self.start_line
+            ):
+                # `Student().parameters()` handed to the optimizer: its `student.half()` is the model's
+                name = dotted_name(func.value)
                 if name:
                     self.model_names.add(name.split(".")[-1])
 

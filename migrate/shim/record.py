@@ -172,6 +172,7 @@ class Recorder:
         # Losses handed to the loss scaler since the last step: (value, scale, dynamic, source).
         self.scaled: list[tuple[float, float | None, bool | None, str]] = []
         self.backward_losses: list[float] = []
+        self.in_backward = False  # inside the recorded Tensor.backward: count each call once
         # Steps whose planted overflow reached a scaler's check (or was applied).
         self.delivered: set[int] = set()
         self.depth = 0
@@ -404,8 +405,15 @@ def _hook_native(recorder: Recorder) -> None:
 
     @functools.wraps(original_backward)
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        recorder.note_backward(self)
-        return original_backward(self, *args, **kwargs)
+        if recorder.in_backward:
+            # a torch-function mode (CUDA mapped to the CPU) dispatching this same call again
+            return original_backward(self, *args, **kwargs)
+        recorder.in_backward = True
+        try:
+            recorder.note_backward(self)
+            return original_backward(self, *args, **kwargs)
+        finally:
+            recorder.in_backward = False
 
     torch.Tensor.backward = backward  # type: ignore[method-assign]
 
