@@ -418,12 +418,9 @@ class _LazyPool:
                 # each paying for libcst again (imported, never used: nothing is parsed here).
                 import gc
 
-                from migrate.gcpause import cycle_collector_paused
+                from migrate.quickimport import import_engine
 
-                # libcst's import makes some hundred thousand objects, nearly all for good:
-                # the cycle collector's passes over them meanwhile only find them alive
-                with cycle_collector_paused():
-                    import migrate.engine  # noqa: F401
+                import_engine()
 
                 # What is alive now (the modules, above all) stays for the whole run: moved out
                 # of the cycle collector's sight, its passes here and in every worker skip it.
@@ -729,7 +726,9 @@ def _lost(job: Job | Prepare, reason: str) -> FileResult | Ready:
 
 
 def _setup_worker(settings: Settings) -> Callable[[Job | Prepare], FileResult | Ready]:
-    import migrate.engine  # noqa: F401 - paid for once per worker
+    from migrate.quickimport import import_engine
+
+    import_engine()  # paid for once per worker (where not forked from a process that did)
     from migrate.records import Job
 
     cache = None
