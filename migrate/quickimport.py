@@ -10,6 +10,11 @@ a module's: the next run executes that code instead of compiling the text again.
 Executing code compiled from a text is what ``exec`` of that text does (the same file
 name; no ``__future__`` flags, as ``dataclasses`` has none for its ``exec`` to pass on),
 and each class still gets functions of its own, made by running that code.
+
+Two stores: "engine" for the import of ``migrate.engine`` (libcst's classes and the
+rules'), "main" for the classes of the modules every run imports (``migrate.entry``
+runs the whole command line in its block), which a run on files without Apex loads
+without the large engine store.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import importlib.util
 import marshal
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from types import CodeType
@@ -29,14 +33,14 @@ from typing import Any
 from migrate.gcpause import cycle_collector_paused
 
 
-def store_path() -> str | None:
-    """Where the compiled methods are kept: beside this module's compiled code (so under
-    ``sys.pycache_prefix`` when one is set); None where this Python keeps no compiled code."""
+def store_path(part: str) -> str | None:
+    """Where the compiled methods of ``part`` are kept: beside this module's compiled code
+    (so under ``sys.pycache_prefix`` when one is set); None where this Python keeps none."""
     try:
         compiled = importlib.util.cache_from_source(__file__)
     except NotImplementedError:  # no sys.implementation.cache_tag
         return None
-    return os.path.splitext(compiled)[0] + ".dataclasses"
+    return f"{os.path.splitext(compiled)[0]}.{part}.dataclasses"
 
 
 def _load(path: str) -> dict[str, CodeType]:
@@ -59,6 +63,8 @@ def _save(path: str, codes: dict[str, CodeType]) -> None:
     """Replace the store at ``path`` with ``codes`` at once (runs side by side may each
     write theirs: a reader sees one whole store or another); a store that cannot be
     written is no error, as for Python's own compiled modules."""
+    import tempfile  # not at the top: only a run that compiled something writes
+
     folder = os.path.dirname(path)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -84,9 +90,11 @@ def compiled_once(store: str | None = None) -> Iterator[None]:
 
     ``store``: a file of code compiled by earlier runs, taken where its text matches;
     rewritten with the code this block used when some of it had to be compiled (unless
-    Python is told not to write compiled code: ``sys.dont_write_bytecode``).
+    Python is told not to write compiled code: ``sys.dont_write_bytecode``). Blocks nest:
+    the classes made in the inner one go to the inner block's store.
     """
-    if "exec" in vars(dataclasses):  # someone has put their own there: theirs to keep
+    outer = vars(dataclasses).get("exec")
+    if outer is not None and not hasattr(outer, "compiled_once"):  # someone else's: theirs to keep
         yield
         return
     stored = _load(store) if store is not None else {}
@@ -106,15 +114,27 @@ def compiled_once(store: str | None = None) -> Iterator[None]:
         else:  # not the call dataclasses makes: the builtin's own, with the globals it would see
             builtins.exec(source, vars(dataclasses) if globals is None else globals, locals)
 
+    exec_once.compiled_once = True  # type: ignore[attr-defined]
     vars(dataclasses)["exec"] = exec_once  # found before the builtin by the module's own lookups
     try:
         yield
+    except SystemExit:
+        keep = True  # the command line's usual end
+        raise
+    except BaseException:
+        keep = False  # an error or Ctrl-C: out at once, nothing written
+        raise
+    else:
+        keep = True
     finally:
-        del vars(dataclasses)["exec"]
-    # Only what this import used, so that the store never outgrows one import (a library's
-    # new version drops the old one's texts); rewritten only where something was compiled.
-    if store is not None and compiled and not sys.dont_write_bytecode:
-        _save(store, used)
+        if outer is None:
+            del vars(dataclasses)["exec"]
+        else:
+            vars(dataclasses)["exec"] = outer
+        # Only what this block used, so that the store never outgrows one run (a library's
+        # new version drops the old one's texts); rewritten only where something was compiled.
+        if keep and store is not None and compiled and not sys.dont_write_bytecode:
+            _save(store, used)
 
 
 def import_engine() -> None:
@@ -125,5 +145,5 @@ def import_engine() -> None:
     """
     if "migrate.engine" in sys.modules:
         return
-    with cycle_collector_paused(), compiled_once(store_path()):
+    with cycle_collector_paused(), compiled_once(store_path("engine")):
         import migrate.engine  # noqa: F401

@@ -191,8 +191,8 @@ def test_an_unwritable_store_is_no_error(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_the_store_lives_beside_the_modules_compiled_code() -> None:
-    path = quickimport.store_path()
-    assert path is not None
+    path = quickimport.store_path("main")
+    assert path is not None and path != quickimport.store_path("engine")
     assert os.path.dirname(path) == os.path.dirname(importlib.util.cache_from_source(quickimport.__file__))
 
 
@@ -203,7 +203,7 @@ def test_a_run_imports_the_engine_through_the_store_and_says_the_same(tmp_path: 
     script = (
         "import sys\n"
         "from migrate import quickimport\n"
-        "quickimport.store_path = lambda: sys.argv[1]\n"
+        "quickimport.store_path = lambda part: sys.argv[1]\n"
         "quickimport.import_engine()\n"
         "from migrate.engine import migrate_source\n"
         "sys.stdout.write(migrate_source(sys.stdin.read()).source)\n"
@@ -222,3 +222,82 @@ def test_a_run_imports_the_engine_through_the_store_and_says_the_same(tmp_path: 
     from migrate.engine import migrate_source
 
     assert outputs[0] == outputs[1] == migrate_source(source).source != source
+
+
+def test_blocks_nest_and_each_keeps_its_own_classes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    outer, inner = tmp_path / "outer", tmp_path / "inner"
+    with compiled_once(str(outer)):
+        before = dataclasses.exec  # type: ignore[attr-defined]
+        with compiled_once(str(inner)):
+
+            @dataclasses.dataclass
+            class Inner:
+                inner_field: int
+
+        assert dataclasses.exec is before  # type: ignore[attr-defined]
+
+        @dataclasses.dataclass
+        class Outer:
+            outer_field: int
+
+    assert "exec" not in vars(dataclasses)
+    assert any("inner_field" in text for text in quickimport._load(str(inner)))
+    assert not any("outer_field" in text for text in quickimport._load(str(inner)))
+    assert any("outer_field" in text for text in quickimport._load(str(outer)))
+    assert not any("inner_field" in text for text in quickimport._load(str(outer)))
+    assert Inner(1) == Inner(1) and Outer(2).outer_field == 2
+
+
+def test_a_block_ended_by_an_error_writes_nothing_and_one_ended_by_exit_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    with pytest.raises(KeyboardInterrupt), compiled_once(str(tmp_path / "interrupted")):
+        make_classes()
+        raise KeyboardInterrupt
+    assert not (tmp_path / "interrupted").exists()
+    with pytest.raises(SystemExit), compiled_once(str(tmp_path / "exited")):
+        make_classes()
+        sys.exit(1)
+    assert quickimport._load(str(tmp_path / "exited"))
+    assert "exec" not in vars(dataclasses)
+
+
+def test_someone_elses_exec_in_dataclasses_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def theirs(source: str, globals: Any = None, locals: Any = None) -> None:
+        calls.append(source)
+        exec(source, globals, locals)
+
+    monkeypatch.setitem(vars(dataclasses), "exec", theirs)
+    with compiled_once(str(tmp_path / "store")):
+        classes = make_classes()
+        assert dataclasses.exec is theirs  # type: ignore[attr-defined]
+    assert calls and behaviour(classes) == behaviour(make_classes())
+    assert not (tmp_path / "store").exists()
+
+
+def test_the_command_line_keeps_both_stores_and_says_the_same_with_them(tmp_path: Path) -> None:
+    """``python -m migrate --check`` on an Apex file: the first run writes the stores (under
+    the prefix Python is given for its compiled code), the second takes them; same report."""
+    (tmp_path / "train.py").write_text((ROOT / "examples" / "train_amp.py").read_text())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONPYCACHEPREFIX": str(tmp_path / "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    runs = [
+        subprocess.run(
+            [sys.executable, "-m", "migrate", "--check", "--no-cache", "train.py"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].returncode == runs[1].returncode == 1, runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout and "AMP001" in runs[0].stdout
+    assert runs[0].stderr == runs[1].stderr and "would migrate train.py" in runs[0].stderr
+    stores = sorted(path.name for path in (tmp_path / "pycache").rglob("*.dataclasses"))
+    tag = sys.implementation.cache_tag
+    assert stores == [f"quickimport.{tag}.engine.dataclasses", f"quickimport.{tag}.main.dataclasses"]
