@@ -418,14 +418,17 @@ class _LazyPool:
                 # each paying for libcst again (imported, never used: nothing is parsed here).
                 import gc
 
+                from migrate.gcpause import cycle_collector_paused
                 from migrate.quickimport import import_engine
 
-                import_engine()
-
-                # What is alive now (the modules, above all) stays for the whole run: moved out
-                # of the cycle collector's sight, its passes here and in every worker skip it.
-                self.frozen = gc.get_freeze_count() == 0  # else not ours to undo at the end
-                gc.freeze()
+                with cycle_collector_paused():
+                    import_engine()
+                    # What is alive now (the modules, above all) stays for the whole run: moved
+                    # out of the cycle collector's sight, its passes here and in every worker
+                    # skip it. Before the collector is back: its first pass would otherwise walk
+                    # every object the import made (some ms) only to find them all alive.
+                    self.frozen = gc.get_freeze_count() == 0  # else not ours to undo at the end
+                    gc.freeze()
             self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, self._done)
         from migrate.records import Job
 
