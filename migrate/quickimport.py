@@ -86,12 +86,21 @@ def _save(path: str, codes: dict[str, CodeType]) -> None:
         pass
 
 
+def _kept(stored: dict[str, CodeType], used: dict[str, CodeType]) -> dict[str, CodeType]:
+    """What a store keeps once a block had to compile some of what it ``used``: that and what
+    was stored (runs that make different classes do not undo each other's work), unless the
+    store would be more than twice what the block used (a library's new version leaves the
+    old one's texts behind: they go)."""
+    kept = {**stored, **used}
+    return kept if len(kept) <= 2 * len(used) else used
+
+
 @contextmanager
 def compiled_once(store: str | None = None) -> Iterator[None]:
     """Run the block with ``dataclasses`` compiling each distinct method text once.
 
     ``store``: a file of code compiled by earlier runs, taken where its text matches;
-    rewritten with the code this block used when some of it had to be compiled (unless
+    rewritten (see ``_kept``) when some of what this block used had to be compiled (unless
     Python is told not to write compiled code: ``sys.dont_write_bytecode``). Blocks nest:
     the classes made in the inner one go to the inner block's store.
     """
@@ -133,10 +142,8 @@ def compiled_once(store: str | None = None) -> Iterator[None]:
             del vars(dataclasses)["exec"]
         else:
             vars(dataclasses)["exec"] = outer
-        # Only what this block used, so that the store never outgrows one run (a library's
-        # new version drops the old one's texts); rewritten only where something was compiled.
         if keep and store is not None and compiled and not sys.dont_write_bytecode:
-            _save(store, used)
+            _save(store, _kept(stored, used))
 
 
 def import_engine() -> None:

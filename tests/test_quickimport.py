@@ -301,3 +301,29 @@ def test_the_command_line_keeps_both_stores_and_says_the_same_with_them(tmp_path
     stores = sorted(path.name for path in (tmp_path / "pycache").rglob("*.dataclasses"))
     tag = sys.implementation.cache_tag
     assert stores == [f"quickimport.{tag}.engine.dataclasses", f"quickimport.{tag}.main.dataclasses"]
+
+
+def test_a_store_keeps_what_other_runs_made_but_not_a_library_version_ago(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    store = str(tmp_path / "store")
+
+    def make(field: str) -> None:
+        dataclasses.make_dataclass(f"Made_{field}", [(field, int)], frozen=True)
+
+    with compiled_once(store):  # one kind of run
+        make("alpha")
+    with compiled_once(store):  # another kind, with classes of its own
+        make("beta")
+    texts = "".join(quickimport._load(store))
+    assert "alpha" in texts and "beta" in texts  # neither undoes the other's work
+    with compiled_once(store):  # a new version of everything: the old texts would be most
+        for number in range(4):
+            make(f"gamma{number}")
+    texts = "".join(quickimport._load(store))
+    assert "gamma0" in texts and "alpha" in texts  # still at most twice what was used
+    with compiled_once(store):
+        make("delta")
+    texts = "".join(quickimport._load(store))
+    assert "delta" in texts and "alpha" not in texts and "gamma0" not in texts
