@@ -139,35 +139,30 @@ def sources_of(ref: str | None, folder: Path) -> Path:
     return folder
 
 
-def wall_time(
-    command: list[str], path: Path, repeat: int, code: Path | None = ROOT, cache: Path | None = None
-) -> tuple[float, float]:
-    """Median wall time and median CPU time (user + system, children included).
+def one_run(command: list[str], path: Path, code: Path | None = ROOT, cache: Path | None = None) -> tuple[float, float]:
+    """Wall time and CPU time (user + system, children included) of one run on ``path``.
 
     ``code`` is the folder the ampmigrate package is imported from (None: where the
     command finds it, an installed copy); ``cache`` a result cache kept from run to run
-    (warm), else each run gets an empty one (cold).
+    (warm), else the run gets an empty one (cold).
     """
-    walls, cpus = [], []
-    for _ in range(repeat):
-        run_cache = cache or Path(tempfile.mkdtemp(prefix="ampmigrate-cold-cache-"))
-        env = {**os.environ, "AMPMIGRATE_CACHE_DIR": str(run_cache)}
-        if code is not None:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
-        env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: modules compiled once
-        # Each run on a fresh copy: pyupgrade and black may rewrite or cache.
-        copy = path.with_name("copy_" + path.name)
-        shutil.copy(path, copy)
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        # cwd: the temporary folder, not this checkout, whose migrate/ `python -m` would import
-        subprocess.run([*command, str(copy)], env=env, cwd=path.parent, capture_output=True, check=False)
-        walls.append(time.perf_counter() - start)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-        if cache is None:
-            shutil.rmtree(run_cache, ignore_errors=True)
-    return statistics.median(walls), statistics.median(cpus)
+    run_cache = cache or Path(tempfile.mkdtemp(prefix="ampmigrate-cold-cache-"))
+    env = {**os.environ, "AMPMIGRATE_CACHE_DIR": str(run_cache)}
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: modules compiled once
+    # Each run on a fresh copy: pyupgrade and black may rewrite or cache.
+    copy = path.with_name("copy_" + path.name)
+    shutil.copy(path, copy)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    # cwd: the temporary folder, not this checkout, whose migrate/ `python -m` would import
+    subprocess.run([*command, str(copy)], env=env, cwd=path.parent, capture_output=True, check=False)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if cache is None:
+        shutil.rmtree(run_cache, ignore_errors=True)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
 def main() -> None:
@@ -180,6 +175,7 @@ def main() -> None:
     )
     parser.add_argument("--baseline-ref", help="also time the ampmigrate of this git commit (e.g. HEAD~3)")
     args = parser.parse_args()
+    load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="ampmigrate-precommit-") as name:
         folder = Path(name)
         plain = folder / "plain.py"
@@ -197,19 +193,40 @@ def main() -> None:
                 tools.append((f"{label} {state} checkout", None, ROOT if ref is None else sources, warm))
                 tools.append((f"{label} {state} installed", installed, None, warm))
         tools += [("pyupgrade", None, ROOT, False), ("black", None, ROOT, False)]
-        print(f"{'tool':34} {'without Apex (wall / cpu)':>28} {'with Apex (wall / cpu)':>28}")
+        runs: list[tuple[str, list[str], Path | None, Path | None]] = []  # tool, command, code, cache
         for index, (tool, command, code, warm) in enumerate(tools):
             command = command or command_for(tool)
             if command is None:
-                print(f"{tool:34} {'not installed':>28}")
                 continue
             cache = folder / f"warm-cache-{index}" if warm else None
-            if cache is not None:  # warm: one run fills the cache
+            for path in (plain, apex):  # a first run compiles the modules (and fills a warm cache)
+                one_run(command, path, code, cache)
+            runs.append((tool, command, code, cache))
+        # Round after round, each tool once on each file (the order reversed every other
+        # round): a machine whose load changes during the bench slows every tool alike.
+        times: dict[tuple[str, Path], list[tuple[float, float]]] = {}
+        for number in range(args.repeat):
+            for tool, command, code, cache in runs if number % 2 == 0 else runs[::-1]:
                 for path in (plain, apex):
-                    wall_time(command, path, 1, code, cache)
-            cells = [wall_time(command, path, args.repeat, code, cache) for path in (plain, apex)]
+                    times.setdefault((tool, path), []).append(one_run(command, path, code, cache))
+        print(f"{'tool':34} {'without Apex (wall / cpu)':>28} {'with Apex (wall / cpu)':>28}")
+        for tool, _, _, _ in tools:
+            if (tool, plain) not in times:
+                print(f"{tool:34} {'not installed':>28}")
+                continue
+            cells = [
+                (
+                    statistics.median(wall for wall, _ in times[tool, path]),
+                    statistics.median(cpu for _, cpu in times[tool, path]),
+                )
+                for path in (plain, apex)
+            ]
             row = "".join(f"{f'{wall:.3f} s / {cpu:.3f} s':>29}" for wall, cpu in cells)
             print(f"{tool:34}{row}")
+        print(
+            f"medians of {args.repeat} runs each, interleaved; load average (1, 5, 15 min) before: "
+            f"{', '.join(f'{value:.2f}' for value in load)}, after: {', '.join(f'{value:.2f}' for value in os.getloadavg())}"
+        )
         print("targets for ampmigrate: <= 0.100 s without Apex, <= 0.500 s with it (cold)")
         print("checkout: python -m migrate with this interpreter (its editable-install hook included);")
         print("installed: the ampmigrate script of a non-editable install, as pre-commit runs it")

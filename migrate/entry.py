@@ -31,12 +31,16 @@ _FLAGS = {"--check": "check", "--write": "write", "--diff": "diff", "--no-cache"
 
 def run(prog_name: str | None = None) -> None:
     """The console script (and ``python -m migrate``): the fast path when it applies, else click."""
-    simple = _simple(sys.argv[1:])
-    if simple is not None and _plain_streams():
-        _run_simple(*simple)  # exits, unless the configuration needs click to report it
-    from migrate.cli import main
+    from migrate.quickimport import compiled_once, store_path
 
-    main(prog_name=prog_name)
+    # the dataclasses of the run's own modules, made with code compiled by an earlier run
+    with compiled_once(store_path("main")):
+        simple = _simple(sys.argv[1:])
+        if simple is not None and _plain_streams():
+            _run_simple(*simple)  # exits, unless the configuration needs click to report it
+        from migrate.cli import main
+
+        main(prog_name=prog_name)
 
 
 def _simple(args: list[str]) -> tuple[list[str], set[str]] | None:

@@ -419,16 +419,16 @@ class _LazyPool:
                 import gc
 
                 from migrate.gcpause import cycle_collector_paused
+                from migrate.quickimport import import_engine
 
-                # libcst's import makes some hundred thousand objects, nearly all for good:
-                # the cycle collector's passes over them meanwhile only find them alive
                 with cycle_collector_paused():
-                    import migrate.engine  # noqa: F401
-
-                # What is alive now (the modules, above all) stays for the whole run: moved out
-                # of the cycle collector's sight, its passes here and in every worker skip it.
-                self.frozen = gc.get_freeze_count() == 0  # else not ours to undo at the end
-                gc.freeze()
+                    import_engine()
+                    # What is alive now (the modules, above all) stays for the whole run: moved
+                    # out of the cycle collector's sight, its passes here and in every worker
+                    # skip it. Before the collector is back: its first pass would otherwise walk
+                    # every object the import made (some ms) only to find them all alive.
+                    self.frozen = gc.get_freeze_count() == 0  # else not ours to undo at the end
+                    gc.freeze()
             self.pool = Pool(self.jobs, _setup_worker, self.settings, _lost, self._done)
         from migrate.records import Job
 
@@ -729,7 +729,9 @@ def _lost(job: Job | Prepare, reason: str) -> FileResult | Ready:
 
 
 def _setup_worker(settings: Settings) -> Callable[[Job | Prepare], FileResult | Ready]:
-    import migrate.engine  # noqa: F401 - paid for once per worker
+    from migrate.quickimport import import_engine
+
+    import_engine()  # paid for once per worker (where not forked from a process that did)
     from migrate.records import Job
 
     cache = None

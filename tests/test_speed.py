@@ -251,3 +251,27 @@ def test_a_run_with_workers_puts_what_it_froze_back_in_the_cycle_collectors_sigh
     assert results["train.py"].status is Status.CHANGED
     assert frozen_during and frozen_during[0] > 0
     assert gc.get_freeze_count() == 0
+
+
+@linux_only
+def test_the_main_process_freezes_what_it_imported_before_the_cycle_collector_is_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # else the collector's first pass after the engine's import walks every object it made
+    import gc
+
+    (tmp_path / "train.py").write_text(APEX)
+    collecting_at_freeze: list[bool] = []
+    real_freeze = gc.freeze
+
+    def freeze() -> None:
+        collecting_at_freeze.append(gc.isenabled())
+        real_freeze()
+
+    monkeypatch.setattr(gc, "freeze", freeze)
+    gc.unfreeze()
+    assert gc.isenabled()
+    results = migrate_tree(tmp_path, monkeypatch, jobs=1)
+    assert results["train.py"].status is Status.CHANGED
+    assert collecting_at_freeze and not collecting_at_freeze[0]
+    assert gc.isenabled() and gc.get_freeze_count() == 0
