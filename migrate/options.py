@@ -35,6 +35,9 @@ class ModuleFacts:
     # ...and the module that defines them gives these top-level functions that parameter
     receives_scaler: tuple[str, ...] = ()
     shared_scaler: ScalerInfo | None = None
+    # attributes that carry the amp module between modules (``args.amp = amp`` after amp.initialize
+    # in one, ``args.amp.scale_loss(...)`` in another): they now carry the GradScaler (``_carriers``)
+    carriers: frozenset[str] = frozenset()
     # names imported from a project module that copies Apex's fp16_utils (``migrate.apex_copies``):
     # (module as spelled, name, Apex path or "", where it is defined, what keeps it from being treated
     # like Apex or "", what keeps dynamic loss scaling with it from being migrated or "")

@@ -56,6 +56,8 @@ class FunctionSummary:
 
     uses_amp: bool
     calls: frozenset[str]
+    # names an amp module (or calls amp on what no import binds): may take part in an amp setup
+    mentions_amp: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,10 @@ class ModuleSummary:
     calls_outside_functions: frozenset[str] = frozenset()  # names called at module level or in classes
     # top-level definitions shaped like Apex's fp16_utils API (a local copy of it): name -> facts
     apex_defs: dict[str, Any] = field(default_factory=dict)
+    # attributes the amp module is stored in (``args.amp = amp``), and those amp is called
+    # through (``args.amp.scale_loss(...)``): the carriers of the amp module between modules
+    amp_stores: set[str] = field(default_factory=set)
+    carried_uses: set[str] = field(default_factory=set)
 
 
 def summarize(path: str, source: str) -> ModuleSummary | None:
@@ -110,6 +116,7 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
     # calls (``amp.x(...)`` once the module's amp names are known): one walk for everything.
     called: list[set[str]] = [set() for _ in tree.body]
     called_on: list[set[str]] = [set() for _ in tree.body]
+    named: list[set[str]] = [set() for _ in tree.body]  # names read that may be an amp module
     for node, top in _walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
@@ -126,9 +133,16 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
                     elif "amp" in base.attr.lower() and func.attr in _AMP_APIS:
                         # `self.amp.scale_loss(...)`: the amp module stored on an object
                         summary.unbound_uses.append(AmpUse(base.attr, func.attr, node.lineno, node.col_offset + 1))
+                        summary.carried_uses.add(base.attr)
         elif isinstance(node, ast.Name):
             if not isinstance(node.ctx, ast.Load):
                 bound.add(node.id)
+            elif "amp" in node.id.lower():
+                named[top].add(node.id)
+        elif isinstance(node, ast.Assign):
+            if isinstance(node.value, ast.Name) and "amp" in node.value.id.lower():
+                # `args.amp = amp`: a carrier, if the name is the amp module (the engine checks)
+                summary.amp_stores.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
         elif isinstance(node, ast.arg):
             parameters.add(node.arg)
         elif isinstance(node, ast.Import):
@@ -168,7 +182,7 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
         elif name not in bound:
             summary.unbound_uses.append(use)
     summary.uses_amp = summary.uses_amp or bool(summary.unbound_uses or summary.parameter_uses)
-    _summarize_functions(tree, summary, called, called_on)
+    _summarize_functions(tree, summary, called, called_on, named)
     summary.apex_defs = apex_copies.scan(tree)
     return summary
 
@@ -203,14 +217,23 @@ def _walk(tree: ast.Module) -> Iterator[tuple[ast.AST, int]]:
 
 
 def _summarize_functions(
-    tree: ast.Module, summary: ModuleSummary, called: list[set[str]], called_on: list[set[str]]
+    tree: ast.Module,
+    summary: ModuleSummary,
+    called: list[set[str]],
+    called_on: list[set[str]],
+    named: list[set[str]],
 ) -> None:
     """Which top-level functions call amp (on this module's amp names), and whom they call."""
     names = summary.amp_names | {"amp"}
+    # amp called on what no import binds (``args.amp.scale_loss``, a parameter): used there too
+    unseen = [use.line for use in (*summary.unbound_uses, *summary.parameter_uses)]
     for top, statement in enumerate(tree.body):
-        uses_amp = not names.isdisjoint(called_on[top])
+        end = getattr(statement, "end_lineno", None) or statement.lineno
+        unseen_here = any(statement.lineno <= line <= end for line in unseen)
+        uses_amp = not names.isdisjoint(called_on[top]) or unseen_here
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            summary.functions[statement.name] = FunctionSummary(uses_amp, frozenset(called[top]))
+            mentions = uses_amp or not names.isdisjoint(named[top])
+            summary.functions[statement.name] = FunctionSummary(uses_amp, frozenset(called[top]), mentions)
         elif not isinstance(statement, (ast.Import, ast.ImportFrom)):
             summary.amp_outside_functions = summary.amp_outside_functions or uses_amp
             summary.calls_outside_functions |= called[top]
@@ -227,12 +250,15 @@ def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
         "unbound_uses": [[use.name, use.api, use.line, use.column] for use in summary.unbound_uses],
         "parameter_uses": [[use.name, use.api, use.line, use.column] for use in summary.parameter_uses],
         "functions": [
-            [name, function.uses_amp, sorted(function.calls)] for name, function in summary.functions.items()
+            [name, function.uses_amp, sorted(function.calls), function.mentions_amp]
+            for name, function in summary.functions.items()
         ],
         "amp_apis": sorted(summary.amp_apis),
         "amp_outside_functions": summary.amp_outside_functions,
         "calls_outside_functions": sorted(summary.calls_outside_functions),
         "apex_defs": summary.apex_defs,
+        "amp_stores": sorted(summary.amp_stores),
+        "carried_uses": sorted(summary.carried_uses),
     }
 
 
@@ -249,13 +275,15 @@ def summary_from_json(path: str, data: dict[str, Any]) -> ModuleSummary:
         unbound_uses=[AmpUse(str(n), str(a), int(line), int(col)) for n, a, line, col in data["unbound_uses"]],
         parameter_uses=[AmpUse(str(n), str(a), int(line), int(col)) for n, a, line, col in data["parameter_uses"]],
         functions={
-            str(name): FunctionSummary(bool(uses_amp), frozenset(map(str, calls)))
-            for name, uses_amp, calls in data["functions"]
+            str(name): FunctionSummary(bool(uses_amp), frozenset(map(str, calls)), bool(mentions))
+            for name, uses_amp, calls, mentions in data["functions"]
         },
         amp_apis=set(map(str, data["amp_apis"])),
         amp_outside_functions=bool(data["amp_outside_functions"]),
         calls_outside_functions=frozenset(map(str, data["calls_outside_functions"])),
         apex_defs=dict(data["apex_defs"]),
+        amp_stores=set(map(str, data["amp_stores"])),
+        carried_uses=set(map(str, data["carried_uses"])),
     )
 
 
@@ -338,15 +366,27 @@ class ProjectIndex:
         seen = {path}
         pending = [path]
         while pending:
-            for _edge, target in self.imported(self.modules[pending.pop()]):
+            for edge, target in self.imported(self.modules[pending.pop()]):
                 if target in seen:
                     continue
-                seen.add(target)
                 if self.modules[target].uses_amp:
-                    reached.append(target)
+                    if self._takes_part(edge, target):
+                        seen.add(target)
+                        reached.append(target)
                 else:
+                    seen.add(target)
                     pending.append(target)
         return reached
+
+    def _takes_part(self, edge: ImportEdge, target: str) -> bool:
+        """Whether what ``edge`` imports from the amp module ``target`` may take part in its amp
+        setup: anything but top-level functions that reach no amp call there (``build_optimizer``
+        imported from a script whose ``main`` calls amp.initialize shares no setup with it)."""
+        summary = self.modules[target]
+        if not edge.names or "*" in edge.names or summary.amp_outside_functions:
+            return True
+        needing = {name for name, function in summary.functions.items() if function.mentions_amp}
+        return any(name not in summary.functions or _reaches(summary, name, needing) for name in edge.names)
 
 
 def _import_names(path: str) -> list[str]:
@@ -484,6 +524,7 @@ class ProjectPlan:
         self._stage: dict[int | None, str] = {}
         for path, copies in apex_copies.copy_facts(self.index, self.display).items():
             self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_copies=copies)
+        self._plan_carriers()
         self._freeze_outside_context()
 
     def display(self, path: str) -> str:
@@ -522,6 +563,19 @@ class ProjectPlan:
                             return {}
                         break
         return found
+
+    def _plan_carriers(self) -> None:
+        """Tell the modules of each group which attributes carry the amp module between them:
+        stored (``args.amp = amp``) in one member and called through in one (the same or another)."""
+        for group in self.groups:
+            members = [self.index.modules[path] for path in group.paths]
+            carried = set().union(*(m.amp_stores for m in members)) & set().union(*(m.carried_uses for m in members))
+            if not carried:
+                continue
+            for member in members:
+                if (member.amp_stores | member.carried_uses) & carried:
+                    attributes = frozenset((member.amp_stores | member.carried_uses) & carried)
+                    self.facts[member.path] = replace(self.facts.get(member.path, ModuleFacts()), carriers=attributes)
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""
@@ -707,6 +761,8 @@ class ProjectPlan:
         Several entry scripts may share one trainer module: each creates its scaler and passes
         it, as long as their scalers behave alike (the receiving code is written once).
         """
+        if any(self.facts.get(path, ModuleFacts()).carriers for path in members):
+            return {}  # the scaler travels on the object that carried the amp module (``_carriers``)
         creators = [path for path in members if outcome[path].scalers]
         if not creators or any(len(outcome[path].scalers) != 1 or path in left for path in creators):
             return {}

@@ -1513,3 +1513,16 @@ def plan(ctx: ModuleContext) -> None:
     if ctx.carriers.any:
         # `self.amp = amp` now stores the scaler that amp.initialize became
         ctx.carriers.plan_stores({s.initialize: s.name for s in model.scalers if s.klass and s.initialize})
+        # `args.amp = amp` stores the scaler for the functions that read it there (in any module)
+        ctx.carriers.plan_plain_stores(
+            [
+                (
+                    s.initialize,
+                    s.function,
+                    s.name,
+                    s.static_scale is None and s.held_scale is None and s.autocast_enabled is None,
+                )
+                for s in model.scalers
+                if s.initialize is not None and s.klass is None
+            ]
+        )

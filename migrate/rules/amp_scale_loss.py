@@ -448,6 +448,8 @@ def _plan_one(
     if found is None:
         return
     scaler, access = found
+    if scaler.access is not None and not _carrier_guard(ctx, scaler, with_node, call):
+        return
     branch = _unscaled_sibling_branch(ctx, with_node)
     if branch is not None and _always_on(scaler):
         ctx.report(
@@ -471,7 +473,8 @@ def _plan_one(
     else:
         for name in _scaled_loss_names(ctx, with_node, asname):
             ctx.plan.substitute(name, scaled.deep_clone())
-    _collapse_fp32_branch(ctx, with_node, asname, loss, access)
+    if scaler.access is None:  # a carrier exists only where Apex scaled: its `if` stays
+        _collapse_fp32_branch(ctx, with_node, asname, loss, access)
     ctx.plan.unwrap.add(with_node)
     ctx.consumed.add(use.base)
     model.sites.append(call)
@@ -770,5 +773,192 @@ def plan(ctx: ModuleContext) -> None:
     for use in model.of("scale_loss"):
         _plan_one(ctx, model, use, managed, sites)
     for scaler in model.scalers:
-        if sites.get(id(scaler)):
+        if sites.get(id(scaler)) and scaler.access is not None:
+            _plan_carrier_steps(ctx, model, scaler, managed[id(scaler)], sites[id(scaler)])
+        elif sites.get(id(scaler)):
             _plan_steps(ctx, model, scaler, managed[id(scaler)], sites[id(scaler)])
+
+
+# ---------------------------------------------------------------------- plain carriers
+# ``if args.fp16: with args.amp.scale_loss(loss, optimizer) as s: s.backward()`` where another
+# function (often another module) stored the amp module in ``args.amp``: that attribute now holds
+# the GradScaler, set only where Apex was set up. So the code reads it only where it read the amp
+# module: the scaled backward stays in its ``if``, the optimizer's step becomes
+# ``if args.fp16: args.amp.step(optimizer); args.amp.update()`` with the plain step in the
+# ``else``, and autocast is on where ``bool(args.fp16) and args.amp.is_enabled()``.
+
+
+def _carrier_failed(ctx: ModuleContext, at: cst.CSTNode, why: str) -> None:
+    ctx.report(
+        "AMP022",
+        at,
+        f"{why}; the GradScaler stored in place of the amp module exists only where Apex was set up, so "
+        "ampmigrate migrates a call through that attribute only as `if <flag>: with <obj>.<attr>.scale_loss(loss, "
+        "optimizer) as scaled: scaled.backward()` in the body of its function (or loop), followed in the same "
+        "block by `optimizer.step()`: migrate it by hand (`<obj>.<attr>.scale(loss).backward()`, "
+        "`<obj>.<attr>.step(optimizer)`, `<obj>.<attr>.update()` where Apex scaled), then run ampmigrate again",
+    )
+
+
+def _site_branch(ctx: ModuleContext, with_node: cst.CSTNode) -> cst.If | None:
+    """The ``if`` whose body holds the ``with`` of a carrier's scale_loss."""
+    block = ctx.parent(with_node)
+    branch = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if isinstance(branch, cst.If) and branch.body is block and isinstance(ctx.parent(branch), cst.IndentedBlock):
+        return branch
+    return None
+
+
+def _assigned_in(ctx: ModuleContext, statements: list[cst.CSTNode], expression: cst.BaseExpression) -> bool:
+    """Whether ``statements`` rebind ``expression`` (``args.fp16``) or the name it starts from."""
+    root = expression
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    names = {syntax.normalized(expression)}
+    if isinstance(root, cst.Name):
+        names.add(root.value)
+    for node in (node for statement in statements for node in ctx.walk(statement)):
+        target: cst.CSTNode | None = None
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)):
+            target = node.target
+        elif isinstance(node, (cst.For, cst.CompFor)):
+            target = node.target
+        elif isinstance(node, (cst.AsName, cst.NamedExpr)):
+            target = node.name if isinstance(node, cst.AsName) else node.target
+        if target is None:
+            continue
+        for part in ctx.walk(target):
+            if isinstance(part, (cst.Name, cst.Attribute)) and syntax.normalized(part) in names:
+                return True
+    return False
+
+
+def _carrier_guard(ctx: ModuleContext, scaler: Scaler, with_node: cst.With, call: cst.Call) -> bool:
+    """Check the shape a carrier's scale_loss must have (see above) and keep its flag; False (with
+    AMP022) otherwise."""
+    branch = _site_branch(ctx, with_node)
+    if branch is None:
+        _carrier_failed(ctx, call, "this scale_loss is not the body of an `if` that tests a flag")
+        return False
+    owner = ctx.owner_of_block(ctx.block_of(branch))
+    function = scaler.function
+    if not isinstance(owner, (cst.FunctionDef, cst.For, cst.While)) or ctx.function_of(branch) is not function:
+        _carrier_failed(ctx, call, f"`if {ctx.code(branch.test)}:` is not in the body of its function or loop")
+        return False
+    if dotted_name(branch.test) is None or function is None:
+        _carrier_failed(ctx, call, f"`{ctx.code(branch.test)}` is not a flag that can be tested again at the step")
+        return False
+    if scaler.guard is not None and not scaler.guard.deep_equals(branch.test):
+        _carrier_failed(ctx, call, "the function scales losses under different flags")
+        return False
+    scaler.guard = branch.test
+    return True
+
+
+def _plan_carrier_steps(
+    ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[str], sites: list[cst.CSTNode]
+) -> None:
+    """The step of a carrier's optimizer, taken through the carrier where Apex scaled; a scaled
+    backward followed by more backward passes or other code before that step is unscaled first,
+    as Apex unscaled the gradients when its block ended."""
+    function, access, guard = scaler.function, scaler.access, scaler.guard
+    assert function is not None and access is not None and guard is not None
+    site = sites[0]
+    item = ctx.parent(site)
+    with_node = ctx.parent(item) if item is not None else None
+    assert isinstance(with_node, cst.With)
+    branch = _site_branch(ctx, with_node)
+    assert branch is not None
+
+    def fail(why: str) -> None:
+        _carrier_failed(ctx, site, why)
+        ctx.unfinished.append(site)
+
+    if len(sites) != 1 or len(keys) != 1:
+        fail("the function scales several losses, or for several optimizers")
+        return
+    block: list[cst.CSTNode] = list(ctx.block_of(branch).body)
+    after = block[block.index(branch) + 1 :]
+    steps = [
+        node
+        for node in ctx.nodes_of(cst.Call)
+        if isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "step"
+        and ctx.function_of(node) is function
+        and optimizer_key(ctx, node.func.value, node) in keys
+    ]
+    if len(steps) != 1:
+        fail("there is not exactly one step() of its optimizer in the function")
+        return
+    step = steps[0]
+    statement = ctx.statement_of(step)
+    top = _top_statement(ctx, statement, after)
+    if _single_call(statement) is not step or step.args or top is None:
+        fail(f"`{ctx.code(step)}` is not a statement of its own after the `if`, inside `if`s only")
+        return
+    if _assigned_in(ctx, [branch, *after[: after.index(top) + 1]], guard):
+        fail(f"`{ctx.code(guard)}` may change between the scaled backward and the step")
+        return
+    between = [node for s in after[: after.index(top) + 1] for node in ctx.walk(s) if isinstance(node, cst.Call)]
+    between = [node for node in between if ctx.order(node) < ctx.order(step)]
+    if between and top is not statement:
+        fail("code runs between the scaled backward and a step that not every iteration takes")
+        return
+    optimizer = step.func.value  # type: ignore[attr-defined]
+    for backward in between:
+        if not (isinstance(backward.func, cst.Attribute) and backward.func.attr.value == "backward"):
+            continue
+        # a second backward pass adds plain gradients to the unscaled ones (Apex unscaled at the end of
+        # its block): its forward pass ran under Apex's casts too
+        loss = backward.func.value
+        if not isinstance(loss, cst.Name) or not _plan_autocast(
+            ctx, model, scaler, access, ctx.statement_of(backward), loss, backward
+        ):
+            fail(f"the forward pass of `{ctx.code(backward)}` cannot be put under autocast")
+            return
+    if any(
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
+        for s in block[: block.index(branch)]
+        for node in ctx.walk(s)
+    ):
+        fail("another backward pass runs before the scaled one")
+        return
+    if between:
+        # the gradients are unscaled where Apex's block ended, before any code reads or adds to them
+        unscale = syntax.expression_statement(
+            syntax.attribute_call(access.deep_clone(), "unscale_", [cst.Arg(optimizer.deep_clone())])
+        )
+        ctx.plan.after[with_node].append(unscale)
+    scaled_step = [
+        syntax.expression_statement(
+            syntax.attribute_call(access.deep_clone(), "step", [cst.Arg(optimizer.deep_clone())])
+        ),
+        syntax.expression_statement(syntax.attribute_call(access.deep_clone(), "update")),
+    ]
+    assert isinstance(statement, cst.SimpleStatementLine)
+    plain = statement.with_changes(leading_lines=())
+    ctx.plan.replace_statement[statement] = [
+        cst.If(
+            test=guard.deep_clone(),
+            body=cst.IndentedBlock(scaled_step),
+            orelse=cst.Else(cst.IndentedBlock([plain])),
+            leading_lines=statement.leading_lines,
+        )
+    ]
+    model.steps[step] = next(iter(keys))
+
+
+def _top_statement(ctx: ModuleContext, statement: cst.CSTNode, after: list[cst.CSTNode]) -> cst.CSTNode | None:
+    """The statement of ``after`` that holds ``statement``, reached through ``if``s only; None otherwise."""
+    current = statement
+    while not any(current is candidate for candidate in after):
+        block = ctx.parent(current)
+        owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        while isinstance(owner, cst.Else) or (
+            isinstance(owner, cst.If) and not isinstance(ctx.parent(owner), cst.IndentedBlock)
+        ):
+            owner = ctx.parent(owner)
+        if not isinstance(owner, cst.If):
+            return None
+        current = owner
+    return current
