@@ -567,15 +567,28 @@ class ProjectPlan:
     def _plan_carriers(self) -> None:
         """Tell the modules of each group which attributes carry the amp module between them:
         stored (``args.amp = amp``) in one member and called through in one (the same or another)."""
-        for group in self.groups:
+        for number, group in enumerate(self.groups):
             members = [self.index.modules[path] for path in group.paths]
             carried = set().union(*(m.amp_stores for m in members)) & set().union(*(m.carried_uses for m in members))
             if not carried:
                 continue
-            for member in members:
-                if (member.amp_stores | member.carried_uses) & carried:
-                    attributes = frozenset((member.amp_stores | member.carried_uses) & carried)
-                    self.facts[member.path] = replace(self.facts.get(member.path, ModuleFacts()), carriers=attributes)
+            outside = _carrier_users_outside(
+                group.paths, carried, {p for p, m in self.index.modules.items() if m.given}
+            )
+            if outside is not None:
+                reason = (
+                    f"{self.display(outside)} also stores the amp module on an object or calls amp through one "
+                    f"(`.{'`, `.'.join(sorted(carried))}`) and was not given: run ampmigrate on the whole project "
+                    "(or include that file)"
+                )
+                self._stage[number] = "frozen"
+                for path in group.paths:
+                    self._freeze(path, reason)
+                continue
+            for summary in members:
+                if (summary.amp_stores | summary.carried_uses) & carried:
+                    attributes = frozenset((summary.amp_stores | summary.carried_uses) & carried)
+                    self.facts[summary.path] = replace(self.facts.get(summary.path, ModuleFacts()), carriers=attributes)
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""
@@ -841,6 +854,54 @@ class ProjectPlan:
 
     def _gets_amp_from(self, importer: str, exporter: str) -> bool:
         return any(target == exporter for _, target in self.index.imported(self.index.modules[importer]))
+
+
+# how many Python files of a project are read for other modules that use a carrier of the amp module
+_CARRIER_SCAN_FILES = 5000
+_SKIPPED_FOLDERS = frozenset({"site-packages", "node_modules", "__pycache__", "venv", ".venv", "env", ".git", ".tox"})
+
+
+def _carrier_users_outside(paths: list[str], attributes: set[str], given: set[str]) -> str | None:
+    """A Python file of the project around ``paths`` that was not given and stores the amp module
+    in one of ``attributes`` or calls amp through it: migrating the given ones alone would hand it
+    a GradScaler where it expects the amp module (or the reverse). None when there is none."""
+    folders = [os.path.dirname(os.path.abspath(path)) for path in paths]
+    common = os.path.commonpath(folders)
+    root = project_root(paths[0])
+    if os.path.commonpath([root, common]) != root or len(os.path.relpath(common, root).split(os.sep)) > 3:
+        root = common  # no project marker near: the folder the modules share
+    if os.path.dirname(root) == root:
+        return None
+    names = "|".join(re.escape(attribute) for attribute in sorted(attributes))
+    pattern = re.compile(rf"\.(?:{names})\s*(?:=\s*amp\b|\.\s*(?:scale_loss|master_params|state_dict)\b)".encode())
+    # ... and imports one of them (a script with a setup of its own, sharing nothing, does not count)
+    stems = {
+        os.path.basename(os.path.dirname(p)) if p.endswith("__init__.py") else os.path.basename(p)[:-3] for p in paths
+    }
+    modules = "|".join(re.escape(stem) for stem in sorted(stems))
+    imports = re.compile(
+        rf"^[ \t]*(?:from[ \t]+\S*\b(?:{modules})[ \t]+import\b|import[ \t]+.*\b(?:{modules})\b)".encode(), re.M
+    )
+    read = 0
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(f for f in subfolders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            if path in given:
+                continue
+            read += 1
+            if read > _CARRIER_SCAN_FILES:
+                return None
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except OSError:
+                continue
+            if (b"apex" in data or b"scale_loss" in data) and pattern.search(data) and imports.search(data):
+                return path
+    return None
 
 
 # A backward, or an optimizer step whose backward runs out of sight (a trainer subclass that
