@@ -1022,6 +1022,8 @@ def _home(
         if other.api in _USES_NEEDING_SCALER
         and not _inside(ctx, other.call, function)
         and (other.api != "master_params" or in_clip(ctx, other.call))
+        # a call through an object that carries the scaler (``args.amp``) reads it from there
+        and not (ctx.carriers.any and other.base in ctx.carriers.plain_bases)
     ]
     if function is None or not elsewhere:
         return function, None
