@@ -373,6 +373,10 @@ class _Inliner(cst.CSTTransformer):
         self.created: set[str] = set()  # seen the creation (it comes before the store)
         self.stored: set[str] = set()
         self.if_bodies: set[int] = set()
+        # what holds inside the branches being visited: `args.fp16` in `if args.fp16:`, `not
+        # args.deepspeed` in its else (by id of the block or clause, then a stack of what is entered)
+        self.facts_of: dict[int, set[str]] = {}
+        self.known: list[set[str]] = []
 
     def _store_of(self, statement: cst.BaseStatement) -> str | None:
         if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
@@ -401,7 +405,8 @@ class _Inliner(cst.CSTTransformer):
         assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Name)
         constructor = self.constructors[assign.value.value]
         if flag is not None:
-            constructor = _without_flag(constructor, flag)
+            test = _code(flag)
+            constructor = _without_flags(constructor, {test, f"bool({test})"}.union(*self.known))
         self.stored.add(assign.value.value)
         return statement.with_changes(body=[assign.with_changes(value=constructor.deep_clone())])
 
@@ -440,6 +445,21 @@ class _Inliner(cst.CSTTransformer):
 
     def visit_If(self, node: cst.If) -> None:
         self.if_bodies.add(id(node.body))
+        test = _code(node.test)
+        self.facts_of[id(node.body)] = {test, f"bool({test})"}
+        if node.orelse is not None:
+            self.facts_of[id(node.orelse)] = {f"not{test}"}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if id(node) in self.facts_of:
+            self.known.append(self.facts_of[id(node)])
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[no-untyped-def]
+        result = super().on_leave(original_node, updated_node)
+        if id(original_node) in self.facts_of:
+            self.known.pop()
+        return result
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         name = self._creation_of(node)
@@ -452,23 +472,34 @@ class _Inliner(cst.CSTTransformer):
         return updated_node.with_changes(body=self._rebuild(updated_node.body, id(original_node) in self.if_bodies))
 
 
-def _without_flag(constructor: cst.Call, flag: cst.BaseExpression) -> cst.Call:
-    """``enabled=<flag> and X`` is ``enabled=X`` where ``<flag>`` holds; ``enabled=<flag>`` goes."""
-    spelled = {_code(flag), f"bool({_code(flag)})"}
+def _without_flags(constructor: cst.Call, facts: set[str]) -> cst.Call:
+    """``enabled=<flag> and X`` is ``enabled=X`` where ``<flag>`` is known to hold (one of ``facts``,
+    spelled without spaces); ``enabled=<flag>`` goes."""
     args = []
     for arg in constructor.args:
         if arg.keyword is not None and arg.keyword.value == "enabled":
-            value = arg.value
-            if _code(value) in spelled:
+            kept = [operand for operand in _conjuncts(arg.value) if _code(operand) not in facts]
+            if not kept:
                 continue
-            if isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.And):
-                if _code(value.left) in spelled:
-                    arg = arg.with_changes(value=value.right)
+            value = kept[0]
+            for operand in kept[1:]:
+                value = cst.BooleanOperation(value, cst.And(), operand)
+            arg = arg.with_changes(value=value)
         args.append(arg)
     if args:
-        last = args[-1]
-        args[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
     return constructor.with_changes(args=args)
+
+
+def _conjuncts(expression: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``a and b and c`` as [a, b, c] (an expression in parentheses is one operand)."""
+    if (
+        isinstance(expression, cst.BooleanOperation)
+        and isinstance(expression.operator, cst.And)
+        and not expression.lpar
+    ):
+        return [*_conjuncts(expression.left), *_conjuncts(expression.right)]
+    return [expression]
 
 
 def _code(node: cst.CSTNode) -> str:

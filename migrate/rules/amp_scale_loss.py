@@ -840,19 +840,56 @@ def _carrier_guard(ctx: ModuleContext, scaler: Scaler, with_node: cst.With, call
     if branch is None:
         _carrier_failed(ctx, call, "this scale_loss is not the body of an `if` that tests a flag")
         return False
-    owner = ctx.owner_of_block(ctx.block_of(branch))
     function = scaler.function
-    if not isinstance(owner, (cst.FunctionDef, cst.For, cst.While)) or ctx.function_of(branch) is not function:
-        _carrier_failed(ctx, call, f"`if {ctx.code(branch.test)}:` is not in the body of its function or loop")
+    found = _top_through_ifs(ctx, branch)
+    if found is None or ctx.function_of(branch) is not function or function is None:
+        _carrier_failed(
+            ctx, call, f"`if {ctx.code(branch.test)}:` is not reached from its function or loop through `if`s only"
+        )
         return False
-    if dotted_name(branch.test) is None or function is None:
-        _carrier_failed(ctx, call, f"`{ctx.code(branch.test)}` is not a flag that can be tested again at the step")
+    tests = [branch.test, *(test for test, _ in found[1])]
+    if any(dotted_name(test) is None for test in tests):
+        _carrier_failed(ctx, call, "the flags that lead to it cannot all be tested again at the step")
         return False
     if scaler.guard is not None and not scaler.guard.deep_equals(branch.test):
         _carrier_failed(ctx, call, "the function scales losses under different flags")
         return False
     scaler.guard = branch.test
     return True
+
+
+IfPath = list[tuple[cst.BaseExpression, bool]]
+
+
+def _top_through_ifs(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[cst.CSTNode, IfPath] | None:
+    """The statement of its loop's (or function's) body that holds ``statement`` and the tests of the
+    ``if``s on the way (outermost first, each with True for its body, False for its else); None
+    where something other than an ``if`` lies on the way."""
+    path: IfPath = []
+    current = statement
+    while True:
+        block = ctx.parent(current)
+        owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if isinstance(owner, (cst.For, cst.While, cst.FunctionDef)) and block is owner.body:
+            return current, path
+        arm = not isinstance(owner, cst.Else)
+        if isinstance(owner, cst.Else):
+            owner = ctx.parent(owner)
+        if not isinstance(owner, cst.If):
+            return None
+        path.insert(0, (owner.test, arm))
+        while isinstance(ctx.parent(owner), cst.If):  # an `elif`: the else of the `if` above it
+            owner = ctx.parent(owner)  # type: ignore[assignment]
+            assert isinstance(owner, cst.If)
+            path.insert(0, (owner.test, False))
+        current = owner
+
+
+def _excludes(path: IfPath, other: IfPath) -> bool:
+    """Whether code on ``path`` never runs in the same pass as code on ``other`` (opposite arms of
+    an ``if`` on the same test)."""
+    arms = {syntax.normalized(test): arm for test, arm in other}
+    return any(arms.get(syntax.normalized(test), arm) != arm for test, arm in path)
 
 
 def _plan_carrier_steps(
@@ -864,6 +901,7 @@ def _plan_carrier_steps(
     function, access, guard = scaler.function, scaler.access, scaler.guard
     assert function is not None and access is not None and guard is not None
     site = sites[0]
+    assert isinstance(site, cst.Call)
     item = ctx.parent(site)
     with_node = ctx.parent(item) if item is not None else None
     assert isinstance(with_node, cst.With)
@@ -877,8 +915,11 @@ def _plan_carrier_steps(
     if len(sites) != 1 or len(keys) != 1:
         fail("the function scales several losses, or for several optimizers")
         return
-    block: list[cst.CSTNode] = list(ctx.block_of(branch).body)
-    after = block[block.index(branch) + 1 :]
+    site_top = _top_through_ifs(ctx, branch)
+    assert site_top is not None  # checked by _carrier_guard
+    top_site, site_path = site_top
+    block: list[cst.CSTNode] = list(ctx.block_of(top_site).body)
+    after = block[block.index(top_site) + 1 :]
     steps = [
         node
         for node in ctx.nodes_of(cst.Call)
@@ -892,16 +933,43 @@ def _plan_carrier_steps(
         return
     step = steps[0]
     statement = ctx.statement_of(step)
-    top = _top_statement(ctx, statement, after)
-    if _single_call(statement) is not step or step.args or top is None:
-        fail(f"`{ctx.code(step)}` is not a statement of its own after the `if`, inside `if`s only")
+    step_top = _top_through_ifs(ctx, statement)
+    if (
+        _single_call(statement) is not step
+        or step.args
+        or step_top is None
+        or not any(step_top[0] is candidate for candidate in after)
+    ):
+        fail(f"`{ctx.code(step)}` is not a statement of its own after the scaled backward, inside `if`s only")
         return
-    if _assigned_in(ctx, [branch, *after[: after.index(top) + 1]], guard):
-        fail(f"`{ctx.code(guard)}` may change between the scaled backward and the step")
+    top_step, step_path = step_top
+    step_arms = {(syntax.normalized(test), arm) for test, arm in step_path}
+    if any((syntax.normalized(test), arm) not in step_arms for test, arm in site_path):
+        fail(f"`{ctx.code(step)}` may run where the scaled backward did not (under other conditions)")
         return
-    between = [node for s in after[: after.index(top) + 1] for node in ctx.walk(s) if isinstance(node, cst.Call)]
-    between = [node for node in between if ctx.order(node) < ctx.order(step)]
-    if between and top is not statement:
+    span = [top_site, *after[: after.index(top_step) + 1]]
+    if any(_assigned_in(ctx, span, test) for test in (guard, *(test for test, _ in site_path))):
+        fail("a flag that leads to the scaled backward may change before the step")
+        return
+
+    def runs_with(node: cst.CSTNode, other: IfPath) -> bool:
+        found = _top_through_ifs(ctx, ctx.statement_of(node))
+        return found is None or not _excludes(found[1], other)
+
+    inside_branch = {id(node) for node in ctx.walk(branch)}
+    calls = [
+        node
+        for s in span
+        for node in ctx.walk(s)
+        if isinstance(node, cst.Call) and id(node) not in inside_branch and ctx.function_of(node) is function
+    ]
+    between = [
+        node for node in calls if ctx.order(site) < ctx.order(node) < ctx.order(step) and runs_with(node, step_path)
+    ]
+    if between and any(
+        (syntax.normalized(test), arm) not in {(syntax.normalized(t), a) for t, a in site_path}
+        for test, arm in step_path
+    ):
         fail("code runs between the scaled backward and a step that not every iteration takes")
         return
     optimizer = step.func.value  # type: ignore[attr-defined]
@@ -910,11 +978,9 @@ def _plan_carrier_steps(
             _second_backward(ctx, backward, access, optimizer)
             ctx.unfinished.append(site)
             return
-    if any(
-        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
-        for s in block[: block.index(branch)]
-        for node in ctx.walk(s)
-    ):
+    earlier = [node for s in block[: block.index(top_site)] for node in ctx.walk(s) if isinstance(node, cst.Call)]
+    earlier += [node for node in calls if ctx.order(node) < ctx.order(site) and runs_with(node, site_path)]
+    if any(isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward" for node in earlier):
         fail("another backward pass runs before the scaled one")
         return
     if between:
