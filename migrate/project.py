@@ -91,6 +91,10 @@ class ModuleSummary:
     # through (``args.amp.scale_loss(...)``): the carriers of the amp module between modules
     amp_stores: set[str] = field(default_factory=set)
     carried_uses: set[str] = field(default_factory=set)
+    # for each store: the attribute and the ``if`` tests that lead to it from its function's body
+    # (each test spelled without layout, ``<obj>`` for the object it is stored on, with True for the
+    # body and False for the else); None where something other than an ``if`` lies on the way
+    store_conditions: list[tuple[str, tuple[tuple[str, bool], ...] | None]] = field(default_factory=list)
 
 
 def summarize(path: str, source: str) -> ModuleSummary | None:
@@ -182,9 +186,55 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
         elif name not in bound:
             summary.unbound_uses.append(use)
     summary.uses_amp = summary.uses_amp or bool(summary.unbound_uses or summary.parameter_uses)
+    if summary.amp_stores:
+        summary.store_conditions = _store_conditions(tree, summary.amp_stores)
     _summarize_functions(tree, summary, called, called_on, named)
     summary.apex_defs = apex_copies.scan(tree)
     return summary
+
+
+def carrier_condition(test: str, owner: str) -> str:
+    """``test`` (spelled without layout) with the object ``owner`` that carries amp spelled ``<obj>``."""
+    return re.sub(rf"(?<![\w.]){re.escape(owner)}(?=\.)", "<obj>", test)
+
+
+def _store_conditions(tree: ast.Module, attributes: set[str]) -> list[tuple[str, tuple[tuple[str, bool], ...] | None]]:
+    """The conditions of each ``<name>.<attribute> = <name>`` store in a function (see ``ModuleSummary``)."""
+    found: list[tuple[str, tuple[tuple[str, bool], ...] | None]] = []
+
+    def visit(statements: list[ast.stmt], path: tuple[tuple[str, bool], ...] | None) -> None:
+        for statement in statements:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(statement.body, ())
+            elif isinstance(statement, ast.ClassDef):
+                visit(statement.body, None)
+            elif isinstance(statement, ast.If):
+                test = "".join(ast.unparse(statement.test).split())
+                visit(statement.body, None if path is None else (*path, (test, True)))
+                visit(statement.orelse, None if path is None else (*path, (test, False)))
+            elif isinstance(statement, ast.Assign):
+                for target in statement.targets:
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and target.attr in attributes
+                        and isinstance(target.value, ast.Name)
+                        and isinstance(statement.value, ast.Name)
+                    ):
+                        owner = target.value.id
+                        conditions = (
+                            None if path is None else tuple((carrier_condition(t, owner), arm) for t, arm in path)
+                        )
+                        found.append((target.attr, conditions))
+            else:
+                for name in ("body", "orelse", "finalbody", "handlers"):
+                    inner = getattr(statement, name, None)
+                    if isinstance(inner, list):
+                        blocks = [h.body for h in inner] if name == "handlers" else [inner]
+                        for block in blocks:
+                            visit(block, None)  # a loop, a `with`, a `try`: not an `if` on the way
+
+    visit(tree.body, None)
+    return found
 
 
 # Fields that hold only leaves no summary looks at (expression contexts, operators).
@@ -259,6 +309,10 @@ def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
         "apex_defs": summary.apex_defs,
         "amp_stores": sorted(summary.amp_stores),
         "carried_uses": sorted(summary.carried_uses),
+        "store_conditions": [
+            [attribute, None if path is None else [[test, arm] for test, arm in path]]
+            for attribute, path in summary.store_conditions
+        ],
     }
 
 
@@ -284,6 +338,10 @@ def summary_from_json(path: str, data: dict[str, Any]) -> ModuleSummary:
         apex_defs=dict(data["apex_defs"]),
         amp_stores=set(map(str, data["amp_stores"])),
         carried_uses=set(map(str, data["carried_uses"])),
+        store_conditions=[
+            (str(attribute), None if path is None else tuple((str(test), bool(arm)) for test, arm in path))
+            for attribute, path in data["store_conditions"]
+        ],
     )
 
 
@@ -585,10 +643,26 @@ class ProjectPlan:
                 for path in group.paths:
                     self._freeze(path, reason)
                 continue
+            conditions = {
+                path for summary in members for attribute, path in summary.store_conditions if attribute in carried
+            }
+            if len(conditions) != 1 or None in conditions:
+                # the readers must know where the attribute holds a scaler: where it held the amp module
+                self._stage[number] = "frozen"
+                for path in group.paths:
+                    self._freeze(
+                        path,
+                        "the amp module is stored on an object under different conditions, or inside a loop, `with` "
+                        "or `try`, so the code that reads it there cannot know where it holds a GradScaler",
+                    )
+                continue
+            held = next(iter(conditions))
             for summary in members:
                 if (summary.amp_stores | summary.carried_uses) & carried:
                     attributes = frozenset((summary.amp_stores | summary.carried_uses) & carried)
-                    self.facts[summary.path] = replace(self.facts.get(summary.path, ModuleFacts()), carriers=attributes)
+                    self.facts[summary.path] = replace(
+                        self.facts.get(summary.path, ModuleFacts()), carriers=attributes, carrier_conditions=held
+                    )
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""

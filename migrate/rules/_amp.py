@@ -68,6 +68,9 @@ class Scaler:
     # condition under which Apex scaled); see ``_carriers``
     access: cst.BaseExpression | None = None
     guard: cst.BaseExpression | None = None
+    # every condition on the way to that flag's `if` (`not args.deepspeed and bool(args.fp16)`): autocast
+    # runs before the branches, and may read the carrier only where they lead to the scaled backward
+    path_guard: cst.BaseExpression | None = None
 
 
 class ScalerAccess(NamedTuple):
@@ -297,7 +300,7 @@ class AmpModel:
         ]
         if scaler.access is not None:
             # `bool(args.fp16) and args.amp.is_enabled()`: the carrier exists only where Apex scaled
-            guard = syntax.call("bool", [cst.Arg(scaler.guard.deep_clone())]) if scaler.guard is not None else None
+            guard = scaler.path_guard.deep_clone() if scaler.path_guard is not None else None
             switch = syntax.attribute_call(access.deep_clone(), "is_enabled")
             switch_on = switch if guard is None else cst.BooleanOperation(guard, cst.And(), switch)
             args.append(syntax.keyword("enabled", switch_on))

@@ -62,6 +62,7 @@ from collections import defaultdict
 
 import libcst as cst
 
+from migrate.project import carrier_condition
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import (
     AmpCall,
@@ -854,7 +855,36 @@ def _carrier_guard(ctx: ModuleContext, scaler: Scaler, with_node: cst.With, call
     if scaler.guard is not None and not scaler.guard.deep_equals(branch.test):
         _carrier_failed(ctx, call, "the function scales losses under different flags")
         return False
+    # the scaled path must be where the attribute was set: there it now holds the GradScaler
+    owner = scaler.access.value if isinstance(scaler.access, cst.Attribute) else None
+    held = ctx.options.facts.carrier_conditions
+    here = {(syntax.normalized(test), arm) for test, arm in [*found[1], (branch.test, True)]}
+    if isinstance(owner, cst.Name):
+        here = {(carrier_condition(test, owner.value), arm) for test, arm in here}
+    if held is None or here != set(held):
+        stored = " and ".join(f"{'' if arm else 'not '}{test}" for test, arm in held or ()) or "always"
+        _carrier_failed(
+            ctx,
+            call,
+            f"the amp module was stored on the object where {stored.replace('<obj>', ctx.code(owner) if owner else '<obj>')},"
+            " which is not exactly where this scaled backward runs",
+        )
+        return False
     scaler.guard = branch.test
+    conditions: list[cst.BaseExpression] = []
+    for test, arm in found[1]:
+        parenthesized = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        plain = isinstance(test, (cst.Name, cst.Attribute))
+        conditions.append(
+            syntax.call("bool", [cst.Arg(test)])
+            if arm
+            else cst.UnaryOperation(cst.Not(), test if plain else parenthesized)
+        )
+    conditions.append(syntax.call("bool", [cst.Arg(branch.test)]))
+    guard = conditions[0]
+    for condition in conditions[1:]:
+        guard = cst.BooleanOperation(guard, cst.And(), condition)
+    scaler.path_guard = guard
     return True
 
 
