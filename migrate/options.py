@@ -35,6 +35,12 @@ class ModuleFacts:
     # ...and the module that defines them gives these top-level functions that parameter
     receives_scaler: tuple[str, ...] = ()
     shared_scaler: ScalerInfo | None = None
+    # attributes that carry the amp module between modules (``args.amp = amp`` after amp.initialize
+    # in one, ``args.amp.scale_loss(...)`` in another): they now carry the GradScaler (``_carriers``)
+    carriers: frozenset[str] = frozenset()
+    # where the carrier holds the amp module: the ``if`` tests on the way to each store (``<obj>`` for
+    # the object, True for a body, False for an else); the readers' own tests must say the same
+    carrier_conditions: tuple[tuple[str, bool], ...] | None = None
     # names imported from a project module that copies Apex's fp16_utils (``migrate.apex_copies``):
     # (module as spelled, name, Apex path or "", where it is defined, what keeps it from being treated
     # like Apex or "", what keeps dynamic loss scaling with it from being migrated or "")

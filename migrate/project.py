@@ -68,6 +68,8 @@ class FunctionSummary:
 
     uses_amp: bool
     calls: frozenset[str]
+    # names an amp module (or calls amp on what no import binds): may take part in an amp setup
+    mentions_amp: bool = True
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,14 @@ class ModuleSummary:
     definitions: dict[str, frozenset[str]] = field(default_factory=dict)
     # top-level definitions shaped like Apex's fp16_utils API (a local copy of it): name -> facts
     apex_defs: dict[str, Any] = field(default_factory=dict)
+    # attributes the amp module is stored in (``args.amp = amp``), and those amp is called
+    # through (``args.amp.scale_loss(...)``): the carriers of the amp module between modules
+    amp_stores: set[str] = field(default_factory=set)
+    carried_uses: set[str] = field(default_factory=set)
+    # for each store: the attribute and the ``if`` tests that lead to it from its function's body
+    # (each test spelled without layout, ``<obj>`` for the object it is stored on, with True for the
+    # body and False for the else); None where something other than an ``if`` lies on the way
+    store_conditions: list[tuple[str, tuple[tuple[str, bool], ...] | None]] = field(default_factory=list)
 
 
 def summarize(path: str, source: str) -> ModuleSummary | None:
@@ -132,6 +142,7 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
     stored: list[set[str]] = [set() for _ in tree.body]  # top-level statement -> module names it binds
     read_attributes: dict[str, set[str]] = {}
     reads: dict[str, int] = {}
+    named: list[set[str]] = [set() for _ in tree.body]  # names read that may be an amp module
     for node, top in _walk(tree):
         if isinstance(node, ast.Attribute):
             base = node.value
@@ -153,6 +164,7 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
                     elif says_amp(base.attr) and func.attr in _AMP_APIS:
                         # `self.amp.scale_loss(...)`: the amp module stored on an object
                         summary.unbound_uses.append(AmpUse(base.attr, func.attr, node.lineno, node.col_offset + 1))
+                        summary.carried_uses.add(base.attr)
         elif isinstance(node, ast.Name):
             if not isinstance(node.ctx, ast.Load):
                 bound.add(node.id)
@@ -164,6 +176,12 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
                 read[top].add(node.id)
                 if node.id in plain:
                     reads[node.id] = reads.get(node.id, 0) + 1
+                if "amp" in node.id.lower():
+                    named[top].add(node.id)
+        elif isinstance(node, ast.Assign):
+            if isinstance(node.value, ast.Name) and "amp" in node.value.id.lower():
+                # `args.amp = amp`: a carrier, if the name is the amp module (the engine checks)
+                summary.amp_stores.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
         elif isinstance(node, ast.arg):
             parameters.add(node.arg)
         elif isinstance(node, ast.Import):
@@ -216,9 +234,55 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
         for name in defined:
             definitions.setdefault(name, set()).update(read[top])
     summary.definitions = {name: frozenset(reads) for name, reads in definitions.items()}
-    _summarize_functions(tree, summary, called, called_on)
+    if summary.amp_stores:
+        summary.store_conditions = _store_conditions(tree, summary.amp_stores)
+    _summarize_functions(tree, summary, called, called_on, named)
     summary.apex_defs = apex_copies.scan(tree)
     return summary
+
+
+def carrier_condition(test: str, owner: str) -> str:
+    """``test`` (spelled without layout) with the object ``owner`` that carries amp spelled ``<obj>``."""
+    return re.sub(rf"(?<![\w.]){re.escape(owner)}(?=\.)", "<obj>", test)
+
+
+def _store_conditions(tree: ast.Module, attributes: set[str]) -> list[tuple[str, tuple[tuple[str, bool], ...] | None]]:
+    """The conditions of each ``<name>.<attribute> = <name>`` store in a function (see ``ModuleSummary``)."""
+    found: list[tuple[str, tuple[tuple[str, bool], ...] | None]] = []
+
+    def visit(statements: list[ast.stmt], path: tuple[tuple[str, bool], ...] | None) -> None:
+        for statement in statements:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(statement.body, ())
+            elif isinstance(statement, ast.ClassDef):
+                visit(statement.body, None)
+            elif isinstance(statement, ast.If):
+                test = "".join(ast.unparse(statement.test).split())
+                visit(statement.body, None if path is None else (*path, (test, True)))
+                visit(statement.orelse, None if path is None else (*path, (test, False)))
+            elif isinstance(statement, ast.Assign):
+                for target in statement.targets:
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and target.attr in attributes
+                        and isinstance(target.value, ast.Name)
+                        and isinstance(statement.value, ast.Name)
+                    ):
+                        owner = target.value.id
+                        conditions = (
+                            None if path is None else tuple((carrier_condition(t, owner), arm) for t, arm in path)
+                        )
+                        found.append((target.attr, conditions))
+            else:
+                for name in ("body", "orelse", "finalbody", "handlers"):
+                    inner = getattr(statement, name, None)
+                    if isinstance(inner, list):
+                        blocks = [h.body for h in inner] if name == "handlers" else [inner]
+                        for block in blocks:
+                            visit(block, None)  # a loop, a `with`, a `try`: not an `if` on the way
+
+    visit(tree.body, None)
+    return found
 
 
 # Fields that hold only leaves no summary looks at (expression contexts, operators).
@@ -251,14 +315,23 @@ def _walk(tree: ast.Module) -> Iterator[tuple[ast.AST, int]]:
 
 
 def _summarize_functions(
-    tree: ast.Module, summary: ModuleSummary, called: list[set[str]], called_on: list[set[str]]
+    tree: ast.Module,
+    summary: ModuleSummary,
+    called: list[set[str]],
+    called_on: list[set[str]],
+    named: list[set[str]],
 ) -> None:
     """Which top-level functions call amp (on this module's amp names), and whom they call."""
     names = summary.amp_names | {"amp"}
+    # amp called on what no import binds (``args.amp.scale_loss``, a parameter): used there too
+    unseen = [use.line for use in (*summary.unbound_uses, *summary.parameter_uses)]
     for top, statement in enumerate(tree.body):
-        uses_amp = not names.isdisjoint(called_on[top])
+        end = getattr(statement, "end_lineno", None) or statement.lineno
+        unseen_here = any(statement.lineno <= line <= end for line in unseen)
+        uses_amp = not names.isdisjoint(called_on[top]) or unseen_here
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            summary.functions[statement.name] = FunctionSummary(uses_amp, frozenset(called[top]))
+            mentions = uses_amp or not names.isdisjoint(named[top])
+            summary.functions[statement.name] = FunctionSummary(uses_amp, frozenset(called[top]), mentions)
         elif not isinstance(statement, (ast.Import, ast.ImportFrom)):
             summary.amp_outside_functions = summary.amp_outside_functions or uses_amp
             summary.calls_outside_functions |= called[top]
@@ -283,13 +356,20 @@ def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
         "unbound_uses": [[use.name, use.api, use.line, use.column] for use in summary.unbound_uses],
         "parameter_uses": [[use.name, use.api, use.line, use.column] for use in summary.parameter_uses],
         "functions": [
-            [name, function.uses_amp, sorted(function.calls)] for name, function in summary.functions.items()
+            [name, function.uses_amp, sorted(function.calls), function.mentions_amp]
+            for name, function in summary.functions.items()
         ],
         "amp_apis": sorted(summary.amp_apis),
         "amp_outside_functions": summary.amp_outside_functions,
         "calls_outside_functions": sorted(summary.calls_outside_functions),
         "definitions": {name: sorted(reads) for name, reads in summary.definitions.items()},
         "apex_defs": summary.apex_defs,
+        "amp_stores": sorted(summary.amp_stores),
+        "carried_uses": sorted(summary.carried_uses),
+        "store_conditions": [
+            [attribute, None if path is None else [[test, arm] for test, arm in path]]
+            for attribute, path in summary.store_conditions
+        ],
     }
 
 
@@ -313,14 +393,20 @@ def summary_from_json(path: str, data: dict[str, Any]) -> ModuleSummary:
         unbound_uses=[AmpUse(str(n), str(a), int(line), int(col)) for n, a, line, col in data["unbound_uses"]],
         parameter_uses=[AmpUse(str(n), str(a), int(line), int(col)) for n, a, line, col in data["parameter_uses"]],
         functions={
-            str(name): FunctionSummary(bool(uses_amp), frozenset(map(str, calls)))
-            for name, uses_amp, calls in data["functions"]
+            str(name): FunctionSummary(bool(uses_amp), frozenset(map(str, calls)), bool(mentions))
+            for name, uses_amp, calls, mentions in data["functions"]
         },
         amp_apis=set(map(str, data["amp_apis"])),
         amp_outside_functions=bool(data["amp_outside_functions"]),
         calls_outside_functions=frozenset(map(str, data["calls_outside_functions"])),
         definitions={str(name): frozenset(map(str, reads)) for name, reads in data["definitions"].items()},
         apex_defs=dict(data["apex_defs"]),
+        amp_stores=set(map(str, data["amp_stores"])),
+        carried_uses=set(map(str, data["carried_uses"])),
+        store_conditions=[
+            (str(attribute), None if path is None else tuple((str(test), bool(arm)) for test, arm in path))
+            for attribute, path in data["store_conditions"]
+        ],
     )
 
 
@@ -420,11 +506,22 @@ class ProjectIndex:
                     continue
                 seen.add((target, asked))
                 if self.modules[target].uses_amp:
-                    if target not in reached and target != path:
+                    if target not in reached and target != path and self._takes_part(asked, target):
                         reached.append(target)
                 else:
                     pending.append((target, asked, edge.module))
         return reached
+
+    def _takes_part(self, asked: frozenset[str] | None, target: str) -> bool:
+        """Whether the names ``asked`` of the amp module ``target`` (None: all) may take part in
+        its amp setup: anything but top-level functions that reach no amp call there
+        (``build_optimizer`` imported from a script whose ``main`` calls amp.initialize shares no
+        setup with it)."""
+        summary = self.modules[target]
+        if asked is None or "*" in asked or summary.amp_outside_functions:
+            return True
+        needing = {name for name, function in summary.functions.items() if function.mentions_amp}
+        return any(name not in summary.functions or _reaches(summary, name, needing) for name in asked)
 
     def _passed_on(
         self, summary: ModuleSummary, wanted: frozenset[str], dotted: str, edges: list[tuple[ImportEdge, str]]
@@ -623,6 +720,7 @@ class ProjectPlan:
         self._stage: dict[int | None, str] = {}
         for path, copies in apex_copies.copy_facts(self.index, self.display).items():
             self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_copies=copies)
+        self._plan_carriers()
         self._freeze_outside_context()
 
     def display(self, path: str) -> str:
@@ -661,6 +759,48 @@ class ProjectPlan:
                             return {}
                         break
         return found
+
+    def _plan_carriers(self) -> None:
+        """Tell the modules of each group which attributes carry the amp module between them:
+        stored (``args.amp = amp``) in one member and called through in one (the same or another)."""
+        for number, group in enumerate(self.groups):
+            members = [self.index.modules[path] for path in group.paths]
+            carried = set().union(*(m.amp_stores for m in members)) & set().union(*(m.carried_uses for m in members))
+            if not carried:
+                continue
+            outside = _carrier_users_outside(
+                group.paths, carried, {p for p, m in self.index.modules.items() if m.given}
+            )
+            if outside is not None:
+                reason = (
+                    f"{self.display(outside)} also stores the amp module on an object or calls amp through one "
+                    f"(`.{'`, `.'.join(sorted(carried))}`) and was not given: run ampmigrate on the whole project "
+                    "(or include that file)"
+                )
+                self._stage[number] = "frozen"
+                for path in group.paths:
+                    self._freeze(path, reason)
+                continue
+            conditions = {
+                path for summary in members for attribute, path in summary.store_conditions if attribute in carried
+            }
+            if len(conditions) != 1 or None in conditions:
+                # the readers must know where the attribute holds a scaler: where it held the amp module
+                self._stage[number] = "frozen"
+                for path in group.paths:
+                    self._freeze(
+                        path,
+                        "the amp module is stored on an object under different conditions, or inside a loop, `with` "
+                        "or `try`, so the code that reads it there cannot know where it holds a GradScaler",
+                    )
+                continue
+            held = next(iter(conditions))
+            for summary in members:
+                if (summary.amp_stores | summary.carried_uses) & carried:
+                    attributes = frozenset((summary.amp_stores | summary.carried_uses) & carried)
+                    self.facts[summary.path] = replace(
+                        self.facts.get(summary.path, ModuleFacts()), carriers=attributes, carrier_conditions=held
+                    )
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""
@@ -846,6 +986,8 @@ class ProjectPlan:
         Several entry scripts may share one trainer module: each creates its scaler and passes
         it, as long as their scalers behave alike (the receiving code is written once).
         """
+        if any(self.facts.get(path, ModuleFacts()).carriers for path in members):
+            return {}  # the scaler travels on the object that carried the amp module (``_carriers``)
         creators = [path for path in members if outcome[path].scalers]
         if not creators or any(len(outcome[path].scalers) != 1 or path in left for path in creators):
             return {}
@@ -924,6 +1066,54 @@ class ProjectPlan:
 
     def _gets_amp_from(self, importer: str, exporter: str) -> bool:
         return any(target == exporter for _, target in self.index.imported(self.index.modules[importer]))
+
+
+# how many Python files of a project are read for other modules that use a carrier of the amp module
+_CARRIER_SCAN_FILES = 5000
+_SKIPPED_FOLDERS = frozenset({"site-packages", "node_modules", "__pycache__", "venv", ".venv", "env", ".git", ".tox"})
+
+
+def _carrier_users_outside(paths: list[str], attributes: set[str], given: set[str]) -> str | None:
+    """A Python file of the project around ``paths`` that was not given and stores the amp module
+    in one of ``attributes`` or calls amp through it: migrating the given ones alone would hand it
+    a GradScaler where it expects the amp module (or the reverse). None when there is none."""
+    folders = [os.path.dirname(os.path.abspath(path)) for path in paths]
+    common = os.path.commonpath(folders)
+    root = project_root(paths[0])
+    if os.path.commonpath([root, common]) != root or len(os.path.relpath(common, root).split(os.sep)) > 3:
+        root = common  # no project marker near: the folder the modules share
+    if os.path.dirname(root) == root:
+        return None
+    names = "|".join(re.escape(attribute) for attribute in sorted(attributes))
+    pattern = re.compile(rf"\.(?:{names})\s*(?:=\s*amp\b|\.\s*(?:scale_loss|master_params|state_dict)\b)".encode())
+    # ... and imports one of them (a script with a setup of its own, sharing nothing, does not count)
+    stems = {
+        os.path.basename(os.path.dirname(p)) if p.endswith("__init__.py") else os.path.basename(p)[:-3] for p in paths
+    }
+    modules = "|".join(re.escape(stem) for stem in sorted(stems))
+    imports = re.compile(
+        rf"^[ \t]*(?:from[ \t]+\S*\b(?:{modules})[ \t]+import\b|import[ \t]+.*\b(?:{modules})\b)".encode(), re.M
+    )
+    read = 0
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(f for f in subfolders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            if path in given:
+                continue
+            read += 1
+            if read > _CARRIER_SCAN_FILES:
+                return None
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except OSError:
+                continue
+            if (b"apex" in data or b"scale_loss" in data) and pattern.search(data) and imports.search(data):
+                return path
+    return None
 
 
 # A backward, or an optimizer step whose backward runs out of sight (a trainer subclass that

@@ -247,3 +247,36 @@ def test_a_name_that_says_amp(name: str) -> None:
 def test_amp_inside_another_word_is_not_amp(name: str) -> None:
     """DeepSpeed's `data_sampler.state_dict()` froze its engine's amp setup as an unseen amp module."""
     assert not says_amp(name)
+
+
+def test_a_carrier_setup_is_left_alone_when_a_script_that_stores_amp_there_was_not_given(tmp_path: Path) -> None:
+    """``args.amp`` carries the amp module from two scripts into one trainer: migrating the trainer with
+    only one of them would hand the other's Apex module a GradScaler's calls, so all stay as they were."""
+    case = FIXTURES / "amp_stored_on_args_by_two_scripts" / "in"
+    root = tmp_path / "tree"
+    shutil.copytree(case, root)
+    (root / "setup.py").write_text("")  # the project's root
+    results = run([root / "classify.py", root / "trainer.py"], Config(write=True, jobs=1))
+    assert _tree(root) == {**_tree(case), "setup.py": ""}
+    frozen = [d.message for r in results for d in r.diagnostics if d.code == "AMP025"]
+    assert frozen and all("regress.py" in message and "was not given" in message for message in frozen)
+    # given whole, the same tree migrates (fixtures/project/amp_stored_on_args_by_two_scripts)
+    results = run([root], Config(write=True, jobs=1))
+    assert {Path(r.path).name for r in results if r.status is Status.CHANGED} == {
+        "classify.py",
+        "regress.py",
+        "trainer.py",
+    }
+
+
+def test_importing_only_amp_free_helpers_does_not_link_two_setups(tmp_path: Path) -> None:
+    index = _index(
+        tmp_path,
+        {
+            "classify.py": "from apex import amp\ndef build(m): return m\ndef main(): amp.initialize(1)\n",
+            "squad.py": "from apex import amp\nfrom classify import build\ndef main(): amp.initialize(build(1))\n",
+            "tagger.py": "from apex import amp\nfrom classify import main\n",
+        },
+    )
+    groups = sorted(sorted(Path(p).name for p in group.paths) for group in amp_groups(index))
+    assert groups == [["classify.py", "tagger.py"], ["squad.py"]]

@@ -16,6 +16,7 @@ import libcst as cst
 
 from migrate.findings import Finding
 from migrate.options import Options, ScalerInfo
+from migrate.rules import _carriers as carriers
 from migrate.rules import _local_copies as local_copies
 from migrate.rules import _project_scaler as project_scaler
 from migrate.rules import _setup as setup
@@ -105,13 +106,15 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
     unseen = setup.report_unseen_amp(ctx)
     findings = sorted(ctx.findings, key=lambda f: (f.line, f.column, f.code))
     new_module = module if ctx.plan.empty else apply_plan(ctx)
+    if frozen is None and ctx.carriers.any and ctx.carriers.stored_scalers:
+        new_module = carriers.inline_stored_scalers(new_module, ctx.carriers.stored_scalers)
     outcome = RulesOutcome(
         new_module,
         findings,
         bool(left) or unseen > 0 or unshared > 0,
         setup.migrated_any(ctx),
         project_scaler.shared_scalers(ctx.amp),
-        project_scaler.unused(ctx.amp, options.facts),
+        project_scaler.unused(ctx, options.facts),
     )
     ctx.release()
     if probe is not None:
@@ -129,6 +132,8 @@ def _plan(
     model = ctx.amp
     migrating = not frozen and options.rule_enabled("amp_initialize")
     unshared = project_scaler.receive(ctx, model, options.facts) if migrating else 0
+    if migrating and ctx.carriers.any:
+        project_scaler.carried(ctx, model)
     for rule in RULES:
         if options.rule_enabled(rule.RULE) and not (frozen and rule.RULE in setup.AMP_SETUP_RULES):
             rule.plan(ctx)

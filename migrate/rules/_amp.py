@@ -63,6 +63,14 @@ class Scaler:
     # created in a method that may not run: a disabled default stands in until it does
     may_be_disabled: bool = False
     model_names: set[str] = field(default_factory=set)
+    # the scaler stored on an object (``args.amp``, the attribute that held the amp module):
+    # this expression reaches it in ``function``, where it is read only under ``guard`` (the
+    # condition under which Apex scaled); see ``_carriers``
+    access: cst.BaseExpression | None = None
+    guard: cst.BaseExpression | None = None
+    # every condition on the way to that flag's `if` (`not args.deepspeed and bool(args.fp16)`): autocast
+    # runs before the branches, and may read the carrier only where they lead to the scaled backward
+    path_guard: cst.BaseExpression | None = None
 
 
 class ScalerAccess(NamedTuple):
@@ -158,6 +166,8 @@ class AmpModel:
                 if scaler.initialize is received.handle.call:
                     return ScalerAccess(scaler, cst.Name(scaler.name))
         for scaler in candidates:
+            if scaler.access is not None:
+                continue  # read on the object that carries it, never passed as a parameter
             if function is not None and self._thread_parameter(scaler, function):
                 return ScalerAccess(scaler, cst.Name(scaler.name))
         return None
@@ -187,6 +197,11 @@ class AmpModel:
         its class. A closure sees what its enclosing functions see.
         """
         ctx = self.ctx
+        if scaler.access is not None:
+            current = function
+            while current is not None and current is not scaler.function:
+                current = ctx.function_of(current)
+            return scaler.access.deep_clone() if current is not None else None
         if scaler.function is None and scaler.klass is None:
             return cst.Name(scaler.name)
         current = function
@@ -283,6 +298,14 @@ class AmpModel:
             cst.Arg(syntax.string(options.device)),
             syntax.keyword("dtype", syntax.dotted(f"torch.{options.dtype}")),
         ]
+        if scaler.access is not None:
+            # `bool(args.fp16) and args.amp.is_enabled()`: the carrier exists only where Apex scaled
+            guard = scaler.path_guard.deep_clone() if scaler.path_guard is not None else None
+            switch = syntax.attribute_call(access.deep_clone(), "is_enabled")
+            switch_on = switch if guard is None else cst.BooleanOperation(guard, cst.And(), switch)
+            args.append(syntax.keyword("enabled", switch_on))
+            ctx.plan.needs_torch_import = True
+            return cst.WithItem(syntax.call("torch.autocast", args))
         enabled = scaler.enabled if scaler.autocast_enabled is None else scaler.autocast_enabled
         if enabled == "off":
             return None

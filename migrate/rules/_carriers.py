@@ -15,11 +15,19 @@ of those calls or ``self.<attr> = None`` that runs before the store (earlier in 
 method, or in ``__init__``). Any other shape (the attribute read elsewhere, passed out, set
 on another object, several classes) is no carrier: its calls stay unseen (AMP026), the store
 stays a value use (AMP030), and the setup is frozen.
+
+Project mode adds plain carriers (``ModuleFacts.carriers``): ``args.amp = amp`` right after
+``amp.initialize`` in a function of one module, ``args.amp.scale_loss(...)`` in functions of
+the same or other modules (TencentPretrain and UER-py's ``train_model``). The store keeps its
+place and stores the GradScaler (``args.amp = torch.amp.GradScaler("cuda")``), so the attribute
+exists exactly where it existed; each reading function gets a Scaler reached as ``args.amp``
+(``amp_scale_loss`` keeps its reads under the flag that guarded them). The attribute is a
+carrier only where every use of it in the module is one of those two shapes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +40,8 @@ if TYPE_CHECKING:  # _context builds the carriers
 
 # the amp functions a carrier may be called for
 CARRIED_APIS = frozenset({"scale_loss", "master_params", "state_dict", "load_state_dict"})
+# ... and through a plain carrier (``args.amp``), whose readers get the scaler on the object
+PLAIN_APIS = frozenset({"scale_loss"})
 
 AmpApi = Callable[[cst.BaseExpression], "tuple[str, cst.Name] | None"]
 
@@ -43,6 +53,16 @@ class Carrier:
     klass: cst.ClassDef
     attribute: str
     method: cst.FunctionDef
+    initialize: cst.Call
+    store: cst.Name  # the ``amp`` of the store, consumed once it names the scaler
+
+
+@dataclass(frozen=True)
+class PlainStore:
+    """``<name>.<attribute> = amp`` in ``function``, right after ``initialize`` in the same block."""
+
+    attribute: str
+    function: cst.FunctionDef
     initialize: cst.Call
     store: cst.Name  # the ``amp`` of the store, consumed once it names the scaler
 
@@ -61,23 +81,131 @@ class Carriers:
                 if bases is not None:
                     self.by_key[(carrier.klass, carrier.attribute)] = carrier
                     self.bases.extend(bases)
+        # project mode: attributes of any object that carry the amp module between functions
+        # and modules (``args.amp``); see ``_plain``
+        self.plain_stores: list[PlainStore] = []
+        self.plain_bases: list[cst.Attribute] = []  # the ``args.amp`` of each ``args.amp.scale_loss(...)``
+        self.stored_scalers: set[str] = set()  # names of the scalers now stored in a plain carrier
+        for attribute in sorted(ctx.options.facts.carriers - {key[1] for key in self.by_key}):
+            found = self._plain(attribute, amp_api)
+            if found is not None:
+                self.plain_stores.extend(found[0])
+                self.plain_bases.extend(found[1])
 
     @property
     def any(self) -> bool:
-        return bool(self.by_key)
+        return bool(self.by_key) or bool(self.plain_bases) or bool(self.plain_stores)
 
     def api(self, func: cst.BaseExpression) -> tuple[str, cst.Attribute] | None:
         """For ``self.<carrier>.f`` (f one of ``CARRIED_APIS``): (f, ``self.<carrier>``)."""
         if not isinstance(func, cst.Attribute) or func.attr.value not in CARRIED_APIS:
             return None
         base = func.value
-        if isinstance(base, cst.Attribute) and base in self.bases:
+        if isinstance(base, cst.Attribute) and (base in self.bases or base in self.plain_bases):
             return func.attr.value, base
         return None
 
     def leftovers(self) -> list[cst.CSTNode]:
         """Calls through a carrier that no rule rewrote."""
-        return [base for base in self.bases if base not in self.ctx.consumed]
+        return [base for base in (*self.bases, *self.plain_bases) if base not in self.ctx.consumed]
+
+    def migrated_any(self) -> bool:
+        """Whether a call through a plain carrier was rewritten (a module without amp names)."""
+        return any(base in self.ctx.consumed for base in self.plain_bases)
+
+    def plain_functions(self) -> dict[cst.FunctionDef, cst.Attribute]:
+        """The functions that call amp through a plain carrier, each with the carrier it reads
+        (``args.amp``); a function that reads two different ones is left out (its calls stay)."""
+        found: dict[cst.FunctionDef, cst.Attribute] = {}
+        mixed: set[cst.FunctionDef] = set()
+        for base in self.plain_bases:
+            function = self.ctx.function_of(base)
+            assert function is not None  # _plain keeps calls in functions only
+            if function in found and not base.deep_equals(found[function]):
+                mixed.add(function)
+            found.setdefault(function, base)
+        return {function: base for function, base in found.items() if function not in mixed}
+
+    def plan_plain_stores(self, scalers: list[tuple[cst.Call, cst.FunctionDef | None, str, bool]]) -> None:
+        """``args.amp = amp`` becomes ``args.amp = scaler`` where the initialize before it got a
+        scaler of its own function that behaves as the carrier's readers assume: on exactly when
+        autocast is, with a dynamic scale (``scalers``: initialize, function, name, and whether
+        it is such a scaler)."""
+        for store in self.plain_stores:
+            match = next((s for s in scalers if s[0] is store.initialize and s[1] is store.function), None)
+            if match is None or not match[3]:
+                continue  # the setup stays: the store stays a value use (AMP030)
+            self.ctx.plan.substitute(store.store, cst.Name(match[2]))
+            self.ctx.consumed.add(store.store)
+            self.stored_scalers.add(match[2])
+
+    def _plain(self, attribute: str, amp_api: AmpApi) -> tuple[list[PlainStore], list[cst.Attribute]] | None:
+        """The stores of the amp module in ``<name>.<attribute>`` and the amp calls through it, when
+        every use of the attribute in this module is one of those; None otherwise.
+
+        A store must follow its ``amp.initialize`` in the same block of a function; a call must be
+        ``<name>.<attribute>.scale_loss(...)`` in a function. Anything else (the attribute read,
+        tested, set to another value, named in a string for ``getattr``) would see a GradScaler
+        where it saw the amp module, so the attribute is no carrier here.
+        """
+        ctx = self.ctx
+        stores: list[PlainStore] = []
+        bases: list[cst.Attribute] = []
+        if any(isinstance(node, cst.SimpleString) and node.raw_value == attribute for node in ctx.walk(ctx.module)):
+            return None  # `getattr(args, "amp", None)`: read where it may hold no scaler
+        for name in ctx.nodes_of(cst.Name):
+            attribute_node = ctx.parent(name)
+            if (
+                name.value != attribute
+                or not isinstance(attribute_node, cst.Attribute)
+                or attribute_node.attr is not name
+            ):
+                continue
+            if not isinstance(attribute_node.value, cst.Name) or self._owner(attribute_node) is not None:
+                return None  # `self.amp` in a method: the class carrier's shape, or none
+            function = ctx.function_of(attribute_node)
+            if function is None:
+                return None
+            parent = ctx.parent(attribute_node)
+            if isinstance(parent, cst.AssignTarget):
+                store = self._plain_store(attribute_node, parent, function, amp_api)
+                if store is None:
+                    return None
+                stores.append(store)
+            elif isinstance(parent, cst.Attribute) and parent.value is attribute_node:
+                call = ctx.parent(parent)
+                if not (isinstance(call, cst.Call) and call.func is parent and parent.attr.value in PLAIN_APIS):
+                    return None
+                bases.append(attribute_node)
+            else:
+                return None
+        return stores, bases
+
+    def _plain_store(
+        self, target: cst.Attribute, assign_target: cst.AssignTarget, function: cst.FunctionDef, amp_api: AmpApi
+    ) -> PlainStore | None:
+        ctx = self.ctx
+        assign = ctx.parent(assign_target)
+        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or not isinstance(assign.value, cst.Name):
+            return None
+        binding = ctx.resolve(assign.value.value, assign.value)
+        if binding is None or binding.kind != "amp":
+            return None
+        statement = ctx.statement_of(assign)
+        block = ctx.parent(statement)
+        if not isinstance(block, cst.IndentedBlock) or ctx.function_of(statement) is not function:
+            return None
+        earlier = block.body[: block.body.index(statement)]  # type: ignore[arg-type]
+        initializes = [
+            call
+            for call in ctx.nodes_of(cst.Call)
+            if ctx.statement_of(call) in earlier
+            and (found := amp_api(call.func)) is not None
+            and found[0] == "initialize"
+        ]
+        if len(initializes) != 1:
+            return None
+        return PlainStore(target.attr.value, function, initializes[0], assign.value)
 
     def plan_stores(self, scaler_names: dict[cst.Call, str]) -> None:
         """``self.<attr> = amp`` becomes ``self.<attr> = self.<scaler>`` where the initialize
@@ -204,3 +332,185 @@ def _root_name(expression: cst.BaseExpression) -> str | None:
     while isinstance(expression, (cst.Attribute, cst.Call)):
         expression = expression.value if isinstance(expression, cst.Attribute) else expression.func
     return expression.value if isinstance(expression, cst.Name) else None
+
+
+def inline_stored_scalers(module: cst.Module, names: set[str]) -> cst.Module:
+    """``scaler = torch.amp.GradScaler(...)`` followed by ``if args.fp16: args.amp = scaler``, where
+    nothing else reads ``scaler``, becomes ``if args.fp16: args.amp = torch.amp.GradScaler(...)``:
+    the edit an expert writes. Inside ``if <flag>:`` the flag drops out of ``enabled=``."""
+    counter = _NameCounter(names)
+    module.visit(counter)
+    inlined = {name for name in names if counter.counts.get(name) == 2 and name in counter.constructors}
+    if not inlined:
+        return module
+    return module.visit(_Inliner({name: counter.constructors[name] for name in inlined}))
+
+
+class _NameCounter(cst.CSTVisitor):
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = names
+        self.counts: dict[str, int] = {}
+        self.constructors: dict[str, cst.Call] = {}
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in self.names:
+            self.counts[node.value] = self.counts.get(node.value, 0) + 1
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        target = node.targets[0].target if len(node.targets) == 1 else None
+        if isinstance(target, cst.Name) and target.value in self.names and isinstance(node.value, cst.Call):
+            if _dotted(node.value.func) == "torch.amp.GradScaler" and target.value not in self.constructors:
+                self.constructors[target.value] = node.value
+            else:
+                self.counts[target.value] = -1  # assigned twice, or otherwise: left alone
+
+
+class _Inliner(cst.CSTTransformer):
+    def __init__(self, constructors: dict[str, cst.Call]) -> None:
+        super().__init__()
+        self.constructors = constructors
+        self.created: set[str] = set()  # seen the creation (it comes before the store)
+        self.stored: set[str] = set()
+        self.if_bodies: set[int] = set()
+        # what holds inside the branches being visited: `args.fp16` in `if args.fp16:`, `not
+        # args.deepspeed` in its else (by id of the block or clause, then a stack of what is entered)
+        self.facts_of: dict[int, set[str]] = {}
+        self.known: list[set[str]] = []
+
+    def _store_of(self, statement: cst.BaseStatement) -> str | None:
+        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+            assign = statement.body[0]
+            if (
+                isinstance(assign, cst.Assign)
+                and len(assign.targets) == 1
+                and isinstance(assign.targets[0].target, cst.Attribute)
+                and isinstance(assign.value, cst.Name)
+                and assign.value.value in self.constructors
+            ):
+                return assign.value.value
+        return None
+
+    def _creation_of(self, statement: cst.BaseStatement) -> str | None:
+        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+            assign = statement.body[0]
+            if isinstance(assign, cst.Assign) and isinstance(assign.targets[0].target, cst.Name):
+                name = assign.targets[0].target.value
+                if name in self.constructors and assign.value is not None:
+                    return name
+        return None
+
+    def _inline(self, statement: cst.SimpleStatementLine, flag: cst.BaseExpression | None) -> cst.SimpleStatementLine:
+        assign = statement.body[0]
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Name)
+        constructor = self.constructors[assign.value.value]
+        if flag is not None:
+            test = _code(flag)
+            constructor = _without_flags(constructor, {test, f"bool({test})"}.union(*self.known))
+        self.stored.add(assign.value.value)
+        return statement.with_changes(body=[assign.with_changes(value=constructor.deep_clone())])
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        body = updated_node.body
+        if isinstance(body, cst.IndentedBlock) and body.body:
+            first = body.body[0]
+            name = self._store_of(first)
+            if name is not None and name in self.created and isinstance(first, cst.SimpleStatementLine):
+                lines = [self._inline(first, updated_node.test), *body.body[1:]]
+                return updated_node.with_changes(body=body.with_changes(body=lines))
+        return updated_node
+
+    def _rebuild(self, statements: Sequence[cst.BaseStatement], if_body: bool) -> list[cst.BaseStatement]:
+        kept: list[cst.BaseStatement] = []
+        moved: list[cst.EmptyLine] = []
+        for index, statement in enumerate(statements):
+            name = self._creation_of(statement)
+            if name is not None and name in self.stored:
+                assert isinstance(statement, cst.SimpleStatementLine)
+                moved.extend(statement.leading_lines)  # its comments go to the next statement
+                continue
+            store = self._store_of(statement)
+            if (
+                store is not None
+                and store in self.created
+                and isinstance(statement, cst.SimpleStatementLine)
+                and not (if_body and index == 0)  # leave_If inlines it, knowing the flag
+            ):
+                statement = self._inline(statement, None)
+            if moved and isinstance(statement, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                statement = statement.with_changes(leading_lines=[*moved, *statement.leading_lines])
+                moved = []
+            kept.append(statement)
+        return kept
+
+    def visit_If(self, node: cst.If) -> None:
+        self.if_bodies.add(id(node.body))
+        test = _code(node.test)
+        self.facts_of[id(node.body)] = {test, f"bool({test})"}
+        if node.orelse is not None:
+            self.facts_of[id(node.orelse)] = {f"not{test}"}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if id(node) in self.facts_of:
+            self.known.append(self.facts_of[id(node)])
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[no-untyped-def]
+        result = super().on_leave(original_node, updated_node)
+        if id(original_node) in self.facts_of:
+            self.known.pop()
+        return result
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        name = self._creation_of(node)
+        if name is not None:
+            self.created.add(name)
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        return updated_node.with_changes(body=self._rebuild(updated_node.body, id(original_node) in self.if_bodies))
+
+
+def _without_flags(constructor: cst.Call, facts: set[str]) -> cst.Call:
+    """``enabled=<flag> and X`` is ``enabled=X`` where ``<flag>`` is known to hold (one of ``facts``,
+    spelled without spaces); ``enabled=<flag>`` goes."""
+    args = []
+    for arg in constructor.args:
+        if arg.keyword is not None and arg.keyword.value == "enabled":
+            kept = [operand for operand in _conjuncts(arg.value) if _code(operand) not in facts]
+            if not kept:
+                continue
+            value = kept[0]
+            for operand in kept[1:]:
+                value = cst.BooleanOperation(value, cst.And(), operand)
+            arg = arg.with_changes(value=value)
+        args.append(arg)
+    if args:
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return constructor.with_changes(args=args)
+
+
+def _conjuncts(expression: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``a and b and c`` as [a, b, c] (an expression in parentheses is one operand)."""
+    if (
+        isinstance(expression, cst.BooleanOperation)
+        and isinstance(expression.operator, cst.And)
+        and not expression.lpar
+    ):
+        return [*_conjuncts(expression.left), *_conjuncts(expression.right)]
+    return [expression]
+
+
+def _code(node: cst.CSTNode) -> str:
+    return "".join(cst.Module([]).code_for_node(node).split())
+
+
+def _dotted(expression: cst.BaseExpression) -> str | None:
+    parts: list[str] = []
+    while isinstance(expression, cst.Attribute):
+        parts.insert(0, expression.attr.value)
+        expression = expression.value
+    if not isinstance(expression, cst.Name):
+        return None
+    return ".".join([expression.value, *parts])

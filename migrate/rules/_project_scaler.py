@@ -74,6 +74,28 @@ def receive(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
     return failed
 
 
+def carried(ctx: ModuleContext, model: AmpModel) -> None:
+    """A Scaler for each function that calls amp through a plain carrier (``args.amp.scale_loss``):
+    the attribute now holds the GradScaler the creating module stored there (``_carriers``)."""
+    storing = {store.function for store in ctx.carriers.plain_stores}
+    for function, base in ctx.carriers.plain_functions().items():
+        if function in storing:
+            continue  # the function that stores the scaler there uses its own
+        model.scalers.append(
+            Scaler(
+                initialize=None,
+                function=function,
+                klass=None,
+                name=base.attr.value,
+                enabled=None,
+                autocast_enabled=None,
+                static_scale=None,
+                may_be_disabled=True,
+                access=base,
+            )
+        )
+
+
 def pass_on(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
     """Add ``scaler=<the module's scaler>`` to every call of a function that receives it.
 
@@ -110,10 +132,13 @@ def pass_on(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
     return failed
 
 
-def unused(model: AmpModel, facts: ModuleFacts) -> bool:
-    """Whether a GradScaler was created for training that no backward of this module uses."""
+def unused(ctx: ModuleContext, facts: ModuleFacts) -> bool:
+    """Whether a GradScaler was created for training that no backward of this module uses (nor
+    stored on an object for the backward of another: ``args.amp = scaler``)."""
+    model = ctx.amp
     created = [scaler for scaler in model.scalers if scaler.initialize is not None]
-    return bool(created) and not model.sites and not facts.passes_scaler
+    stored = ctx.carriers.any and any(store.store in ctx.consumed for store in ctx.carriers.plain_stores)
+    return bool(created) and not model.sites and not facts.passes_scaler and not stored
 
 
 def shared_scalers(model: AmpModel) -> tuple[ScalerInfo, ...]:

@@ -109,8 +109,10 @@ def leftovers(ctx: ModuleContext) -> list[cst.CSTNode]:
 
 
 def migrated_any(ctx: ModuleContext) -> bool:
-    """Whether the plan rewrites some use of the amp module."""
-    return any(name in ctx.consumed for name in amp_references(ctx))
+    """Whether the plan rewrites some use of the amp module (or a call through an object that carries it)."""
+    return any(name in ctx.consumed for name in amp_references(ctx)) or (
+        ctx.carriers.any and ctx.carriers.migrated_any()
+    )
 
 
 def why_left(ctx: ModuleContext, names: list[cst.CSTNode]) -> str:

@@ -1044,6 +1044,8 @@ def _home(
         if other.api in _USES_NEEDING_SCALER
         and not _inside(ctx, other.call, function)
         and (other.api != "master_params" or in_clip(ctx, other.call))
+        # a call through an object that carries the scaler (``args.amp``) reads it from there
+        and not (ctx.carriers.any and other.base in ctx.carriers.plain_bases)
     ]
     if function is None or not elsewhere:
         return function, None
@@ -1538,3 +1540,16 @@ def plan(ctx: ModuleContext) -> None:
     if ctx.carriers.any:
         # `self.amp = amp` now stores the scaler that amp.initialize became
         ctx.carriers.plan_stores({s.initialize: s.name for s in model.scalers if s.klass and s.initialize})
+        # `args.amp = amp` stores the scaler for the functions that read it there (in any module)
+        ctx.carriers.plan_plain_stores(
+            [
+                (
+                    s.initialize,
+                    s.function,
+                    s.name,
+                    s.static_scale is None and s.held_scale is None and s.autocast_enabled is None,
+                )
+                for s in model.scalers
+                if s.initialize is not None and s.klass is None
+            ]
+        )

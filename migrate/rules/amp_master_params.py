@@ -578,6 +578,8 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, requests: list[_Unsca
         ):
             continue
         function = ctx.function_of(clip)
+        if any(scaler.access is not None and scaler.function is function for scaler in model.scalers):
+            continue  # read through a carrier: amp_scale_loss unscales where Apex's block ended
         step = _next_step(ctx, model, clip, None)
         if step is None or fp32_only(ctx, clip, model.sites):
             continue

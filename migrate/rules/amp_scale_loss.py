@@ -62,6 +62,7 @@ from collections import defaultdict
 
 import libcst as cst
 
+from migrate.project import carrier_condition
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import (
     AmpCall,
@@ -448,6 +449,8 @@ def _plan_one(
     if found is None:
         return
     scaler, access = found
+    if scaler.access is not None and not _carrier_guard(ctx, scaler, with_node, call):
+        return
     branch = _unscaled_sibling_branch(ctx, with_node)
     if branch is not None and _always_on(scaler):
         ctx.report(
@@ -471,7 +474,8 @@ def _plan_one(
     else:
         for name in _scaled_loss_names(ctx, with_node, asname):
             ctx.plan.substitute(name, scaled.deep_clone())
-    _collapse_fp32_branch(ctx, with_node, asname, loss, access)
+    if scaler.access is None:  # a carrier exists only where Apex scaled: its `if` stays
+        _collapse_fp32_branch(ctx, with_node, asname, loss, access)
     ctx.plan.unwrap.add(with_node)
     ctx.consumed.add(use.base)
     model.sites.append(call)
@@ -770,5 +774,299 @@ def plan(ctx: ModuleContext) -> None:
     for use in model.of("scale_loss"):
         _plan_one(ctx, model, use, managed, sites)
     for scaler in model.scalers:
-        if sites.get(id(scaler)):
+        if sites.get(id(scaler)) and scaler.access is not None:
+            _plan_carrier_steps(ctx, model, scaler, managed[id(scaler)], sites[id(scaler)])
+        elif sites.get(id(scaler)):
             _plan_steps(ctx, model, scaler, managed[id(scaler)], sites[id(scaler)])
+
+
+# ---------------------------------------------------------------------- plain carriers
+# ``if args.fp16: with args.amp.scale_loss(loss, optimizer) as s: s.backward()`` where another
+# function (often another module) stored the amp module in ``args.amp``: that attribute now holds
+# the GradScaler, set only where Apex was set up. So the code reads it only where it read the amp
+# module: the scaled backward stays in its ``if``, the optimizer's step becomes
+# ``if args.fp16: args.amp.step(optimizer); args.amp.update()`` with the plain step in the
+# ``else``, and autocast is on where ``bool(args.fp16) and args.amp.is_enabled()``.
+
+
+def _carrier_failed(ctx: ModuleContext, at: cst.CSTNode, why: str) -> None:
+    ctx.report(
+        "AMP022",
+        at,
+        f"{why}; the GradScaler stored in place of the amp module exists only where Apex was set up, so "
+        "ampmigrate migrates a call through that attribute only as `if <flag>: with <obj>.<attr>.scale_loss(loss, "
+        "optimizer) as scaled: scaled.backward()` in the body of its function (or loop), followed in the same "
+        "block by `optimizer.step()`: migrate it by hand (`<obj>.<attr>.scale(loss).backward()`, "
+        "`<obj>.<attr>.step(optimizer)`, `<obj>.<attr>.update()` where Apex scaled), then run ampmigrate again",
+    )
+
+
+def _site_branch(ctx: ModuleContext, with_node: cst.CSTNode) -> cst.If | None:
+    """The ``if`` whose body holds the ``with`` of a carrier's scale_loss."""
+    block = ctx.parent(with_node)
+    branch = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if isinstance(branch, cst.If) and branch.body is block and isinstance(ctx.parent(branch), cst.IndentedBlock):
+        return branch
+    return None
+
+
+def _assigned_in(ctx: ModuleContext, statements: list[cst.CSTNode], expression: cst.BaseExpression) -> bool:
+    """Whether ``statements`` rebind ``expression`` (``args.fp16``) or the name it starts from."""
+    root = expression
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    names = {syntax.normalized(expression)}
+    if isinstance(root, cst.Name):
+        names.add(root.value)
+    for node in (node for statement in statements for node in ctx.walk(statement)):
+        target: cst.CSTNode | None = None
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)):
+            target = node.target
+        elif isinstance(node, (cst.For, cst.CompFor)):
+            target = node.target
+        elif isinstance(node, (cst.AsName, cst.NamedExpr)):
+            target = node.name if isinstance(node, cst.AsName) else node.target
+        if target is None:
+            continue
+        for part in ctx.walk(target):
+            if isinstance(part, (cst.Name, cst.Attribute)) and syntax.normalized(part) in names:
+                return True
+    return False
+
+
+def _carrier_guard(ctx: ModuleContext, scaler: Scaler, with_node: cst.With, call: cst.Call) -> bool:
+    """Check the shape a carrier's scale_loss must have (see above) and keep its flag; False (with
+    AMP022) otherwise."""
+    branch = _site_branch(ctx, with_node)
+    if branch is None:
+        _carrier_failed(ctx, call, "this scale_loss is not the body of an `if` that tests a flag")
+        return False
+    function = scaler.function
+    found = _top_through_ifs(ctx, branch)
+    if found is None or ctx.function_of(branch) is not function or function is None:
+        _carrier_failed(
+            ctx, call, f"`if {ctx.code(branch.test)}:` is not reached from its function or loop through `if`s only"
+        )
+        return False
+    tests = [branch.test, *(test for test, _ in found[1])]
+    if any(dotted_name(test) is None for test in tests):
+        _carrier_failed(ctx, call, "the flags that lead to it cannot all be tested again at the step")
+        return False
+    if scaler.guard is not None and not scaler.guard.deep_equals(branch.test):
+        _carrier_failed(ctx, call, "the function scales losses under different flags")
+        return False
+    # the scaled path must be where the attribute was set: there it now holds the GradScaler
+    owner = scaler.access.value if isinstance(scaler.access, cst.Attribute) else None
+    held = ctx.options.facts.carrier_conditions
+    here = {(syntax.normalized(test), arm) for test, arm in [*found[1], (branch.test, True)]}
+    if isinstance(owner, cst.Name):
+        here = {(carrier_condition(test, owner.value), arm) for test, arm in here}
+    if held is None or here != set(held):
+        stored = " and ".join(f"{'' if arm else 'not '}{test}" for test, arm in held or ()) or "always"
+        _carrier_failed(
+            ctx,
+            call,
+            f"the amp module was stored on the object where {stored.replace('<obj>', ctx.code(owner) if owner else '<obj>')},"
+            " which is not exactly where this scaled backward runs",
+        )
+        return False
+    scaler.guard = branch.test
+    conditions: list[cst.BaseExpression] = []
+    for test, arm in found[1]:
+        parenthesized = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        plain = isinstance(test, (cst.Name, cst.Attribute))
+        conditions.append(
+            syntax.call("bool", [cst.Arg(test)])
+            if arm
+            else cst.UnaryOperation(cst.Not(), test if plain else parenthesized)
+        )
+    conditions.append(syntax.call("bool", [cst.Arg(branch.test)]))
+    guard = conditions[0]
+    for condition in conditions[1:]:
+        guard = cst.BooleanOperation(guard, cst.And(), condition)
+    scaler.path_guard = guard
+    return True
+
+
+IfPath = list[tuple[cst.BaseExpression, bool]]
+
+
+def _top_through_ifs(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[cst.CSTNode, IfPath] | None:
+    """The statement of its loop's (or function's) body that holds ``statement`` and the tests of the
+    ``if``s on the way (outermost first, each with True for its body, False for its else); None
+    where something other than an ``if`` lies on the way."""
+    path: IfPath = []
+    current = statement
+    while True:
+        block = ctx.parent(current)
+        owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if isinstance(owner, (cst.For, cst.While, cst.FunctionDef)) and block is owner.body:
+            return current, path
+        arm = not isinstance(owner, cst.Else)
+        if isinstance(owner, cst.Else):
+            owner = ctx.parent(owner)
+        if not isinstance(owner, cst.If):
+            return None
+        path.insert(0, (owner.test, arm))
+        while isinstance(ctx.parent(owner), cst.If):  # an `elif`: the else of the `if` above it
+            owner = ctx.parent(owner)  # type: ignore[assignment]
+            assert isinstance(owner, cst.If)
+            path.insert(0, (owner.test, False))
+        current = owner
+
+
+def _excludes(path: IfPath, other: IfPath) -> bool:
+    """Whether code on ``path`` never runs in the same pass as code on ``other`` (opposite arms of
+    an ``if`` on the same test)."""
+    arms = {syntax.normalized(test): arm for test, arm in other}
+    return any(arms.get(syntax.normalized(test), arm) != arm for test, arm in path)
+
+
+def _plan_carrier_steps(
+    ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[str], sites: list[cst.CSTNode]
+) -> None:
+    """The step of a carrier's optimizer, taken through the carrier where Apex scaled; a scaled
+    backward followed by more backward passes or other code before that step is unscaled first,
+    as Apex unscaled the gradients when its block ended."""
+    function, access, guard = scaler.function, scaler.access, scaler.guard
+    assert function is not None and access is not None and guard is not None
+    site = sites[0]
+    assert isinstance(site, cst.Call)
+    item = ctx.parent(site)
+    with_node = ctx.parent(item) if item is not None else None
+    assert isinstance(with_node, cst.With)
+    branch = _site_branch(ctx, with_node)
+    assert branch is not None
+
+    def fail(why: str) -> None:
+        _carrier_failed(ctx, site, why)
+        ctx.unfinished.append(site)
+
+    if len(sites) != 1 or len(keys) != 1:
+        fail("the function scales several losses, or for several optimizers")
+        return
+    site_top = _top_through_ifs(ctx, branch)
+    assert site_top is not None  # checked by _carrier_guard
+    top_site, site_path = site_top
+    block: list[cst.CSTNode] = list(ctx.block_of(top_site).body)
+    after = block[block.index(top_site) + 1 :]
+    steps = [
+        node
+        for node in ctx.nodes_of(cst.Call)
+        if isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "step"
+        and ctx.function_of(node) is function
+        and optimizer_key(ctx, node.func.value, node) in keys
+    ]
+    if len(steps) != 1:
+        fail("there is not exactly one step() of its optimizer in the function")
+        return
+    step = steps[0]
+    statement = ctx.statement_of(step)
+    step_top = _top_through_ifs(ctx, statement)
+    if (
+        _single_call(statement) is not step
+        or step.args
+        or step_top is None
+        or not any(step_top[0] is candidate for candidate in after)
+    ):
+        fail(f"`{ctx.code(step)}` is not a statement of its own after the scaled backward, inside `if`s only")
+        return
+    top_step, step_path = step_top
+    step_arms = {(syntax.normalized(test), arm) for test, arm in step_path}
+    if any((syntax.normalized(test), arm) not in step_arms for test, arm in site_path):
+        fail(f"`{ctx.code(step)}` may run where the scaled backward did not (under other conditions)")
+        return
+    span = [top_site, *after[: after.index(top_step) + 1]]
+    if any(_assigned_in(ctx, span, test) for test in (guard, *(test for test, _ in site_path))):
+        fail("a flag that leads to the scaled backward may change before the step")
+        return
+
+    def runs_with(node: cst.CSTNode, other: IfPath) -> bool:
+        found = _top_through_ifs(ctx, ctx.statement_of(node))
+        return found is None or not _excludes(found[1], other)
+
+    inside_branch = {id(node) for node in ctx.walk(branch)}
+    calls = [
+        node
+        for s in span
+        for node in ctx.walk(s)
+        if isinstance(node, cst.Call) and id(node) not in inside_branch and ctx.function_of(node) is function
+    ]
+    between = [
+        node for node in calls if ctx.order(site) < ctx.order(node) < ctx.order(step) and runs_with(node, step_path)
+    ]
+    if between and any(
+        (syntax.normalized(test), arm) not in {(syntax.normalized(t), a) for t, a in site_path}
+        for test, arm in step_path
+    ):
+        fail("code runs between the scaled backward and a step that not every iteration takes")
+        return
+    optimizer = step.func.value  # type: ignore[attr-defined]
+    for backward in between:
+        if isinstance(backward.func, cst.Attribute) and backward.func.attr.value == "backward":
+            _second_backward(ctx, backward, access, optimizer)
+            ctx.unfinished.append(site)
+            return
+    earlier = [node for s in block[: block.index(top_site)] for node in ctx.walk(s) if isinstance(node, cst.Call)]
+    earlier += [node for node in calls if ctx.order(node) < ctx.order(site) and runs_with(node, site_path)]
+    if any(isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward" for node in earlier):
+        fail("another backward pass runs before the scaled one")
+        return
+    if between:
+        # the gradients are unscaled where Apex's block ended, before any code reads or adds to them
+        unscale = syntax.expression_statement(
+            syntax.attribute_call(access.deep_clone(), "unscale_", [cst.Arg(optimizer.deep_clone())])
+        )
+        ctx.plan.after[with_node].append(unscale)
+    scaled_step = [
+        syntax.expression_statement(
+            syntax.attribute_call(access.deep_clone(), "step", [cst.Arg(optimizer.deep_clone())])
+        ),
+        syntax.expression_statement(syntax.attribute_call(access.deep_clone(), "update")),
+    ]
+    assert isinstance(statement, cst.SimpleStatementLine)
+    plain = statement.with_changes(leading_lines=())
+    ctx.plan.replace_statement[statement] = [
+        cst.If(
+            test=guard.deep_clone(),
+            body=cst.IndentedBlock(scaled_step),
+            orelse=cst.Else(cst.IndentedBlock([plain])),
+            leading_lines=statement.leading_lines,
+        )
+    ]
+    model.steps[step] = next(iter(keys))
+
+
+def _second_backward(
+    ctx: ModuleContext, backward: cst.Call, access: cst.BaseExpression, optimizer: cst.BaseExpression
+) -> None:
+    """AMP022 for a forward and backward pass after the scaled one, before the step (adversarial
+    training): no native code trains like Apex there."""
+    ctx.report(
+        "AMP022",
+        backward,
+        f"`{ctx.code(backward)}` backpropagates a forward pass run after the scale_loss block, before the step: "
+        "Apex O1 cast the weights to float16 for that forward pass and kept the copies cached until the next "
+        "scale_loss block ended, so the next iteration's forward pass used the weights from before this step; "
+        "torch.autocast casts the updated weights, so the migrated code would train differently. The amp setup "
+        f"stays as it was; to migrate by hand (accepting that change): `{syntax.code(access)}.unscale_("
+        f"{syntax.code(optimizer)})` right after the scaled backward, that forward pass under the same "
+        "torch.autocast, and the step taken through the GradScaler",
+    )
+
+
+def _top_statement(ctx: ModuleContext, statement: cst.CSTNode, after: list[cst.CSTNode]) -> cst.CSTNode | None:
+    """The statement of ``after`` that holds ``statement``, reached through ``if``s only; None otherwise."""
+    current = statement
+    while not any(current is candidate for candidate in after):
+        block = ctx.parent(current)
+        owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        while isinstance(owner, cst.Else) or (
+            isinstance(owner, cst.If) and not isinstance(ctx.parent(owner), cst.IndentedBlock)
+        ):
+            owner = ctx.parent(owner)
+        if not isinstance(owner, cst.If):
+            return None
+        current = owner
+    return current
