@@ -191,21 +191,12 @@ class Carriers:
         binding = ctx.resolve(assign.value.value, assign.value)
         if binding is None or binding.kind != "amp":
             return None
-        statement = ctx.statement_of(assign)
-        block = ctx.parent(statement)
-        if not isinstance(block, cst.IndentedBlock) or ctx.function_of(statement) is not function:
+        if ctx.function_of(assign) is not function:
             return None
-        earlier = block.body[: block.body.index(statement)]  # type: ignore[arg-type]
-        initializes = [
-            call
-            for call in ctx.nodes_of(cst.Call)
-            if ctx.statement_of(call) in earlier
-            and (found := amp_api(call.func)) is not None
-            and found[0] == "initialize"
-        ]
-        if len(initializes) != 1:
+        initialize = self._initialize_before(assign, amp_api)
+        if initialize is None:
             return None
-        return PlainStore(target.attr.value, function, initializes[0], assign.value)
+        return PlainStore(target.attr.value, function, initialize, assign.value)
 
     def plan_stores(self, scaler_names: dict[cst.Call, str]) -> None:
         """``self.<attr> = amp`` becomes ``self.<attr> = self.<scaler>`` where the initialize
@@ -252,6 +243,14 @@ class Carriers:
         method = ctx.function_of(target)
         if klass is None or method is None:
             return None
+        initialize = self._initialize_before(assign, amp_api)
+        if initialize is None:
+            return None
+        return Carrier(klass, target.attr.value, method, initialize, name)
+
+    def _initialize_before(self, assign: cst.Assign, amp_api: AmpApi) -> cst.Call | None:
+        """The one ``amp.initialize`` call earlier in the block of the store ``assign``."""
+        ctx = self.ctx
         statement = ctx.statement_of(assign)
         block = ctx.parent(statement)
         if not isinstance(block, cst.IndentedBlock):
@@ -264,9 +263,7 @@ class Carriers:
             and (found := amp_api(call.func)) is not None
             and found[0] == "initialize"
         ]
-        if len(initializes) != 1:
-            return None
-        return Carrier(klass, target.attr.value, method, initializes[0], name)
+        return initializes[0] if len(initializes) == 1 else None
 
     def _calls(self, carrier: Carrier) -> list[cst.Attribute] | None:
         """The bases of the amp calls through ``carrier``; None when some use of the
