@@ -525,16 +525,15 @@ class ProjectIndex:
 
     def _passed_on(
         self, summary: ModuleSummary, wanted: frozenset[str], dotted: str, edges: list[tuple[ImportEdge, str]]
-    ) -> frozenset[str] | None:
+    ) -> frozenset[str]:
         """The names of its own imports a module without amp passes on when ``wanted`` is asked
-        of it (its re-exports, what its functions read); None when that is unknown. A submodule
-        read on a package (``pkg.sub``) is added to ``edges``."""
-        own = wanted - _reexported(summary)
-        for name in sorted(own):
-            submodule = self.resolve(summary.path, f"{dotted}.{name}") if dotted else None
-            if submodule is not None and submodule != summary.path:
-                edges.append((ImportEdge(f"{dotted}.{name}", (), 0), submodule))
-                own = own - {name}
+        of it (its re-exports, what its definitions read). A submodule read on a package
+        (``pkg.sub``) is added to ``edges``."""
+        if dotted:
+            for name in sorted(wanted - _reexported(summary)):
+                submodule = self.resolve(summary.path, f"{dotted}.{name}")
+                if submodule is not None and submodule != summary.path:
+                    edges.append((ImportEdge(f"{dotted}.{name}", (), 0), submodule))
         return _read_through(summary, wanted)
 
 
@@ -777,22 +776,18 @@ class ProjectPlan:
                     f"(`.{'`, `.'.join(sorted(carried))}`) and was not given: run ampmigrate on the whole project "
                     "(or include that file)"
                 )
-                self._stage[number] = "frozen"
-                for path in group.paths:
-                    self._freeze(path, reason)
+                self._freeze_group(number, reason)
                 continue
             conditions = {
                 path for summary in members for attribute, path in summary.store_conditions if attribute in carried
             }
             if len(conditions) != 1 or None in conditions:
                 # the readers must know where the attribute holds a scaler: where it held the amp module
-                self._stage[number] = "frozen"
-                for path in group.paths:
-                    self._freeze(
-                        path,
-                        "the amp module is stored on an object under different conditions, or inside a loop, `with` "
-                        "or `try`, so the code that reads it there cannot know where it holds a GradScaler",
-                    )
+                self._freeze_group(
+                    number,
+                    "the amp module is stored on an object under different conditions, or inside a loop, `with` "
+                    "or `try`, so the code that reads it there cannot know where it holds a GradScaler",
+                )
                 continue
             held = next(iter(conditions))
             for summary in members:
@@ -808,14 +803,18 @@ class ProjectPlan:
             for path in group.paths:
                 outside = [t for t in self.index.reached_amp_modules(path) if not self.index.modules[t].given]
                 if outside:
-                    self._stage[number] = "frozen"
-                    reason = (
+                    self._freeze_group(
+                        number,
                         f"the setup continues in {self.display(outside[0])}, which was not given: run ampmigrate "
-                        "on the whole project (or on both files)"
+                        "on the whole project (or on both files)",
                     )
-                    for member in group.paths:
-                        self._freeze(member, reason)
                     break
+
+    def _freeze_group(self, number: int, reason: str) -> None:
+        """Leave every module of group ``number`` as it was, for ``reason``."""
+        self._stage[number] = "frozen"
+        for path in self.groups[number].paths:
+            self._freeze(path, reason)
 
     def _freeze(self, path: str, reason: str) -> None:
         previous = self.facts.get(path, ModuleFacts())

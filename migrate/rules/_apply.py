@@ -14,6 +14,7 @@ from typing import TypeVar, cast
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
+from migrate.rules._bindings import target_names
 from migrate.rules._context import ModuleContext
 from migrate.rules._plan import Plan, Statement
 
@@ -132,8 +133,8 @@ def _defined_names(statements: Sequence[Statement]) -> set[str]:
             names.add(statement.name.value)
         elif isinstance(statement, cst.SimpleStatementLine):
             for small in statement.body:
-                targets = small.targets if isinstance(small, cst.Assign) else ()
-                names.update(t.target.value for t in targets if isinstance(t.target, cst.Name))
+                for target in small.targets if isinstance(small, cst.Assign) else ():
+                    names.update(target_names(target.target))
     return names
 
 

@@ -91,6 +91,11 @@ _FP16_RECIPE = (
 )
 _NORM_AUTOCAST = "; under autocast Apex's output was float16, torch's is float32"
 _RMS_AUTOCAST = "; under autocast Apex computed in the autocast dtype (float16 output)"
+# apex.contrib's DistributedFusedAdam: AdamW with its optimizer state sharded across ranks
+_ZERO_ADAMW = (
+    "`torch.distributed.optim.ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr, "
+    "betas=betas, eps=eps, weight_decay=weight_decay)`"
+)
 REPLACEMENTS = {
     "apex.parallel.DistributedDataParallel": "`torch.nn.parallel.DistributedDataParallel(module, "
     "broadcast_buffers=False, find_unused_parameters=True)` (Apex kept buffers per process and accepted "
@@ -186,11 +191,9 @@ REPLACEMENTS = {
     "apex.contrib.focal_loss": "`torchvision.ops.sigmoid_focal_loss`",
     "apex.contrib.multihead_attn": "`torch.nn.MultiheadAttention`",
     "apex.contrib.layer_norm": "`torch.nn.LayerNorm`",
-    "apex.contrib.optimizers.DistributedFusedAdam": "`torch.distributed.optim.ZeroRedundancyOptimizer(params, "
-    "optimizer_class=torch.optim.AdamW, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)` (optimizer state "
-    "sharded across ranks, as Apex's was)",
-    "apex.contrib.optimizers.distributed_fused_adam": "`torch.distributed.optim.ZeroRedundancyOptimizer(params, "
-    "optimizer_class=torch.optim.AdamW, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)`",
+    "apex.contrib.optimizers.DistributedFusedAdam": _ZERO_ADAMW + " (optimizer state sharded across ranks, as "
+    "Apex's was)",
+    "apex.contrib.optimizers.distributed_fused_adam": _ZERO_ADAMW,
     "apex.contrib.optimizers": "no exact torch counterpart: apex.contrib.optimizers' FusedAdam and FusedSGD are "
     "Apex's older fused optimizers, stepped by apex.contrib.optimizers.FP16_Optimizer through step(grads=..., "
     "output_params=..., scale=...): keep the pair, or replace both together by a torch optimizer under "

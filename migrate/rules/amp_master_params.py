@@ -66,6 +66,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import cast
 
 import libcst as cst
@@ -74,6 +75,7 @@ from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, arm, fp32_only, is_clip, optimizer_key
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
+from migrate.rules.amp_initialize import _bound_inside
 
 RULE = "amp_master_params"
 
@@ -169,35 +171,16 @@ def _skipping_tests(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call) 
 
 
 def _leaves_iteration(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
-    """Whether ``statement`` holds a ``continue``/``break`` of the enclosing loop or a ``return``."""
-    pending = [statement]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, (cst.Continue, cst.Break, cst.Return)):
+    """Whether ``statement`` holds a ``return``, or a ``continue``/``break`` of the enclosing loop
+    (not of a loop inside it); nested definitions are not entered."""
+    for node in ctx.walk(statement, into_definitions=False):
+        if isinstance(node, cst.Return):
             return True
-        for child in node.children:
-            if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-                continue
-            if isinstance(child, (cst.For, cst.While)):
-                # their own continue/break stay inside; a return still leaves
-                pending.extend(n for n in ctx.walk(child) if isinstance(n, cst.Return))
-                continue
-            pending.append(child)
+        if isinstance(node, (cst.Continue, cst.Break)):
+            between = takewhile(lambda ancestor: ancestor is not statement, ctx.ancestors(node))
+            if not any(isinstance(ancestor, (cst.For, cst.While)) for ancestor in between):
+                return True
     return False
-
-
-def _assigned_names(statement: cst.CSTNode) -> set[str]:
-    """The plain names ``statement`` assigns (``norm = clip_grad_norm_(...)``)."""
-    names: set[str] = set()
-    if isinstance(statement, cst.SimpleStatementLine):
-        for small in statement.body:
-            targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else []
-            if isinstance(small, (cst.AugAssign, cst.AnnAssign)):
-                targets = [small.target]
-            for target in targets:
-                elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
-                names.update(e.value for e in elements if isinstance(e, cst.Name))
-    return names
 
 
 def _report_step_decided_by_gradients(ctx: ModuleContext, node: cst.CSTNode, test: cst.BaseExpression) -> None:
@@ -302,7 +285,8 @@ def _unscale_before(
     key = optimizer_key(ctx, optimizer, node)
     step = _next_step(ctx, model, node, key)
     tests = _skipping_tests(ctx, statement, step) if step is not None else []
-    results = _assigned_names(statement)
+    # what the clip's line assigns (`norm = clip_grad_norm_(...)`)
+    results = _bound_inside(statement) if isinstance(statement, cst.SimpleStatementLine) else set()
     deciding = [
         test
         for test in tests
