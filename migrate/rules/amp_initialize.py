@@ -580,10 +580,6 @@ class _Settings:
     guards_check_apex: bool = False  # a guarding if asks whether Apex is installed (``amp is not None``)
     flags: BoolFlags | None = None  # the module's names that surely hold bools
 
-    @property
-    def level_code(self) -> str | None:
-        return syntax.normalized(self.level_expression) if self.level_expression is not None else None
-
 
 @dataclass
 class _LossScale:
@@ -1522,11 +1518,18 @@ def _runtime_scale_blocked(
 
 def _report_runtime_blocked(ctx: ModuleContext, found: SetupCall, scale: _LossScale, why: str) -> None:
     """AMP005 with the code that holds the scale by hand; the setup stays as it was."""
-    value = syntax.normalized(found.bound["loss_scale"].value)
+    expression = syntax.strip_parens(found.bound["loss_scale"].value)
+    value = syntax.code(expression)
+    if "\n" in value:
+        value = " ".join(value.split())  # a message is one line
+    named = ""
+    if not isinstance(expression, (cst.Name, cst.Attribute)):
+        # an expression is named once, so that the advice neither repeats nor regroups it
+        named, value = f"`apex_loss_scale = {value}`, ", "apex_loss_scale"
     ctx.report(
         "AMP005",
         found.bound["loss_scale"],
-        f"loss_scale is computed at run time and {why}: amp.initialize left as it was. By hand: "
+        f"loss_scale is computed at run time and {why}: amp.initialize left as it was. By hand: {named}"
         f'`static_loss_scale = float({value}) if {value} not in (None, "dynamic") else None`, '
         '`scaler = torch.amp.GradScaler("cuda", init_scale=static_loss_scale or 2.0**16)` and '
         "`scaler.update(new_scale=static_loss_scale)` after each step",
