@@ -212,11 +212,22 @@ def from_program(notebook: Notebook, program: Program, migrated: str) -> dict[in
         restored = _PLACEHOLDER_LINE.sub(restore, text)
         if not original.endswith("\n") and restored.endswith("\n"):
             restored = restored[:-1]
+        if not _starts_blank(original) and _starts_blank(restored):
+            # the cell's first statement went (`from apex import amp`): so does the blank line after it
+            lines = restored.splitlines(keepends=True)
+            while lines and not lines[0].strip():
+                lines.pop(0)
+            restored = "".join(lines)
         if restored != original:
             changed[span.cell] = restored
     if sorted(seen) != list(range(len(program.magics))):
         raise NotebookError("an IPython magic line could not be put back where it was")
     return changed
+
+
+def _starts_blank(source: str) -> bool:
+    first = source.split("\n", 1)[0]
+    return bool(source) and not first.strip()
 
 
 def dump(notebook: Notebook, sources: dict[int, str]) -> bytes:

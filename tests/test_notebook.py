@@ -205,3 +205,25 @@ def test_shell_escape_continued_with_backslashes_is_one_magic(tmp_path: Path, mo
         "".join(written[1]["source"])
         == 'if True:\n    !echo a \\\n  b\n    with torch.autocast("cuda"):\n        y = 1'
     )
+
+
+def test_cell_whose_first_statement_goes_starts_at_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cells = [
+        code("import torch\nfrom apex import amp\n\nmodel = torch.nn.Linear(2, 2)"),
+        code("from apex import amp\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"),
+        code("\nmodel, opt = amp.initialize(model, opt, opt_level='O1')"),
+        code(
+            "for step in range(3):\n"
+            "    loss = model(torch.ones(1, 2)).sum()\n"
+            "    with amp.scale_loss(loss, opt) as scaled:\n"
+            "        scaled.backward()\n"
+            "    opt.step()"
+        ),
+    ]
+    (tmp_path / "train.ipynb").write_text(notebook_json(cells), encoding="utf-8")
+    result = run_cli(tmp_path, monkeypatch, "--write", "train.ipynb")
+    assert result.exit_code == 0, result.output
+    sources = ["".join(cell["source"]) for cell in json.loads((tmp_path / "train.ipynb").read_text())["cells"]]
+    assert sources[0] == "import torch\n\nmodel = torch.nn.Linear(2, 2)"  # a blank line between statements stays
+    assert sources[1] == "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"  # not "\nopt = ..."
+    assert sources[2] == '\nscaler = torch.amp.GradScaler("cuda")'  # it started with a blank line before too

@@ -8,6 +8,7 @@ attached to a statement that goes away move to the next statement emitted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from typing import TypeVar, cast
 
@@ -76,7 +77,21 @@ def _orphaned_comments(gone: cst.BaseStatement, replacement: Sequence[cst.BaseSt
     if not found:
         return []
     kept = "".join(syntax.code(statement) for statement in replacement)
-    return [cst.EmptyLine(comment=cst.Comment(value)) for value in found if value not in kept]
+    return [
+        cst.EmptyLine(comment=cst.Comment(value))
+        for value in found
+        if value not in kept and not _LINE_PRAGMA.match(value)
+    ]
+
+
+# A linter's or type checker's word about the line it ends (``# noqa: F401`` on an optional
+# import): it goes with that line. As a line of its own it would mean nothing, or, for pylint,
+# silence the rest of the block.
+_LINE_PRAGMA = re.compile(
+    r"#\s*(noqa\b|type:\s*ignore\b|pyright:\s*ignore\b|pylint:\s*disable|nosec\b|pragma:\s*no\s*cover\b"
+    r"|isort:\s*skip\b|fmt:\s*skip\b)",
+    re.IGNORECASE,
+)
 
 
 def _body_statements(body: cst.BaseSuite) -> tuple[list[Statement], list[cst.EmptyLine]]:
@@ -86,7 +101,8 @@ def _body_statements(body: cst.BaseSuite) -> tuple[list[Statement], list[cst.Emp
         # `with amp.scale_loss(...) as s: s.backward()` on one line: its body becomes a line
         return [cst.SimpleStatementLine(body=body.body, trailing_whitespace=body.trailing_whitespace)], []
     block = cast(cst.IndentedBlock, body)
-    comments = [cst.EmptyLine(comment=block.header.comment)] if block.header.comment is not None else []
+    comment = block.header.comment
+    comments = [cst.EmptyLine(comment=comment)] if comment is not None and not _LINE_PRAGMA.match(comment.value) else []
     return list(cast(Sequence[Statement], block.body)), comments
 
 
