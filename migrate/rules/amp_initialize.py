@@ -653,13 +653,8 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
 
     models = bound["models"].value
     optimizers = bound["optimizers"].value if "optimizers" in bound else None
-    inference_only = (
-        optimizers is None
-        or syntax.literal(optimizers) is None
-        or (isinstance(optimizers, (cst.List, cst.Tuple)) and not optimizers.elements)
-    )
     alias = _result_alias(target, models, optimizers) if target is not None else None
-    return SetupCall(use, statement, bound, models, inference_only, alias)
+    return SetupCall(use, statement, bound, models, _without_optimizers(bound), alias)
 
 
 def _result_alias(
@@ -707,6 +702,32 @@ def _inference_message(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> str | N
         "removed, so the model now runs in float32, and an input cast to float16 by hand (`x.half()`) would now "
         f'meet float32 weights: wrap the inference in `with torch.autocast("{ctx.options.device}", '
         "dtype=torch.float16):` for float16 speed"
+    )
+
+
+def _beside_training_message(ctx: ModuleContext, model: AmpModel, use: AmpCall) -> str | None:
+    """AMP011's message for a model set up without optimizers beside one set up for training
+    (a MoCo key encoder, a distillation teacher); None where it stands alone."""
+    function = ctx.function_of(use.call)
+    for other in model.of("initialize"):
+        if other.call is use.call or ctx.function_of(other.call) is not function:
+            continue
+        bound = _arguments(other.call)
+        if bound is not None and not _without_optimizers(bound):
+            return (
+                "amp.initialize without optimizers, beside the one that sets up training: the call was removed; "
+                "where this model's forward leads to the loss it runs under the training step's torch.autocast, "
+                "but Apex O1 also cast its other forward passes (evaluation): wrap those in torch.autocast too"
+            )
+    return None
+
+
+def _without_optimizers(bound: dict[str, cst.Arg]) -> bool:
+    optimizers = bound["optimizers"].value if "optimizers" in bound else None
+    return (
+        optimizers is None
+        or syntax.literal(optimizers) is None
+        or (isinstance(optimizers, (cst.List, cst.Tuple)) and not optimizers.elements)
     )
 
 
@@ -1391,7 +1412,7 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         ctx.consumed.add(use.base)
         for note in scale.notes:
             ctx.report(*note)
-        ctx.report("AMP011", use.call, _inference_message(ctx, bound))
+        ctx.report("AMP011", use.call, _inference_message(ctx, bound) or _beside_training_message(ctx, model, use))
         _drop_call(ctx, found)
         return
     home = _home(ctx, model, use.call, settings)
