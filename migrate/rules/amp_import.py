@@ -248,6 +248,18 @@ def _replacement(path: str) -> str:
     return "no torch counterpart ampmigrate knows: keep `import apex` from an Apex build for it"
 
 
+def _module_dunder(attribute: cst.Attribute) -> str | None:
+    """AMP031's message for ``amp.__path__`` and the like: the module's own metadata, not amp state."""
+    name = attribute.attr.value
+    if not (name.startswith("__") and name.endswith("__")):
+        return None
+    instead = f", or read `torch.amp.{name}` instead" if name in ("__path__", "__file__", "__name__") else ""
+    return (
+        f"`{syntax.code(attribute)}` reads the apex.amp module's own {name} (DeepSpeed logs `amp.__path__`), "
+        f"not amp state: with Apex gone there is no such module: drop it{instead}"
+    )
+
+
 def _amp_api(api: str) -> str:
     advice = AMP_APIS.get(api)
     if advice is None:
@@ -553,7 +565,7 @@ def _report_leftovers(
             ctx.report("AMP031", private.root, amp_private_state.describe(ctx, private))
     for attribute in model.private_uses:
         if id(attribute) not in roots:
-            ctx.report("AMP031", attribute)
+            ctx.report("AMP031", attribute, _module_dunder(attribute))
     for attribute in model.other_attributes:
         if attribute.attr.value in CAST_APIS and isinstance(ctx.parent(attribute), cst.Decorator):
             continue  # the amp_cast_functions rule migrated it or said why not
