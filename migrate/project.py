@@ -273,13 +273,20 @@ def _store_conditions(tree: ast.Module, attributes: set[str]) -> list[tuple[str,
                             None if path is None else tuple((carrier_condition(t, owner), arm) for t, arm in path)
                         )
                         found.append((target.attr, conditions))
+            elif isinstance(statement, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+                # Each pass of a loop (a cross-validation fold) stores anew what amp.initialize made
+                # anew, under the same tests; a `with` runs its body once. A reader that runs before
+                # any store fails alike before and after the migration.
+                visit(statement.body, path)
+                if getattr(statement, "orelse", None):
+                    visit(statement.orelse, None)
             else:
                 for name in ("body", "orelse", "finalbody", "handlers"):
                     inner = getattr(statement, name, None)
                     if isinstance(inner, list):
                         blocks = [h.body for h in inner] if name == "handlers" else [inner]
                         for block in blocks:
-                            visit(block, None)  # a loop, a `with`, a `try`: not an `if` on the way
+                            visit(block, None)  # a `try`, a `match`: not an `if` on the way
 
     visit(tree.body, None)
     return found
