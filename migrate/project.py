@@ -278,8 +278,8 @@ def _store_conditions(tree: ast.Module, attributes: set[str]) -> list[tuple[str,
                 # anew, under the same tests; a `with` runs its body once. A reader that runs before
                 # any store fails alike before and after the migration.
                 visit(statement.body, path)
-                if getattr(statement, "orelse", None):
-                    visit(statement.orelse, None)
+                if isinstance(statement, (ast.For, ast.AsyncFor, ast.While)):
+                    visit(statement.orelse, None)  # runs once the loop ends without a break: a condition of its own
             else:
                 for name in ("body", "orelse", "finalbody", "handlers"):
                     inner = getattr(statement, name, None)
