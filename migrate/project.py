@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from migrate import apex_copies
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
-from migrate.roots import project_root
+from migrate.roots import may_share_a_program, project_root
 
 # amp functions whose call on a name that no import binds means "the amp module came
 # from somewhere we cannot see"; initialize and state_dict are too common a method name
@@ -903,7 +903,7 @@ class ProjectPlan:
         ]
         for path, result in outcome.items():
             if result.amp_migrated and not result.scaler_unused and "initialize" in self.index.modules[path].amp_apis:
-                reached = [orphan for orphan in unowned if project_root(orphan) == project_root(path)]
+                reached = [orphan for orphan in unowned if may_share_a_program(orphan, path)]
                 if reached:
                     again[path] = replace(
                         self.facts.get(path, ModuleFacts()),
@@ -918,7 +918,7 @@ class ProjectPlan:
                 continue
             # an orphan import-linked to an amp.initialize belongs to that setup, not to this one
             # (and once its scaler is threaded to it, it is no orphan at all)
-            related = [orphan for orphan in unowned if project_root(orphan) == project_root(path)]
+            related = [orphan for orphan in unowned if may_share_a_program(orphan, path)]
             if related:
                 reason = (
                     f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "

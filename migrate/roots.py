@@ -21,3 +21,34 @@ def _root_of(folder: str) -> str:
         return folder
     parent = os.path.dirname(folder)
     return folder if parent == folder else _root_of(parent)
+
+
+def may_share_a_program(first: str, second: str) -> bool:
+    """Whether two modules may run in one program, reaching each other at run time (a hook
+    found through a registry, a config string) rather than by an import the index can see.
+
+    Within one project, each module's program spans the folder its absolute imports start
+    from (the first folder above its package chain) and one level more (a script in
+    ``tools/`` run with its parent on ``sys.path``). In a monorepo (microsoft/unilm), the
+    subprojects' programs are apart: an mmcv runner in ``beit/`` does not reach ``minilm/``.
+    """
+    if project_root(first) != project_root(second):
+        return False
+    first, second = os.path.abspath(first), os.path.abspath(second)
+    return _within(second, _program_folder(os.path.dirname(first))) or _within(
+        first, _program_folder(os.path.dirname(second))
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _program_folder(folder: str) -> str:
+    while os.path.exists(os.path.join(folder, "__init__.py")):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return os.path.dirname(folder)
+
+
+def _within(path: str, folder: str) -> bool:
+    return path.startswith(folder.rstrip(os.sep) + os.sep)
