@@ -500,7 +500,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, requests: list[
         assert isinstance(outer, cst.Call)
         statement = ctx.statement_of(call)
         collapsible = _collapsible_else(ctx, statement) if is_clip(outer.func) else None
-        if collapsible is not None:
+        if collapsible is not None and _steps_every_time(ctx, model, call, optimizer, collapsible):
             found = model.scaler_access_or_report(call)
             if found is None:
                 return
@@ -528,6 +528,16 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, requests: list[
             replacement = replacement.with_changes(lpar=[], rpar=[])
         ctx.plan.substitute(call, replacement)
     ctx.consumed.add(use.base)
+
+
+def _steps_every_time(
+    ctx: ModuleContext, model: AmpModel, call: cst.Call, optimizer: cst.BaseExpression, branch: cst.If
+) -> bool:
+    """Whether the optimizer steps after every pass through the clip's if/else, so that it can
+    become ``unscale_`` + the fp32 clip. A clip after every micro-batch of an accumulation loop
+    stays apart, for its fp16 arm to clip the still-scaled gradients (``_clip_scaled_gradients``)."""
+    step = _next_step(ctx, model, call, optimizer_key(ctx, optimizer, call))
+    return step is None or not _skipping_tests(ctx, branch, step)
 
 
 def _gradient_readers(ctx: ModuleContext) -> set[str]:

@@ -111,6 +111,8 @@ CASES = [
     Case("oscar_clip_every_microbatch", ("--fp16",), (), ("loss",), 36, clips=True, clipped_per_step=2),
     # The same, the accumulation written as `continue` before the step.
     Case("oscar_clip_continue_before_step", ("--fp16",), (), ("loss",), 36, clips=True, clipped_per_step=2),
+    # The same, the clip in an if/else of its own after the backward's (microsoft/unilm xdoc).
+    Case("if_else_clip_every_microbatch", ("--fp16",), (), ("loss",), 36, clips=True, clipped_per_step=2),
     Case(
         "dcgan_two_optimizers",
         ("--opt_level", "O1"),
@@ -449,7 +451,9 @@ def test_resume_from_checkpoints_written_by_apex(runner: Runner) -> None:
     assert restored["_growth_tracker"] == 7
 
 
-@pytest.mark.parametrize("name", ["oscar_clip_every_microbatch", "oscar_clip_continue_before_step"])
+@pytest.mark.parametrize(
+    "name", ["oscar_clip_every_microbatch", "oscar_clip_continue_before_step", "if_else_clip_every_microbatch"]
+)
 def test_clips_every_micro_batch_as_apex_did(runner: Runner, name: str) -> None:
     """Oscar's clip after each backward pass: Apex clipped the unscaled running sum of the
     gradients each time. The migration clips the scaled sum at a scaled threshold; the norms it
