@@ -533,9 +533,12 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, requests: list[
 def _steps_every_time(
     ctx: ModuleContext, model: AmpModel, call: cst.Call, optimizer: cst.BaseExpression, branch: cst.If
 ) -> bool:
-    """Whether the optimizer steps after every pass through the clip's if/else, so that it can
-    become ``unscale_`` + the fp32 clip. A clip after every micro-batch of an accumulation loop
-    stays apart, for its fp16 arm to clip the still-scaled gradients (``_clip_scaled_gradients``)."""
+    """Whether the clip's if/else can become ``unscale_`` + the fp32 clip: the optimizer steps
+    after every pass through it, and it is not inside the ``scale_loss`` block. Else each arm
+    goes the way of a lone clip (``_unscale_before``): a clip after every micro-batch of an
+    accumulation loop clips the still-scaled gradients (``_clip_scaled_gradients``)."""
+    if _inside_scale_loss(ctx, model, branch):
+        return False  # reported on the way that does not collapse
     step = _next_step(ctx, model, call, optimizer_key(ctx, optimizer, call))
     return step is None or not _skipping_tests(ctx, branch, step)
 
