@@ -540,7 +540,31 @@ def _steps_every_time(
     if _inside_scale_loss(ctx, model, branch):
         return False  # reported on the way that does not collapse
     step = _next_step(ctx, model, call, optimizer_key(ctx, optimizer, call))
-    return step is None or not _skipping_tests(ctx, branch, step)
+    if step is None:
+        return True
+    stepped_otherwise = {id(test) for test in _steps_by_other_means(ctx, step, optimizer)}
+    return all(test is not None and id(test) in stepped_otherwise for test in _skipping_tests(ctx, branch, step))
+
+
+def _steps_by_other_means(
+    ctx: ModuleContext, step: cst.Call, optimizer: cst.BaseExpression
+) -> list[cst.BaseExpression]:
+    """The tests of the `if`s around ``step`` whose other arm hands the optimizer to another
+    stepping call instead (transformers' Trainer: ``if is_tpu_available():
+    xm.optimizer_step(optimizer) else: optimizer.step()``): not a pass without a step."""
+    wanted = syntax.normalized(optimizer)
+    found = []
+    child: cst.CSTNode = step
+    for ancestor in ctx.ancestors(step):
+        if isinstance(ancestor, cst.If) and isinstance(ancestor.orelse, cst.Else):
+            other = ancestor.orelse.body if child is ancestor.body else ancestor.body
+            if any(
+                isinstance(node, cst.Call) and any(syntax.normalized(arg.value) == wanted for arg in node.args)
+                for node in ctx.walk(other)
+            ):
+                found.append(ancestor.test)
+        child = ancestor
+    return found
 
 
 def _gradient_readers(ctx: ModuleContext) -> set[str]:
@@ -574,6 +598,8 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, requests: list[_Unsca
             for n in ctx.walk(clip)
         ):
             continue
+        if any(ancestor in ctx.plan.replace_statement for ancestor in ctx.ancestors(clip)):
+            continue  # the fp32 arm of a clip's if/else that became unscale_ + this clip
         function = ctx.function_of(clip)
         if any(scaler.access is not None and scaler.function is function for scaler in model.scalers):
             continue  # read through a carrier: amp_scale_loss unscales where Apex's block ended
