@@ -150,12 +150,14 @@ def _skipping_tests(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call) 
     around = set(map(id, ctx.ancestors(statement)))
     tests: list[cst.BaseExpression | None] = []
     block: cst.CSTNode | None = None
+    child: cst.CSTNode = step
     for ancestor in ctx.ancestors(step):
         if id(ancestor) in around:
             block = ancestor
             break
-        if isinstance(ancestor, cst.If):
+        if isinstance(ancestor, cst.If) and not _steps_otherwise(ctx, ancestor, child, step):
             tests.append(ancestor.test)
+        child = ancestor
     if isinstance(block, (cst.IndentedBlock, cst.Module)):
         tops = [id(node) for node in block.body]
 
@@ -168,6 +170,23 @@ def _skipping_tests(ctx: ModuleContext, statement: cst.CSTNode, step: cst.Call) 
                 if _leaves_iteration(ctx, between):
                     tests.append(between.test if isinstance(between, cst.If) else None)
     return tests
+
+
+def _steps_otherwise(ctx: ModuleContext, branch: cst.If, inside: cst.CSTNode, step: cst.Call) -> bool:
+    """Whether the other arm of ``branch`` (``step`` is in the arm ``inside``) steps the same
+    optimizer by other means (transformers' Trainer: ``if is_tpu_available():
+    xm.optimizer_step(optimizer) else: optimizer.step()``): its test is no pass without a step."""
+    if not isinstance(branch.orelse, cst.Else) or not isinstance(step.func, cst.Attribute):
+        return False
+    other = branch.orelse.body if inside is branch.body else branch.body
+    wanted = syntax.normalized(step.func.value)
+    for node in ctx.walk(other):
+        if not isinstance(node, cst.Call):
+            continue
+        name = dotted_name(node.func) or ""
+        if name.split(".")[-1].endswith("step") and any(syntax.normalized(a.value) == wanted for a in node.args):
+            return True
+    return False
 
 
 def _leaves_iteration(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
@@ -540,31 +559,7 @@ def _steps_every_time(
     if _inside_scale_loss(ctx, model, branch):
         return False  # reported on the way that does not collapse
     step = _next_step(ctx, model, call, optimizer_key(ctx, optimizer, call))
-    if step is None:
-        return True
-    stepped_otherwise = {id(test) for test in _steps_by_other_means(ctx, step, optimizer)}
-    return all(test is not None and id(test) in stepped_otherwise for test in _skipping_tests(ctx, branch, step))
-
-
-def _steps_by_other_means(
-    ctx: ModuleContext, step: cst.Call, optimizer: cst.BaseExpression
-) -> list[cst.BaseExpression]:
-    """The tests of the `if`s around ``step`` whose other arm hands the optimizer to another
-    stepping call instead (transformers' Trainer: ``if is_tpu_available():
-    xm.optimizer_step(optimizer) else: optimizer.step()``): not a pass without a step."""
-    wanted = syntax.normalized(optimizer)
-    found = []
-    child: cst.CSTNode = step
-    for ancestor in ctx.ancestors(step):
-        if isinstance(ancestor, cst.If) and isinstance(ancestor.orelse, cst.Else):
-            other = ancestor.orelse.body if child is ancestor.body else ancestor.body
-            if any(
-                isinstance(node, cst.Call) and any(syntax.normalized(arg.value) == wanted for arg in node.args)
-                for node in ctx.walk(other)
-            ):
-                found.append(ancestor.test)
-        child = ancestor
-    return found
+    return step is None or not _skipping_tests(ctx, branch, step)
 
 
 def _gradient_readers(ctx: ModuleContext) -> set[str]:
