@@ -253,11 +253,15 @@ def _module_dunder(attribute: cst.Attribute) -> str | None:
     name = attribute.attr.value
     if not (name.startswith("__") and name.endswith("__")):
         return None
+    code = syntax.code(attribute)
+    if name == "__dict__":
+        # timm's ApexScaler: `if 'state_dict' in amp.__dict__:`, for Apex builds without it
+        return (
+            f"`{code}` asks which functions the installed apex.amp has, not amp state: with Apex gone there is no "
+            "such module, and torch.amp.GradScaler always has state_dict() and load_state_dict(): drop the check"
+        )
     instead = f", or read `torch.amp.{name}` instead" if name in ("__path__", "__file__", "__name__") else ""
-    return (
-        f"`{syntax.code(attribute)}` reads the apex.amp module's own {name} (DeepSpeed logs `amp.__path__`), "
-        f"not amp state: with Apex gone there is no such module: drop it{instead}"
-    )
+    return f"`{code}` reads the apex.amp module's own {name}, not amp state: with Apex gone there is no such module: drop it{instead}"
 
 
 def _amp_api(api: str) -> str:
