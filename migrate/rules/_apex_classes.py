@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
+from migrate.rules._bindings import is_import_fallback
 from migrate.rules._context import ModuleContext
+from migrate.rules._exports import reached_from_outside
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class Replacement:
     note: str | Callable[[dict[str, object]], str] = ""
     # parameter (required, or unknown to this Apex signature) -> the code to write instead
     advice: dict[str, str] = field(default_factory=dict)
+    # parameters Apex has no default for (a call without one raised) where torch has one: a call
+    # through a value that leaves one out must give it in each parameter group it builds
+    no_default: frozenset[str] = frozenset()
 
 
 def _matches(path: str, replacement: Replacement) -> bool:
@@ -104,6 +109,11 @@ def _rewritten(updated: cst.CSTNode, replacement: Replacement) -> cst.CSTNode:
 
 
 def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
+    _plan_calls(ctx, replacements)
+    _plan_values(ctx, replacements)
+
+
+def _plan_calls(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
     for call in ctx.nodes_of(cst.Call):
         found = ctx.apex_path(call.func)
         if found is None:
@@ -125,3 +135,236 @@ def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...])
             bound = syntax.bind_arguments(call, replacement.parameters) or {}
             note = note({name: syntax.literal(arg.value) for name, arg in bound.items()})
         ctx.report("AMP041", call, f"{path} became {target}" + (f": {note}" if note else ""))
+
+
+def _value_call_problem(call: cst.Call, replacement: Replacement) -> tuple[str | None, str]:
+    """(the torch class, None) when ``call``, made through a variable holding the Apex class,
+    means the same unchanged with the torch class there; else (None, why not)."""
+    bound = syntax.bind_arguments(call, replacement.parameters)
+    if bound is None:
+        return None, "passes *args/**kwargs or a keyword Apex's signature lacks"
+    positional = sum(1 for arg in call.args if arg.keyword is None)
+    if positional > replacement.positional:
+        return None, f"passes {positional} positional arguments (the two signatures agree on {replacement.positional})"
+    values = {name: syntax.literal(arg.value) for name, arg in bound.items()}
+    codes = {name: syntax.code(arg.value).strip() for name, arg in bound.items()}
+    target = replacement.target if isinstance(replacement.target, str) else replacement.target(values, codes)
+    apex_only = sorted(set(bound) & (replacement.dropped | set(replacement.required) | set(replacement.renamed)))
+    if apex_only:
+        return None, f"passes {', '.join(apex_only)}, which {target} does not take"
+    # fused=True only picks torch's faster kernel: a call without it computes the same
+    differing = sorted(name for name in replacement.added(values) if name not in bound and name != "fused")
+    if differing:
+        return None, f"leaves out {', '.join(differing)}, whose default differs in {target}"
+    for name in sorted(replacement.no_default - set(bound)):
+        params = bound.get(replacement.parameters[0])
+        if params is None or not _every_group_gives(params.value, name):
+            return None, f"leaves out {name}, which Apex required (it raised) and {target} defaults"
+    return target, ""
+
+
+def _every_group_gives(params: cst.BaseExpression, option: str) -> bool:
+    """``[{"params": ..., "lr": ...}, ...]``: a literal list of groups, each giving ``option``."""
+    if not isinstance(params, (cst.List, cst.Tuple)) or not params.elements:
+        return False
+    for element in params.elements:
+        group = element.value
+        if not isinstance(element, cst.Element) or not isinstance(group, cst.Dict):
+            return False
+        keys = {syntax.literal(item.key) for item in group.elements if isinstance(item, cst.DictElement)}
+        if option not in keys:
+            return False
+    return True
+
+
+def _stored_in(ctx: ModuleContext, reference: cst.BaseExpression) -> cst.Assign | None:
+    """The assignment that stores the class as a value: ``x = C`` or ``x = D if c else C``."""
+    node: cst.CSTNode = reference
+    parent = ctx.parent(node)
+    while isinstance(parent, cst.IfExp) and parent.test is not node:
+        node, parent = parent, ctx.parent(parent)
+    if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
+        return parent
+    return None
+
+
+def _calls_through(ctx: ModuleContext, variable: str) -> list[cst.Call] | str:
+    """Every call made through the plain variable ``variable``, or why some use of it is not a
+    call (then the value may flow where it is not seen). Every name spelled so in the module
+    counts, whatever scope it is in: a name elsewhere only adds calls to check."""
+    calls: list[cst.Call] = []
+    for name in ctx.nodes_of(cst.Name):
+        if name.value != variable:
+            continue
+        parent = ctx.parent(name)
+        if (
+            isinstance(parent, cst.Attribute)
+            and parent.attr is name
+            or isinstance(parent, cst.Arg)
+            and parent.keyword is name
+        ):
+            continue  # `obj.variable`, `f(variable=...)`: not the variable
+        if isinstance(parent, cst.AssignTarget) and parent.target is name:
+            continue
+        if isinstance(parent, cst.Call) and parent.func is name:
+            calls.append(parent)
+            continue
+        return f"`{variable}` is used other than by a call on line {ctx.position(name)[0]}"
+    return calls
+
+
+def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
+    """An Apex class stored in a variable and called through it (``opt_class = FusedSGD``,
+    ``opt_class(params, lr=0.1)``) becomes the torch class where every call through the
+    variable is seen and means the same with the torch class, and every other use of the same
+    import is migrated too; else AMP042 with the code to write."""
+    decisions: list[_Value] = []
+    for name in ctx.reference_names():
+        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
+            continue
+        reference: cst.BaseExpression = name
+        replacement = None
+        found = None
+        while True:
+            found = ctx.apex_path(reference)
+            if found is not None:
+                replacement = next((r for r in replacements if _matches(found[0], r)), None)
+                if replacement is not None:
+                    break
+            parent = ctx.parent(reference)
+            if not (isinstance(parent, cst.Attribute) and parent.value is reference):
+                break
+            reference = parent
+        if replacement is None or found is None:
+            continue
+        holder = ctx.parent(reference)
+        if isinstance(holder, cst.Call) and holder.func is reference:
+            continue  # a direct call: _plan_calls
+        store = _stored_in(ctx, reference)
+        if store is None or ctx.skipped(reference):
+            continue  # passed, subclassed, checked: amp_import reports the import that stays
+        decisions.append(_decide(ctx, reference, store, replacement, found[0], found[1]))
+    migrated = {id(value.root) for value in decisions if not value.problem}
+    for value in decisions:
+        if not value.problem:
+            value.problem = _other_use(ctx, value, migrated)
+        if value.problem:
+            _report_value(ctx, value)
+            continue
+        ctx.plan.substitute(value.reference, syntax.dotted(value.torch_class))
+        ctx.plan.needs_torch_import = True
+        ctx.consumed.add(value.root)
+        lines = ", ".join(str(ctx.position(call)[0]) for call in value.calls)
+        ctx.report(
+            "AMP041",
+            value.reference,
+            f"{value.path} stored in `{value.spelled}` became {value.torch_class}: every call through it "
+            f"(line{'s' if len(value.calls) > 1 else ''} {lines}) passes arguments {value.torch_class} takes with "
+            "the same meaning and defaults",
+        )
+
+
+@dataclass
+class _Value:
+    """One Apex class stored as a value, and whether the torch class may take its place."""
+
+    reference: cst.BaseExpression
+    root: cst.Name
+    replacement: Replacement
+    path: str
+    spelled: str  # the variable (or attribute) it is stored in
+    torch_class: str
+    calls: list[cst.Call]
+    problem: str  # why not ("" when it may)
+
+
+def _decide(
+    ctx: ModuleContext,
+    reference: cst.BaseExpression,
+    store: cst.Assign,
+    replacement: Replacement,
+    path: str,
+    root: cst.Name,
+) -> _Value:
+    target = store.targets[0].target
+    spelled = syntax.code(target).strip()
+    value = _Value(reference, root, replacement, path, spelled, _default_target(replacement), [], "")
+    if not isinstance(target, cst.Name) or isinstance(ctx.scope_of(store), cst.ClassDef):
+        value.problem = f"`{spelled}` is an attribute, and the calls through it are not all in this module"
+        return value
+    reached = reached_from_outside(ctx, ctx.scope_of(store), target.value)
+    if reached is not None:
+        value.problem = f"`{spelled}` may be used outside this module ({reached})"
+        return value
+    calls = _calls_through(ctx, target.value)
+    if isinstance(calls, str):
+        value.problem = calls
+        return value
+    if not calls:
+        value.problem = f"`{spelled}` is never called in this module"
+        return value
+    targets: set[str] = set()
+    for call in calls:
+        called, why = _value_call_problem(call, replacement)
+        if called is None:
+            value.problem = f"the call on line {ctx.position(call)[0]} {why}"
+            return value
+        targets.add(called)
+    if len(targets) > 1 or not next(iter(targets)).replace(".", "").isidentifier():
+        value.problem = f"its calls need different torch classes ({', '.join(sorted(targets))})"
+        return value
+    value.torch_class, value.calls = next(iter(targets)), calls
+    return value
+
+
+def _other_use(ctx: ModuleContext, value: _Value, migrated: set[int]) -> str:
+    """Why the Apex class stays for another of its uses through the same import ("" when none
+    does): a torch class stored here beside the Apex one checked or passed elsewhere would stop
+    matching."""
+    root = value.root
+    binding = ctx.resolve(root.value, root)
+    if binding is None:
+        return ""
+    for name in ctx.reference_names():
+        if name is root or name in ctx.consumed or id(name) in migrated or name.value != root.value:
+            continue
+        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
+            continue
+        if is_import_fallback(ctx, name):
+            continue
+        other = ctx.resolve(name.value, name)
+        if other is None or other.alias is not binding.alias:
+            continue
+        node: cst.BaseExpression = name
+        while (path := ctx.apex_path(node)) is not None and path[0] != value.path:
+            parent = ctx.parent(node)
+            if not (isinstance(parent, cst.Attribute) and parent.value is node):
+                break
+            node = parent
+        if path is not None and path[0] == value.path:
+            return f"`{name.value}` is also used on line {ctx.position(name)[0]}, where it stays Apex's class"
+    return ""
+
+
+def _report_value(ctx: ModuleContext, value: _Value) -> None:
+    needed = sorted(name for name in value.replacement.added({}) if name != "fused")
+    passes = f" and passes {', '.join(needed)} (Apex's default differs)" if needed else ""
+    ctx.report(
+        "AMP042",
+        value.reference,
+        f"{value.path} is stored in `{value.spelled}` as a value, but {value.problem}: write "
+        f"`{value.torch_class}` here once every call through `{value.spelled}` passes only "
+        f"({', '.join(_torch_parameters(value.replacement))}){passes}",
+    )
+
+
+def _default_target(replacement: Replacement) -> str:
+    if isinstance(replacement.target, str):
+        return replacement.target
+    return replacement.target({}, {})
+
+
+def _torch_parameters(replacement: Replacement) -> list[str]:
+    """The Apex parameters a call through a value may pass unchanged to the torch class."""
+    apex_only = replacement.dropped | set(replacement.required) | set(replacement.renamed)
+    return [name for name in replacement.parameters if name not in apex_only]
