@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._bindings import is_import_fallback
+from migrate.rules._bindings import dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
 from migrate.rules._exports import reached_from_outside
 
@@ -122,6 +122,10 @@ def _plan_calls(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> No
         replacement = next((r for r in replacements if _matches(path, r)), None)
         if replacement is None or ctx.skipped(call):
             continue
+        other = _other_library(ctx, root)
+        if other is not None:
+            _report_other_library(ctx, root, path, replacement, other)
+            continue
         result = _rewrite(call, replacement)
         if isinstance(result, str):
             ctx.report("AMP042", call, result)
@@ -161,6 +165,119 @@ def _value_call_problem(call: cst.Call, replacement: Replacement) -> tuple[str |
         if params is None or not _every_group_gives(params.value, name):
             return None, f"leaves out {name}, which Apex required (it raised) and {target} defaults"
     return target, ""
+
+
+def _other_library(ctx: ModuleContext, root: cst.Name) -> cst.Import | cst.ImportFrom | None:
+    """An import from another library than Apex or torch that binds the same name in the same
+    scope (``from transformer_engine.pytorch.optimizers import FusedSGD as SGD`` tried first): the
+    name may be that library's class, which a torch call must not replace."""
+    binding = ctx.resolve(root.value, root)
+    if binding is None:
+        return None
+    scope = next((s for s, names in ctx.imports.items() if binding in names.get(root.value, ())), None)
+    for other in ctx.other_imports.get(scope, {}).get(root.value, []) if scope is not None else []:
+        module = other.module if isinstance(other, cst.ImportFrom) else None
+        spelled = (dotted_name(module) or "") if module is not None else ""
+        if isinstance(other, cst.Import) or spelled.split(".")[0] != "torch":
+            return other
+    return None
+
+
+def _torch_fallback(ctx: ModuleContext, binding_statement: cst.CSTNode, scope: object, bound: str) -> str | None:
+    """The torch class an ``except`` clause of the try around the Apex import binds to the same
+    name (``from torch.optim import AdamW as Adam``), as a dotted path."""
+    for other in ctx.other_imports.get(scope, {}).get(bound, []):  # type: ignore[call-overload]
+        if not isinstance(other, cst.ImportFrom) or isinstance(other.names, cst.ImportStar):
+            continue
+        module = dotted_name(other.module) if other.module is not None else None
+        if module is None or module.split(".")[0] != "torch":
+            continue
+        if not any(isinstance(a, cst.ExceptHandler) for a in ctx.ancestors(other)):
+            continue
+        for alias in other.names:
+            if (alias.evaluated_alias or alias.evaluated_name) == bound:
+                return f"{module}.{alias.evaluated_name}"
+    return None
+
+
+def _report_other_library(
+    ctx: ModuleContext, root: cst.Name, path: str, replacement: Replacement, other: cst.Import | cst.ImportFrom
+) -> None:
+    """AMP042 on the Apex import of a name another library's import binds first: what the name
+    is where, and whether deleting the Apex level (the name falls to torch's fallback) is the
+    same for every use here."""
+    binding = ctx.resolve(root.value, root)
+    assert binding is not None
+    bound = root.value
+    scope = next((s for s, names in ctx.imports.items() if binding in names.get(bound, ())), ctx.module)
+    fallback = _torch_fallback(ctx, binding.statement, scope, bound)
+    differences: list[str] = []
+    for name in ctx.reference_names():
+        if name.value != bound or any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
+            continue
+        found = ctx.resolve(name.value, name)
+        if found is None or found.alias is not binding.alias:
+            continue
+        holder = ctx.parent(name)
+        line = ctx.position(name)[0]
+        if isinstance(holder, cst.Call) and holder.func is name:
+            twin, why = _value_call_problem(holder, replacement)
+            if twin is None:
+                differences.append(f"the call on line {line} {why}")
+            elif fallback is not None and twin != fallback:
+                differences.append(f"the call on line {line} builds {fallback} where Apex's twin is {twin}")
+        else:
+            differences.append(f"line {line} uses it other than by a call, so the calls it reaches are not seen")
+    twin = _default_target(replacement)
+    if fallback is not None and fallback != twin:
+        differences.insert(0, f"the fallback {fallback} is not {path}'s torch twin {twin}")
+    flags = _flags_that_differ(ctx, binding.statement)
+    if flags:
+        differences.append(f"the module then runs with {', '.join(flags)}")
+    imported = " ".join(syntax.code(other).split())
+    where = f"{fallback} where neither is installed" if fallback else "the except clause's choice where neither is"
+    verdict = (
+        f"deleting it is not the same as what ran with Apex: {'; '.join(differences)}"
+        if differences or fallback is None
+        else f"every use here passes arguments {fallback} takes the same way, so deleting it changes only speed"
+    )
+    ctx.report(
+        "AMP042",
+        binding.alias,
+        f"`{bound}` is chosen among three: the class of the import on line {ctx.position(other)[0]} (`{imported}`) "
+        f"where that library is installed, {path} where only Apex is, {where}; ampmigrate leaves the choice as it "
+        f"is. To run without Apex, delete this import (its `try` level, keeping its except clause's code); " + verdict,
+    )
+
+
+def _flags_that_differ(ctx: ModuleContext, statement: cst.CSTNode) -> list[str]:
+    """The names the try around ``statement`` sets beside the import to another value than its
+    except clauses do (``USING_APEX_OPTIMIZER = True``): deleting the Apex level changes them."""
+    line = ctx.statement_of(statement)
+    block = ctx.parent(line)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not isinstance(owner, cst.Try) or owner.body is not block:
+        return []
+
+    def flags(node: cst.CSTNode) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for inner in ctx.walk(node):
+            if isinstance(inner, cst.Assign) and len(inner.targets) == 1:
+                name = dotted_name(inner.targets[0].target)
+                if name is not None:
+                    found[name] = " ".join(syntax.code(inner.value).split())
+        return found
+
+    tried = flags(owner.body)
+    otherwise: dict[str, str] = {}
+    for handler in owner.handlers:
+        otherwise.update(flags(handler))
+    changes = [
+        f"`{name} = {otherwise[name]}` instead of `{name} = {code}`" if name in otherwise else f"no `{name} = {code}`"
+        for name, code in tried.items()
+        if otherwise.get(name) != code
+    ]
+    return changes + [f"`{name} = {code}`" for name, code in otherwise.items() if name not in tried]
 
 
 def _every_group_gives(params: cst.BaseExpression, option: str) -> bool:
@@ -242,12 +359,17 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
             continue  # a direct call: _plan_calls
         store = _stored_in(ctx, reference)
         if store is None or ctx.skipped(reference):
+            other = _other_library(ctx, found[1]) if not ctx.skipped(reference) else None
+            if other is not None:
+                _report_other_library(ctx, found[1], found[0], replacement, other)
             continue  # passed, subclassed, checked: amp_import reports the import that stays
         decisions.append(_decide(ctx, reference, store, replacement, found[0], found[1]))
     migrated = {id(value.root) for value in decisions if not value.problem}
     for value in decisions:
         if not value.problem:
             value.problem = _other_use(ctx, value, migrated)
+        if value.problem == "-":
+            continue
         if value.problem:
             _report_value(ctx, value)
             continue
@@ -289,6 +411,11 @@ def _decide(
     target = store.targets[0].target
     spelled = syntax.code(target).strip()
     value = _Value(reference, root, replacement, path, spelled, _default_target(replacement), [], "")
+    other = _other_library(ctx, root)
+    if other is not None:
+        _report_other_library(ctx, root, path, replacement, other)
+        value.problem = "-"  # said on the import
+        return value
     if not isinstance(target, cst.Name) or isinstance(ctx.scope_of(store), cst.ClassDef):
         value.problem = f"`{spelled}` is an attribute, and the calls through it are not all in this module"
         return value

@@ -41,7 +41,12 @@ Not rewritten (reported instead, AMP042, with the code to write)
     ``wd_after_momentum=True``, ``adagrad_w_mode=True``, the old ``max_grad_norm`` and
     ``eps_inside_sqrt`` arguments; a class stored as a value whose calls are not all seen
     (an attribute, a variable passed on or reachable from other modules) or would mean
-    something else with the torch class. ``FusedLAMB``, ``FusedNovoGrad`` and
+    something else with the torch class; a name another library's import binds first
+    (``try: from transformer_engine... import FusedAdam as Adam except ImportError: try: from
+    apex.optimizers import FusedAdam as Adam ...``): a torch call there would also replace
+    that library's class, so the finding on the Apex import says whether deleting it (the
+    name falling to the except clause's torch class) is what ran with Apex at every use and
+    for the flags the try sets. ``FusedLAMB``, ``FusedNovoGrad`` and
     ``FusedMixedPrecisionLamb`` have no torch twin (AMP040: the message says what they do
     inside, such as LAMB's clipping to ``max_grad_norm``).
 
