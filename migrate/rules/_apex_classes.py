@@ -294,7 +294,7 @@ def _every_group_gives(params: cst.BaseExpression, option: str) -> bool:
     return True
 
 
-def _stored_in(ctx: ModuleContext, reference: cst.BaseExpression) -> cst.Assign | None:
+def stored_in(ctx: ModuleContext, reference: cst.BaseExpression) -> cst.Assign | None:
     """The assignment that stores the class as a value: ``x = C`` or ``x = D if c else C``."""
     node: cst.CSTNode = reference
     parent = ctx.parent(node)
@@ -357,7 +357,7 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
         holder = ctx.parent(reference)
         if isinstance(holder, cst.Call) and holder.func is reference:
             continue  # a direct call: _plan_calls
-        store = _stored_in(ctx, reference)
+        store = stored_in(ctx, reference)
         if store is None or ctx.skipped(reference):
             other = _other_library(ctx, found[1]) if not ctx.skipped(reference) else None
             if other is not None:
