@@ -233,7 +233,7 @@ def _report_other_library(
         differences.insert(0, f"the fallback {fallback} is not {path}'s torch twin {twin}")
     flags = _flags_that_differ(ctx, binding.statement)
     if flags:
-        differences.append(f"the module then runs with {', '.join(flags)}")
+        differences.append(f"the flags the try sets change ({', '.join(flags)})")
     imported = " ".join(syntax.code(other).split())
     where = f"{fallback} where neither is installed" if fallback else "the except clause's choice where neither is"
     verdict = (
@@ -277,7 +277,7 @@ def _flags_that_differ(ctx: ModuleContext, statement: cst.CSTNode) -> list[str]:
         for name, code in tried.items()
         if otherwise.get(name) != code
     ]
-    return changes + [f"`{name} = {code}`" for name, code in otherwise.items() if name not in tried]
+    return changes + [f"`{name} = {code}` set" for name, code in otherwise.items() if name not in tried]
 
 
 def _every_group_gives(params: cst.BaseExpression, option: str) -> bool:
@@ -333,9 +333,11 @@ def _calls_through(ctx: ModuleContext, variable: str) -> list[cst.Call] | str:
 def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
     """An Apex class stored in a variable and called through it (``opt_class = FusedSGD``,
     ``opt_class(params, lr=0.1)``) becomes the torch class where every call through the
-    variable is seen and means the same with the torch class, and every other use of the same
-    import is migrated too; else AMP042 with the code to write."""
+    variable is seen and means the same with the torch class; an ``isinstance``/``issubclass``
+    check on it where every construction of the class in the module becomes that torch class.
+    Every other use of the same import must migrate too; else AMP042 with the code to write."""
     decisions: list[_Value] = []
+    checks: list[_Value] = []
     for name in ctx.reference_names():
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
             continue
@@ -357,19 +359,37 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
         holder = ctx.parent(reference)
         if isinstance(holder, cst.Call) and holder.func is reference:
             continue  # a direct call: _plan_calls
-        store = stored_in(ctx, reference)
-        if store is None or ctx.skipped(reference):
-            other = _other_library(ctx, found[1]) if not ctx.skipped(reference) else None
-            if other is not None:
-                _report_other_library(ctx, found[1], found[0], replacement, other)
-            continue  # passed, subclassed, checked: amp_import reports the import that stays
-        decisions.append(_decide(ctx, reference, store, replacement, found[0], found[1]))
-    migrated = {id(value.root) for value in decisions if not value.problem}
-    for value in decisions:
-        if not value.problem:
-            value.problem = _other_use(ctx, value, migrated)
-        if value.problem == "-":
+        if ctx.skipped(reference):
             continue
+        other = _other_library(ctx, found[1])
+        if other is not None:
+            _report_other_library(ctx, found[1], found[0], replacement, other)
+            continue
+        store = stored_in(ctx, reference)
+        if store is not None:
+            decisions.append(_decide(ctx, reference, store, replacement, found[0], found[1]))
+            continue
+        tested = class_check(ctx, reference)
+        if tested is not None:
+            target = _default_target(replacement)
+            checks.append(_Value(reference, found[1], replacement, found[0], "", target, [], "", tested))
+        # other uses (passed, subclassed): amp_import reports the import that stays
+    for check in checks:
+        check.problem = _check_problem(ctx, check, decisions)
+    while True:  # a use whose import keeps another Apex use fails, which may fail others in turn
+        migrated = {id(value.root) for value in (*decisions, *checks) if not value.problem}
+        failed = False
+        for value in (*decisions, *checks):
+            if not value.problem:
+                value.problem = _other_use(ctx, value, migrated)
+                failed |= bool(value.problem)
+        for check in checks:
+            if not check.problem:
+                check.problem = _check_problem(ctx, check, decisions)
+                failed |= bool(check.problem)
+        if not failed:
+            break
+    for value in decisions:
         if value.problem:
             _report_value(ctx, value)
             continue
@@ -384,6 +404,74 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
             f"(line{'s' if len(value.calls) > 1 else ''} {lines}) passes arguments {value.torch_class} takes with "
             "the same meaning and defaults",
         )
+    for check in checks:
+        assert check.check is not None
+        if check.problem:
+            torch_check = check.check.deep_replace(check.reference, syntax.dotted(check.torch_class))
+            ctx.report(
+                "AMP042",
+                check.check,
+                f"`{' '.join(ctx.code(check.check).split())}` tests for {check.path}, but {check.problem}: write "
+                f"`{' '.join(syntax.code(torch_check).split())}` once every {check.path.rpartition('.')[2]} that "
+                f"reaches it is built as {check.torch_class}",
+            )
+            continue
+        ctx.plan.substitute(check.reference, syntax.dotted(check.torch_class))
+        ctx.plan.needs_torch_import = True
+        ctx.consumed.add(check.root)
+        ctx.report(
+            "AMP041",
+            check.check,
+            f"{check.path} became {check.torch_class} in the check: every {check.path.rpartition('.')[2]} this module "
+            f"builds is {check.torch_class} now; one built in another module and tested here must be too",
+        )
+
+
+def class_check(ctx: ModuleContext, reference: cst.BaseExpression) -> cst.Call | None:
+    """The ``isinstance(x, C)`` / ``issubclass(x, (A, C))`` call whose class argument is ``reference``."""
+    node: cst.CSTNode = reference
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.Element) and isinstance(ctx.parent(parent), cst.Tuple):
+        node = ctx.parent(parent)  # type: ignore[assignment]
+        parent = ctx.parent(node)
+    if not isinstance(parent, cst.Arg) or parent.value is not node:
+        return None
+    call = ctx.parent(parent)
+    if (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Name)
+        and call.func.value in ("isinstance", "issubclass")
+        and len(call.args) == 2
+        and call.args[1] is parent
+    ):
+        return call
+    return None
+
+
+def _check_problem(ctx: ModuleContext, check: _Value, values: list[_Value]) -> str:
+    """Why a class check on the Apex class cannot name the torch class ("" when it can): each
+    construction of the Apex class the module holds must become that very torch class."""
+    if not isinstance(check.replacement.target, str):
+        return "the torch class depends on the arguments of each construction"
+    built: list[str] = []
+    for call in ctx.nodes_of(cst.Call):
+        found = ctx.apex_path(call.func)
+        if found is not None and found[0] == check.path:
+            if call not in ctx.plan.replace:
+                return f"the {check.path} built on line {ctx.position(call)[0]} stays Apex's"
+            built.append(str(ctx.position(call)[0]))
+    for value in values:
+        if value.path == check.path:
+            if value.problem:
+                return f"the {check.path} stored on line {ctx.position(value.reference)[0]} stays Apex's"
+            built.append(str(ctx.position(value.reference)[0]))
+    if not built:
+        return "this module builds none: the layers it tests come from elsewhere, where they may stay Apex's"
+    short = check.torch_class.rpartition(".")[2]
+    for node in ctx.nodes_of(cst.Attribute):
+        if node.attr.value == short and ctx.apex_path(node) is None and node is not check.reference:
+            return f"the module also uses {syntax.code(node).strip()} (line {ctx.position(node)[0]}), which the check would start to match"
+    return ""
 
 
 @dataclass
@@ -398,6 +486,7 @@ class _Value:
     torch_class: str
     calls: list[cst.Call]
     problem: str  # why not ("" when it may)
+    check: cst.Call | None = None  # the isinstance/issubclass call, for a class check
 
 
 def _decide(
@@ -411,11 +500,6 @@ def _decide(
     target = store.targets[0].target
     spelled = syntax.code(target).strip()
     value = _Value(reference, root, replacement, path, spelled, _default_target(replacement), [], "")
-    other = _other_library(ctx, root)
-    if other is not None:
-        _report_other_library(ctx, root, path, replacement, other)
-        value.problem = "-"  # said on the import
-        return value
     if not isinstance(target, cst.Name) or isinstance(ctx.scope_of(store), cst.ClassDef):
         value.problem = f"`{spelled}` is an attribute, and the calls through it are not all in this module"
         return value
