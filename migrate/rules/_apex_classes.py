@@ -168,17 +168,29 @@ def _value_call_problem(call: cst.Call, replacement: Replacement) -> tuple[str |
 
 
 def _other_library(ctx: ModuleContext, root: cst.Name) -> cst.Import | cst.ImportFrom | None:
-    """An import from another library than Apex or torch that binds the same name in the same
-    scope (``from transformer_engine.pytorch.optimizers import FusedSGD as SGD`` tried first): the
-    name may be that library's class, which a torch call must not replace."""
+    """The import of another library than Apex or torch tried before the Apex one, binding the
+    same name (``try: from transformer_engine.pytorch.optimizers import FusedSGD as SGD except
+    ImportError: from apex.optimizers import FusedSGD as SGD``): where that library is installed
+    the name is its class, which a torch call must not replace. (A fallback tried after Apex only
+    ran where Apex was missing: the Apex path is the one migrated.)"""
     binding = ctx.resolve(root.value, root)
     if binding is None:
         return None
     scope = next((s for s, names in ctx.imports.items() if binding in names.get(root.value, ())), None)
-    for other in ctx.other_imports.get(scope, {}).get(root.value, []) if scope is not None else []:
-        module = other.module if isinstance(other, cst.ImportFrom) else None
-        spelled = (dotted_name(module) or "") if module is not None else ""
-        if isinstance(other, cst.Import) or spelled.split(".")[0] != "torch":
+    if scope is None:
+        return None
+    tried_first: list[cst.Try] = []  # the trys whose except clauses hold the Apex import
+    for ancestor in ctx.ancestors(binding.statement):
+        if isinstance(ancestor, cst.ExceptHandler):
+            owner = ctx.parent(ancestor)
+            if isinstance(owner, cst.Try):
+                tried_first.append(owner)
+    for other in ctx.other_imports.get(scope, {}).get(root.value, []):
+        module = dotted_name(other.module) if isinstance(other, cst.ImportFrom) and other.module is not None else ""
+        if isinstance(other, cst.ImportFrom) and (module or "").split(".")[0] == "torch":
+            continue
+        around = set(ctx.ancestors(other))
+        if any(attempt.body in around for attempt in tried_first):
             return other
     return None
 
