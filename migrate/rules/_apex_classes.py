@@ -142,7 +142,7 @@ def _plan_calls(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> No
 
 
 def _value_call_problem(call: cst.Call, replacement: Replacement) -> tuple[str | None, str]:
-    """(the torch class, None) when ``call``, made through a variable holding the Apex class,
+    """(the torch class, "") when ``call``, made through a variable holding the Apex class,
     means the same unchanged with the torch class there; else (None, why not)."""
     bound = syntax.bind_arguments(call, replacement.parameters)
     if bound is None:
@@ -195,7 +195,7 @@ def _other_library(ctx: ModuleContext, root: cst.Name) -> cst.Import | cst.Impor
     return None
 
 
-def _torch_fallback(ctx: ModuleContext, binding_statement: cst.CSTNode, scope: object, bound: str) -> str | None:
+def _torch_fallback(ctx: ModuleContext, scope: object, bound: str) -> str | None:
     """The torch class an ``except`` clause of the try around the Apex import binds to the same
     name (``from torch.optim import AdamW as Adam``), as a dotted path."""
     for other in ctx.other_imports.get(scope, {}).get(bound, []):  # type: ignore[call-overload]
@@ -222,7 +222,7 @@ def _report_other_library(
     assert binding is not None
     bound = root.value
     scope = next((s for s, names in ctx.imports.items() if binding in names.get(bound, ())), ctx.module)
-    fallback = _torch_fallback(ctx, binding.statement, scope, bound)
+    fallback = _torch_fallback(ctx, scope, bound)
     differences: list[str] = []
     for name in ctx.reference_names():
         if name.value != bound or any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
