@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
+from migrate.rules._bindings import dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
+from migrate.rules._exports import reached_from_outside
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class Replacement:
     note: str | Callable[[dict[str, object]], str] = ""
     # parameter (required, or unknown to this Apex signature) -> the code to write instead
     advice: dict[str, str] = field(default_factory=dict)
+    # parameters Apex has no default for (a call without one raised) where torch has one: a call
+    # through a value that leaves one out must give it in each parameter group it builds
+    no_default: frozenset[str] = frozenset()
 
 
 def _matches(path: str, replacement: Replacement) -> bool:
@@ -104,6 +109,11 @@ def _rewritten(updated: cst.CSTNode, replacement: Replacement) -> cst.CSTNode:
 
 
 def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
+    _plan_calls(ctx, replacements)
+    _plan_values(ctx, replacements)
+
+
+def _plan_calls(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
     for call in ctx.nodes_of(cst.Call):
         found = ctx.apex_path(call.func)
         if found is None:
@@ -111,6 +121,10 @@ def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...])
         path, root = found
         replacement = next((r for r in replacements if _matches(path, r)), None)
         if replacement is None or ctx.skipped(call):
+            continue
+        other = _other_library(ctx, root)
+        if other is not None:
+            _report_other_library(ctx, root, path, replacement, other)
             continue
         result = _rewrite(call, replacement)
         if isinstance(result, str):
@@ -125,3 +139,455 @@ def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...])
             bound = syntax.bind_arguments(call, replacement.parameters) or {}
             note = note({name: syntax.literal(arg.value) for name, arg in bound.items()})
         ctx.report("AMP041", call, f"{path} became {target}" + (f": {note}" if note else ""))
+
+
+def _value_call_problem(call: cst.Call, replacement: Replacement) -> tuple[str | None, str]:
+    """(the torch class, "") when ``call``, made through a variable holding the Apex class,
+    means the same unchanged with the torch class there; else (None, why not)."""
+    bound = syntax.bind_arguments(call, replacement.parameters)
+    if bound is None:
+        return None, "passes *args/**kwargs or a keyword Apex's signature lacks"
+    positional = sum(1 for arg in call.args if arg.keyword is None)
+    if positional > replacement.positional:
+        return None, f"passes {positional} positional arguments (the two signatures agree on {replacement.positional})"
+    values = {name: syntax.literal(arg.value) for name, arg in bound.items()}
+    codes = {name: syntax.code(arg.value).strip() for name, arg in bound.items()}
+    target = replacement.target if isinstance(replacement.target, str) else replacement.target(values, codes)
+    apex_only = sorted(set(bound) & (replacement.dropped | set(replacement.required) | set(replacement.renamed)))
+    if apex_only:
+        return None, f"passes {', '.join(apex_only)}, which {target} does not take"
+    # fused=True only picks torch's faster kernel: a call without it computes the same
+    differing = sorted(name for name in replacement.added(values) if name not in bound and name != "fused")
+    if differing:
+        return None, f"leaves out {', '.join(differing)}, whose default differs in {target}"
+    for name in sorted(replacement.no_default - set(bound)):
+        params = bound.get(replacement.parameters[0])
+        if params is None or not _every_group_gives(params.value, name):
+            return None, f"leaves out {name}, which Apex required (it raised) and {target} defaults"
+    return target, ""
+
+
+def _other_library(ctx: ModuleContext, root: cst.Name) -> cst.Import | cst.ImportFrom | None:
+    """The import of another library than Apex or torch tried before the Apex one, binding the
+    same name (``try: from transformer_engine.pytorch.optimizers import FusedSGD as SGD except
+    ImportError: from apex.optimizers import FusedSGD as SGD``): where that library is installed
+    the name is its class, which a torch call must not replace. (A fallback tried after Apex only
+    ran where Apex was missing: the Apex path is the one migrated.)"""
+    binding = ctx.resolve(root.value, root)
+    if binding is None:
+        return None
+    scope = next((s for s, names in ctx.imports.items() if binding in names.get(root.value, ())), None)
+    if scope is None:
+        return None
+    tried_first: list[cst.Try] = []  # the trys whose except clauses hold the Apex import
+    for ancestor in ctx.ancestors(binding.statement):
+        if isinstance(ancestor, cst.ExceptHandler):
+            owner = ctx.parent(ancestor)
+            if isinstance(owner, cst.Try):
+                tried_first.append(owner)
+    for other in ctx.other_imports.get(scope, {}).get(root.value, []):
+        module = dotted_name(other.module) if isinstance(other, cst.ImportFrom) and other.module is not None else ""
+        if isinstance(other, cst.ImportFrom) and (module or "").split(".")[0] == "torch":
+            continue
+        around = set(ctx.ancestors(other))
+        if any(attempt.body in around for attempt in tried_first):
+            return other
+    return None
+
+
+def _torch_fallback(ctx: ModuleContext, scope: object, bound: str) -> str | None:
+    """The torch class an ``except`` clause of the try around the Apex import binds to the same
+    name (``from torch.optim import AdamW as Adam``), as a dotted path."""
+    for other in ctx.other_imports.get(scope, {}).get(bound, []):  # type: ignore[call-overload]
+        if not isinstance(other, cst.ImportFrom) or isinstance(other.names, cst.ImportStar):
+            continue
+        module = dotted_name(other.module) if other.module is not None else None
+        if module is None or module.split(".")[0] != "torch":
+            continue
+        if not any(isinstance(a, cst.ExceptHandler) for a in ctx.ancestors(other)):
+            continue
+        for alias in other.names:
+            if (alias.evaluated_alias or alias.evaluated_name) == bound:
+                return f"{module}.{alias.evaluated_name}"
+    return None
+
+
+def _report_other_library(
+    ctx: ModuleContext, root: cst.Name, path: str, replacement: Replacement, other: cst.Import | cst.ImportFrom
+) -> None:
+    """AMP042 on the Apex import of a name another library's import binds first: what the name
+    is where, and whether deleting the Apex level (the name falls to torch's fallback) is the
+    same for every use here."""
+    binding = ctx.resolve(root.value, root)
+    assert binding is not None
+    bound = root.value
+    scope = next((s for s, names in ctx.imports.items() if binding in names.get(bound, ())), ctx.module)
+    fallback = _torch_fallback(ctx, scope, bound)
+    differences: list[str] = []
+    for name in ctx.reference_names():
+        if name.value != bound or any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
+            continue
+        found = ctx.resolve(name.value, name)
+        if found is None or found.alias is not binding.alias:
+            continue
+        holder = ctx.parent(name)
+        line = ctx.position(name)[0]
+        if isinstance(holder, cst.Call) and holder.func is name:
+            twin, why = _value_call_problem(holder, replacement)
+            if twin is None:
+                differences.append(f"the call on line {line} {why}")
+            elif fallback is not None and twin != fallback:
+                differences.append(f"the call on line {line} builds {fallback} where Apex's twin is {twin}")
+        else:
+            differences.append(f"line {line} uses it other than by a call, so the calls it reaches are not seen")
+    twin = _default_target(replacement)
+    if fallback is not None and fallback != twin:
+        differences.insert(0, f"the fallback {fallback} is not {path}'s torch twin {twin}")
+    flags = _flags_that_differ(ctx, binding.statement)
+    if flags:
+        differences.append(f"the flags the try sets change ({', '.join(flags)})")
+    imported = " ".join(syntax.code(other).split())
+    where = f"{fallback} where neither is installed" if fallback else "the except clause's choice where neither is"
+    verdict = (
+        f"deleting it is not the same as what ran with Apex: {'; '.join(differences)}"
+        if differences or fallback is None
+        else f"every use here passes arguments {fallback} takes the same way, so deleting it changes only speed"
+    )
+    ctx.report(
+        "AMP042",
+        binding.alias,
+        f"`{bound}` is chosen among three: the class of the import on line {ctx.position(other)[0]} (`{imported}`) "
+        f"where that library is installed, {path} where only Apex is, {where}; ampmigrate leaves the choice as it "
+        f"is. To run without Apex, delete this import (its `try` level, keeping its except clause's code); " + verdict,
+    )
+
+
+def _flags_that_differ(ctx: ModuleContext, statement: cst.CSTNode) -> list[str]:
+    """The names the try around ``statement`` sets beside the import to another value than its
+    except clauses do (``USING_APEX_OPTIMIZER = True``): deleting the Apex level changes them."""
+    line = ctx.statement_of(statement)
+    block = ctx.parent(line)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not isinstance(owner, cst.Try) or owner.body is not block:
+        return []
+
+    def flags(node: cst.CSTNode) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for inner in ctx.walk(node):
+            if isinstance(inner, cst.Assign) and len(inner.targets) == 1:
+                name = dotted_name(inner.targets[0].target)
+                if name is not None:
+                    found[name] = " ".join(syntax.code(inner.value).split())
+        return found
+
+    tried = flags(owner.body)
+    otherwise: dict[str, str] = {}
+    for handler in owner.handlers:
+        otherwise.update(flags(handler))
+    changes = [
+        f"`{name} = {otherwise[name]}` instead of `{name} = {code}`" if name in otherwise else f"no `{name} = {code}`"
+        for name, code in tried.items()
+        if otherwise.get(name) != code
+    ]
+    return changes + [f"`{name} = {code}` set" for name, code in otherwise.items() if name not in tried]
+
+
+def _every_group_gives(params: cst.BaseExpression, option: str) -> bool:
+    """``[{"params": ..., "lr": ...}, ...]``: a literal list of groups, each giving ``option``."""
+    if not isinstance(params, (cst.List, cst.Tuple)) or not params.elements:
+        return False
+    for element in params.elements:
+        group = element.value
+        if not isinstance(element, cst.Element) or not isinstance(group, cst.Dict):
+            return False
+        keys = {syntax.literal(item.key) for item in group.elements if isinstance(item, cst.DictElement)}
+        if option not in keys:
+            return False
+    return True
+
+
+def stored_in(ctx: ModuleContext, reference: cst.BaseExpression) -> cst.Assign | None:
+    """The assignment that stores the class as a value: ``x = C`` or ``x = D if c else C``."""
+    node: cst.CSTNode = reference
+    parent = ctx.parent(node)
+    while isinstance(parent, cst.IfExp) and parent.test is not node:
+        node, parent = parent, ctx.parent(parent)
+    if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
+        return parent
+    return None
+
+
+def _calls_through(ctx: ModuleContext, variable: str) -> list[cst.Call] | str:
+    """Every call made through the plain variable ``variable``, or why some use of it is not a
+    call (then the value may flow where it is not seen). Every name spelled so in the module
+    counts, whatever scope it is in: a name elsewhere only adds calls to check."""
+    calls: list[cst.Call] = []
+    for name in ctx.nodes_of(cst.Name):
+        if name.value != variable:
+            continue
+        parent = ctx.parent(name)
+        if (
+            isinstance(parent, cst.Attribute)
+            and parent.attr is name
+            or isinstance(parent, cst.Arg)
+            and parent.keyword is name
+        ):
+            continue  # `obj.variable`, `f(variable=...)`: not the variable
+        if isinstance(parent, cst.AssignTarget) and parent.target is name:
+            continue
+        if isinstance(parent, cst.Call) and parent.func is name:
+            calls.append(parent)
+            continue
+        return f"`{variable}` is used other than by a call on line {ctx.position(name)[0]}"
+    return calls
+
+
+def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
+    """An Apex class stored in a variable and called through it (``opt_class = FusedSGD``,
+    ``opt_class(params, lr=0.1)``) becomes the torch class where every call through the
+    variable is seen and means the same with the torch class; an ``isinstance``/``issubclass``
+    check on it where every construction of the class in the module becomes that torch class.
+    Every other use of the same import must migrate too; else AMP042 with the code to write."""
+    decisions: list[_Value] = []
+    checks: list[_Value] = []
+    for name in ctx.reference_names():
+        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
+            continue
+        reference: cst.BaseExpression = name
+        replacement = None
+        found = None
+        while True:
+            found = ctx.apex_path(reference)
+            if found is not None:
+                replacement = next((r for r in replacements if _matches(found[0], r)), None)
+                if replacement is not None:
+                    break
+            parent = ctx.parent(reference)
+            if not (isinstance(parent, cst.Attribute) and parent.value is reference):
+                break
+            reference = parent
+        if replacement is None or found is None:
+            continue
+        holder = ctx.parent(reference)
+        if isinstance(holder, cst.Call) and holder.func is reference:
+            continue  # a direct call: _plan_calls
+        if ctx.skipped(reference):
+            continue
+        other = _other_library(ctx, found[1])
+        if other is not None:
+            _report_other_library(ctx, found[1], found[0], replacement, other)
+            continue
+        store = stored_in(ctx, reference)
+        if store is not None:
+            decisions.append(_decide(ctx, reference, store, replacement, found[0], found[1]))
+            continue
+        tested = class_check(ctx, reference)
+        if tested is not None:
+            target = _default_target(replacement)
+            checks.append(_Value(reference, found[1], replacement, found[0], "", target, [], "", tested))
+        # other uses (passed, subclassed): amp_import reports the import that stays
+    for check in checks:
+        check.problem = _check_problem(ctx, check, decisions)
+    while True:  # a use whose import keeps another Apex use fails, which may fail others in turn
+        migrated = {id(value.root) for value in (*decisions, *checks) if not value.problem}
+        failed = False
+        for value in (*decisions, *checks):
+            if not value.problem:
+                value.problem = _other_use(ctx, value, migrated)
+                failed |= bool(value.problem)
+        for check in checks:
+            if not check.problem:
+                check.problem = _check_problem(ctx, check, decisions)
+                failed |= bool(check.problem)
+        if not failed:
+            break
+    for value in decisions:
+        if value.problem:
+            _report_value(ctx, value)
+            continue
+        ctx.plan.substitute(value.reference, syntax.dotted(value.torch_class))
+        ctx.plan.needs_torch_import = True
+        ctx.consumed.add(value.root)
+        lines = ", ".join(str(ctx.position(call)[0]) for call in value.calls)
+        ctx.report(
+            "AMP041",
+            value.reference,
+            f"{value.path} stored in `{value.spelled}` became {value.torch_class}: every call through it "
+            f"(line{'s' if len(value.calls) > 1 else ''} {lines}) passes arguments {value.torch_class} takes with "
+            "the same meaning and defaults",
+        )
+    for check in checks:
+        assert check.check is not None
+        if check.problem:
+            torch_check = check.check.deep_replace(check.reference, syntax.dotted(check.torch_class))
+            ctx.report(
+                "AMP042",
+                check.check,
+                f"`{' '.join(ctx.code(check.check).split())}` tests for {check.path}, but {check.problem}: write "
+                f"`{' '.join(syntax.code(torch_check).split())}` once every {check.path.rpartition('.')[2]} that "
+                f"reaches it is built as {check.torch_class}",
+            )
+            continue
+        ctx.plan.substitute(check.reference, syntax.dotted(check.torch_class))
+        ctx.plan.needs_torch_import = True
+        ctx.consumed.add(check.root)
+        ctx.report(
+            "AMP041",
+            check.check,
+            f"{check.path} became {check.torch_class} in the check: every {check.path.rpartition('.')[2]} this module "
+            f"builds is {check.torch_class} now; one built in another module and tested here must be too",
+        )
+
+
+def class_check(ctx: ModuleContext, reference: cst.BaseExpression) -> cst.Call | None:
+    """The ``isinstance(x, C)`` / ``issubclass(x, (A, C))`` call whose class argument is ``reference``."""
+    node: cst.CSTNode = reference
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.Element) and isinstance(ctx.parent(parent), cst.Tuple):
+        node = ctx.parent(parent)  # type: ignore[assignment]
+        parent = ctx.parent(node)
+    if not isinstance(parent, cst.Arg) or parent.value is not node:
+        return None
+    call = ctx.parent(parent)
+    if (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Name)
+        and call.func.value in ("isinstance", "issubclass")
+        and len(call.args) == 2
+        and call.args[1] is parent
+    ):
+        return call
+    return None
+
+
+def _check_problem(ctx: ModuleContext, check: _Value, values: list[_Value]) -> str:
+    """Why a class check on the Apex class cannot name the torch class ("" when it can): each
+    construction of the Apex class the module holds must become that very torch class."""
+    if not isinstance(check.replacement.target, str):
+        return "the torch class depends on the arguments of each construction"
+    built: list[str] = []
+    for call in ctx.nodes_of(cst.Call):
+        found = ctx.apex_path(call.func)
+        if found is not None and found[0] == check.path:
+            if call not in ctx.plan.replace:
+                return f"the {check.path} built on line {ctx.position(call)[0]} stays Apex's"
+            built.append(str(ctx.position(call)[0]))
+    for value in values:
+        if value.path == check.path:
+            if value.problem:
+                return f"the {check.path} stored on line {ctx.position(value.reference)[0]} stays Apex's"
+            built.append(str(ctx.position(value.reference)[0]))
+    if not built:
+        return "this module builds none: the layers it tests come from elsewhere, where they may stay Apex's"
+    short = check.torch_class.rpartition(".")[2]
+    for node in ctx.nodes_of(cst.Attribute):
+        if node.attr.value == short and ctx.apex_path(node) is None and node is not check.reference:
+            return f"the module also uses {syntax.code(node).strip()} (line {ctx.position(node)[0]}), which the check would start to match"
+    return ""
+
+
+@dataclass
+class _Value:
+    """One Apex class stored as a value, and whether the torch class may take its place."""
+
+    reference: cst.BaseExpression
+    root: cst.Name
+    replacement: Replacement
+    path: str
+    spelled: str  # the variable (or attribute) it is stored in
+    torch_class: str
+    calls: list[cst.Call]
+    problem: str  # why not ("" when it may)
+    check: cst.Call | None = None  # the isinstance/issubclass call, for a class check
+
+
+def _decide(
+    ctx: ModuleContext,
+    reference: cst.BaseExpression,
+    store: cst.Assign,
+    replacement: Replacement,
+    path: str,
+    root: cst.Name,
+) -> _Value:
+    target = store.targets[0].target
+    spelled = syntax.code(target).strip()
+    value = _Value(reference, root, replacement, path, spelled, _default_target(replacement), [], "")
+    if not isinstance(target, cst.Name) or isinstance(ctx.scope_of(store), cst.ClassDef):
+        value.problem = f"`{spelled}` is an attribute, and the calls through it are not all in this module"
+        return value
+    reached = reached_from_outside(ctx, ctx.scope_of(store), target.value)
+    if reached is not None:
+        value.problem = f"`{spelled}` may be used outside this module ({reached})"
+        return value
+    calls = _calls_through(ctx, target.value)
+    if isinstance(calls, str):
+        value.problem = calls
+        return value
+    if not calls:
+        value.problem = f"`{spelled}` is never called in this module"
+        return value
+    targets: set[str] = set()
+    for call in calls:
+        called, why = _value_call_problem(call, replacement)
+        if called is None:
+            value.problem = f"the call on line {ctx.position(call)[0]} {why}"
+            return value
+        targets.add(called)
+    if len(targets) > 1 or not next(iter(targets)).replace(".", "").isidentifier():
+        value.problem = f"its calls need different torch classes ({', '.join(sorted(targets))})"
+        return value
+    value.torch_class, value.calls = next(iter(targets)), calls
+    return value
+
+
+def _other_use(ctx: ModuleContext, value: _Value, migrated: set[int]) -> str:
+    """Why the Apex class stays for another of its uses through the same import ("" when none
+    does): a torch class stored here beside the Apex one checked or passed elsewhere would stop
+    matching."""
+    root = value.root
+    binding = ctx.resolve(root.value, root)
+    if binding is None:
+        return ""
+    for name in ctx.reference_names():
+        if name is root or name in ctx.consumed or id(name) in migrated or name.value != root.value:
+            continue
+        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
+            continue
+        if is_import_fallback(ctx, name):
+            continue
+        other = ctx.resolve(name.value, name)
+        if other is None or other.alias is not binding.alias:
+            continue
+        node: cst.BaseExpression = name
+        while (path := ctx.apex_path(node)) is not None and path[0] != value.path:
+            parent = ctx.parent(node)
+            if not (isinstance(parent, cst.Attribute) and parent.value is node):
+                break
+            node = parent
+        if path is not None and path[0] == value.path:
+            return f"`{name.value}` is also used on line {ctx.position(name)[0]}, where it stays Apex's class"
+    return ""
+
+
+def _report_value(ctx: ModuleContext, value: _Value) -> None:
+    needed = sorted(name for name in value.replacement.added({}) if name != "fused")
+    passes = f" and passes {', '.join(needed)} (Apex's default differs)" if needed else ""
+    ctx.report(
+        "AMP042",
+        value.reference,
+        f"{value.path} is stored in `{value.spelled}` as a value, but {value.problem}: write "
+        f"`{value.torch_class}` here once every call through `{value.spelled}` passes only "
+        f"({', '.join(_torch_parameters(value.replacement))}){passes}",
+    )
+
+
+def _default_target(replacement: Replacement) -> str:
+    if isinstance(replacement.target, str):
+        return replacement.target
+    return replacement.target({}, {})
+
+
+def _torch_parameters(replacement: Replacement) -> list[str]:
+    """The Apex parameters a call through a value may pass unchanged to the torch class."""
+    apex_only = replacement.dropped | set(replacement.required) | set(replacement.renamed)
+    return [name for name in replacement.parameters if name not in apex_only]

@@ -55,6 +55,7 @@ class ModuleContext:
             index, positions = handed_over._index, handed_over._positions
         self._index: Indexer = index
         self.imports = index.imports
+        self.other_imports = index.other_imports
         self.locals = index.locals
         self.global_declarations = index.globals
         self.scope_parent = index.scope_parent

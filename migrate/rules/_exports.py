@@ -59,9 +59,17 @@ def module_all(ctx: ModuleContext) -> set[str]:
     return names
 
 
-def reached_from_outside(ctx: ModuleContext, scope: Scope, bound: str) -> str | None:
+def reached_from_outside(
+    ctx: ModuleContext, scope: Scope, bound: str, optional_import: cst.CSTNode | None = None
+) -> str | None:
     """Why ``bound`` (bound in ``scope``) may be reached from outside the module, as a
-    clause ("`__all__` lists `X`"); None when nothing but the module's own code reaches it."""
+    clause ("`__all__` lists `X`"); None when nothing but the module's own code reaches it.
+
+    ``optional_import``: the import statement that binds ``bound``. Where it is an Apex-optional
+    import (a ``try`` whose ``except ImportError`` clauses leave the name unbound) and no string
+    in the module holds the name, a lookup by a string computed at run time (``eval(cfg.MODULE)``)
+    does not keep it: without Apex that lookup already found nothing, and the module is written to
+    run without Apex, so a lookup reaching the name is not one it relies on."""
     if scope is ctx.module:
         exported = ctx.options.facts.exported
         if bound in exported or "*" in exported:
@@ -73,7 +81,42 @@ def reached_from_outside(ctx: ModuleContext, scope: Scope, bound: str) -> str | 
     if re.search(rf"""(['"]){re.escape(bound)}\1""", ctx.source):
         return f"the module spells '{bound}' in a string (a getattr or globals() lookup may reach it)"
     lookup = dynamic_lookup(ctx)
+    if lookup is not None and optional_import is not None and _optional(ctx, optional_import, bound):
+        if not any(bound in _string_text(node) for node in ctx.nodes_of(cst.SimpleString)) and not any(
+            bound in ctx.code(node) for node in ctx.nodes_of(cst.FormattedString)
+        ):
+            lookup = None
     if lookup is not None:
         call = f"{ctx.code(lookup.func).strip()}() on line {ctx.position(lookup)[0]}"
         return f"the module may look names up by a string computed at run time ({call})"
     return None
+
+
+def _string_text(node: cst.SimpleString) -> str:
+    value = node.evaluated_value
+    return value if isinstance(value, str) else ""
+
+
+def _optional(ctx: ModuleContext, statement: cst.CSTNode, bound: str) -> bool:
+    """``statement`` is in the body of a ``try`` whose handlers all catch ImportError and none
+    binds ``bound`` again (``except ImportError: pass``)."""
+    line = ctx.statement_of(statement)
+    block = ctx.parent(line)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not isinstance(owner, cst.Try) or owner.body is not block or not owner.handlers:
+        return False
+    for handler in owner.handlers:
+        caught = handler.type
+        names = (
+            [dotted_name(e.value) for e in caught.elements]
+            if isinstance(caught, cst.Tuple)
+            else [dotted_name(caught)] if caught is not None else [None]
+        )
+        if not any(name in ("ImportError", "ModuleNotFoundError") for name in names):
+            return False
+        for node in ctx.walk(handler):
+            if isinstance(node, cst.Name) and node.value == bound:
+                return False
+            if isinstance(node, cst.ImportAlias) and (node.evaluated_alias or node.evaluated_name) == bound:
+                return False
+    return True

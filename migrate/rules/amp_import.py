@@ -368,7 +368,7 @@ def unused_imports(
                     continue  # the name stays, bound to the torch class
                 if any(not is_import_fallback(ctx, name) for name in references.get(binding.alias, [])):
                     continue
-                why = reached_from_outside(ctx, scope, bound)
+                why = reached_from_outside(ctx, scope, bound, binding.statement)
                 if why is None:
                     gone[id(binding.alias)] = bound
                 else:

@@ -16,6 +16,14 @@ What it rewrites
     step overflows), which Apex never did. Settings without a numerical effect
     (``set_grad_none``, ``materialize_master_grads``) go.
 
+    A class stored in a variable and called through it (``optim_name = FusedSGD`` under a
+    flag, then ``optim_name(groups, momentum=0.9, nesterov=True)``) becomes the torch class
+    there when every call through the variable is in the module and means the same unchanged:
+    only arguments torch takes at the same positions, the ones whose defaults differ written
+    out (FusedAdam's ``weight_decay``), and FusedSGD's ``lr``, which Apex required, given
+    in the call or in each parameter group of a literal list. Every other use of that import
+    must be migrated too.
+
 Before::
 
     from apex.optimizers import FusedAdam
@@ -31,7 +39,14 @@ After::
 Not rewritten (reported instead, AMP042, with the code to write)
     ``bias_correction=False``, ``master_weights=True``, ``amsgrad=True`` (Apex raised),
     ``wd_after_momentum=True``, ``adagrad_w_mode=True``, the old ``max_grad_norm`` and
-    ``eps_inside_sqrt`` arguments. ``FusedLAMB``, ``FusedNovoGrad`` and
+    ``eps_inside_sqrt`` arguments; a class stored as a value whose calls are not all seen
+    (an attribute, a variable passed on or reachable from other modules) or would mean
+    something else with the torch class; a name another library's import binds first
+    (``try: from transformer_engine... import FusedAdam as Adam except ImportError: try: from
+    apex.optimizers import FusedAdam as Adam ...``): a torch call there would also replace
+    that library's class, so the finding on the Apex import says whether deleting it (the
+    name falling to the except clause's torch class) is what ran with Apex at every use and
+    for the flags the try sets. ``FusedLAMB``, ``FusedNovoGrad`` and
     ``FusedMixedPrecisionLamb`` have no torch twin (AMP040: the message says what they do
     inside, such as LAMB's clipping to ``max_grad_norm``).
 
@@ -164,6 +179,7 @@ REPLACEMENTS = (
         positional=6,
         dropped=_NO_OP_SETTINGS,
         required={"wd_after_momentum": False},
+        no_default=frozenset({"lr"}),
         advice={
             "wd_after_momentum": "for decay applied after momentum use `torch.optim.SGD(...)` but " + _DECAY_BEFORE_STEP
         },

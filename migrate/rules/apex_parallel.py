@@ -15,8 +15,11 @@ What it rewrites
     ``shared_param``, ``prof``), and so does ``gradient_predivide_factor`` with averaging on
     (the average is the same). ``gradient_average=False`` (a sum) becomes a communication hook
     that sums. ``ddp.disable_allreduce()`` / ``enable_allreduce()`` become
-    ``ddp.require_backward_grad_sync = False`` / ``True``; ``isinstance(m, DDP)`` checks and
-    annotations (``-> Tuple[DDP, Optimizer]``) name torch's class. ``apex.parallel.ReduceOp``
+    ``ddp.require_backward_grad_sync = False`` / ``True``; ``isinstance(m, DDP)`` checks,
+    annotations (``-> Tuple[DDP, Optimizer]``) and the class stored in a variable used only
+    in such checks (``DDP = DistributedDataParallel if not with_apex else ApexDDP``) name
+    torch's class, provided every Apex DDP call in the module migrates (else a check would stop
+    matching the Apex DDP still built). ``apex.parallel.ReduceOp``
     is ``torch.distributed.ReduceOp``.
 
     ``LARC``, ``Reducer``, ``create_syncbn_process_group`` and ``flat_dist_call`` have no torch
@@ -40,8 +43,8 @@ After::
 Not rewritten (reported instead)
     ``gradient_average`` chosen at run time, or ``False`` where the wrapped module has no name
     to register the hook on; unknown keywords (AMP042). A subclass of Apex DDP, or the class
-    stored or passed as a value (AMP040, from amp_import). ``LARC`` in a module where Apex amp
-    stays (AMP040): Apex's ``amp.initialize`` accepts a torch optimizer or Apex's own LARC and
+    passed or stored for other uses than checks (AMP040, from amp_import). ``LARC`` in a
+    module where Apex amp stays (AMP040): Apex's ``amp.initialize`` accepts a torch optimizer or Apex's own LARC and
     raises TypeError on any other wrapper. Each message gives the code to write.
 
 Safety
@@ -63,7 +66,9 @@ import libcst as cst
 
 from migrate.rules import _setup as setup
 from migrate.rules import _syntax as syntax
+from migrate.rules._apex_classes import stored_in
 from migrate.rules._context import ModuleContext, dotted_name
+from migrate.rules._exports import reached_from_outside
 
 RULE = "apex_parallel"
 
@@ -484,6 +489,10 @@ def _plan_allreduce_switches(ctx: ModuleContext) -> None:
 
 def plan(ctx: ModuleContext) -> None:
     migrated_ddp = False
+    unmigrated_ddp = False
+    # Apex DDP named in a check, an annotation, or stored for checks only: torch's class once every
+    # Apex DDP this module builds is torch's (else the check would stop matching the ones left)
+    class_uses: list[tuple[cst.BaseExpression, cst.Name]] = []
     helper_names: dict[str, str] = {}
     amp_stays: bool | None = None  # worked out at the first LARC
     for name in ctx.reference_names():
@@ -510,11 +519,15 @@ def plan(ctx: ModuleContext) -> None:
             if ctx.skipped(reference):
                 continue
             if is_call:
-                migrated_ddp |= _rewrite_ddp(ctx, holder, path, root)  # type: ignore[arg-type]
-            elif _in_type_check(ctx, reference) or _in_annotation(ctx, reference):
-                ctx.plan.substitute(reference, syntax.dotted(TORCH_DDP))
-                ctx.plan.needs_torch_import = True
-                ctx.consumed.add(root)
+                done = _rewrite_ddp(ctx, holder, path, root)  # type: ignore[arg-type]
+                migrated_ddp |= done
+                unmigrated_ddp |= not done
+            elif (
+                _in_type_check(ctx, reference)
+                or _in_annotation(ctx, reference)
+                or _stored_for_checks(ctx, reference) is not None
+            ):
+                class_uses.append((reference, root))
             # other uses (a subclass, the class stored or passed) keep Apex: amp_import reports them
         elif path in _RENAMED:
             if ctx.skipped(reference):
@@ -544,6 +557,49 @@ def plan(ctx: ModuleContext) -> None:
                 ctx.report("AMP041", holder, f"{path}: {_HELPER_NOTES[apex_name]}")
     if migrated_ddp:
         _plan_allreduce_switches(ctx)
+    if not unmigrated_ddp:
+        for reference, root in class_uses:
+            ctx.plan.substitute(reference, syntax.dotted(TORCH_DDP))
+            ctx.plan.needs_torch_import = True
+            ctx.consumed.add(root)
+            variable = _stored_for_checks(ctx, reference)
+            if variable is not None:
+                ctx.report(
+                    "AMP041",
+                    reference,
+                    f"apex.parallel.DistributedDataParallel stored in `{variable}` became {TORCH_DDP}: `{variable}` is "
+                    f"only used in isinstance/issubclass checks, and the Apex DDP calls become {TORCH_DDP} (in other "
+                    "modules too, when they are migrated)",
+                )
+
+
+def _stored_for_checks(ctx: ModuleContext, reference: cst.BaseExpression) -> str | None:
+    """The variable of ``DDP = torch_ddp if c else ApexDDP`` when every use of it is the class of an
+    ``isinstance`` / ``issubclass`` check (or an annotation), and nothing outside the module reaches it."""
+    store = stored_in(ctx, reference)
+    if store is None:
+        return None
+    target = store.targets[0].target
+    if not isinstance(target, cst.Name) or isinstance(ctx.scope_of(store), cst.ClassDef):
+        return None
+    if reached_from_outside(ctx, ctx.scope_of(store), target.value) is not None:
+        return None
+    for name in ctx.nodes_of(cst.Name):
+        if name.value != target.value:
+            continue
+        parent = ctx.parent(name)
+        if (
+            isinstance(parent, cst.Attribute)
+            and parent.attr is name
+            or isinstance(parent, cst.Arg)
+            and parent.keyword is name
+        ):
+            continue
+        if isinstance(parent, cst.AssignTarget) and parent.target is name:
+            continue
+        if not (_in_type_check(ctx, name) or _in_annotation(ctx, name)):
+            return None
+    return target.value
 
 
 def _keep_larc(ctx: ModuleContext, call: cst.CSTNode | None) -> None:

@@ -6,6 +6,12 @@ What it rewrites
     ``apex.parallel.SyncBatchNorm(...)`` becomes ``torch.nn.SyncBatchNorm(...)``: same
     arguments, same parameter and buffer names.
 
+    ``isinstance``/``issubclass`` checks on the Apex class name torch's where every
+    SyncBatchNorm the module builds becomes torch's (and the module names no torch
+    SyncBatchNorm the check would start to match); the class stored in a variable becomes
+    torch's where every call through it is seen and passes only torch's arguments
+    (apex_optimizers' rule for values).
+
 Before::
 
     from apex.parallel import convert_syncbn_model
@@ -20,8 +26,10 @@ After::
 
 Not rewritten (reported instead, AMP042, with the code to write)
     ``channel_last=True`` (Apex's channels-last layout: permute around torch's layer) and
-    ``fuse_relu=True`` (a ReLU after the layer). ``apex.parallel.DistributedDataParallel`` is
-    the apex_parallel rule's.
+    ``fuse_relu=True`` (a ReLU after the layer). The class stored in an attribute
+    (``cfg.MODEL.BNFUNC = apex.parallel.SyncBatchNorm``, called in other modules), and a check
+    in a module that builds none (the layers it tests come from elsewhere).
+    ``apex.parallel.DistributedDataParallel`` is the apex_parallel rule's.
 
 Safety
     Exact when distributed. Apex skipped InstanceNorm when converting; torch's converter

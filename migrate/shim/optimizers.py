@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch.optim import Optimizer
+from torch.optim.optimizer import required
 
 from migrate.shim.legacy_fp16 import FP16_Optimizer as FP16_Optimizer
 
@@ -264,7 +265,7 @@ class FusedSGD(_FusedBase):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float,
+        lr: Any = required,  # as in Apex: each param group may give its own instead
         momentum: float = 0.0,
         dampening: float = 0.0,
         weight_decay: float = 0.0,
