@@ -14,7 +14,9 @@ What it rewrites
     them has no effect other than failing where Apex is missing. Unless the name may be
     reached from outside the module: other given modules import it from this one (project
     mode's facts; all of them for a star import), ``__all__`` lists it, or the module may look
-    it up by its spelling (the name as a whole string, ``globals()``, ``eval``). A single-file
+    it up by its spelling (the name as a whole string, ``globals()``, ``eval``; not for an
+    Apex-optional import, ``try: ... except ImportError: pass``, whose name no string spells:
+    without Apex such a lookup never found it). A single-file
     run has no project facts and removes a module-level unused name, as F401 does outside
     ``__init__.py``; the engine is not told a module's file name, so a package's
     ``__init__.py`` re-exporting an Apex name to code outside the run is the one case it
