@@ -8,6 +8,7 @@ attached to a statement that goes away move to the next statement emitted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from typing import TypeVar, cast
 
@@ -76,7 +77,15 @@ def _orphaned_comments(gone: cst.BaseStatement, replacement: Sequence[cst.BaseSt
     if not found:
         return []
     kept = "".join(syntax.code(statement) for statement in replacement)
-    return [cst.EmptyLine(comment=cst.Comment(value)) for value in found if value not in kept]
+    return [
+        cst.EmptyLine(comment=cst.Comment(value)) for value in found if value not in kept and not _PRAGMA.match(value)
+    ]
+
+
+# a comment that tells a tool about its own line (`# type: ignore`, `# noqa`): with the line
+# gone it means nothing, and on a line of its own at the top of a module `# type: ignore`
+# would silence mypy for the whole file
+_PRAGMA = re.compile(r"#\s*(type:\s*ignore|noqa|pylint:|pyright:|pragma:|nosec|isort:|fmt:)", re.IGNORECASE)
 
 
 def _body_statements(body: cst.BaseSuite) -> tuple[list[Statement], list[cst.EmptyLine]]:
