@@ -139,6 +139,10 @@ def _next_step(ctx: ModuleContext, model: AmpModel, node: cst.CSTNode, key: str 
             and ctx.order(call) > after
             and optimizer_key(ctx, call.args[0].value, call) == key
         ]
+    # a step in another branch of an if/else than ``node`` never runs after it (the native
+    # path's `scaler.step(optimizer)` beside the Apex path's clip)
+    statement = ctx.statement_of(node)
+    candidates = [step for step in candidates if not _exclusive(ctx, [statement, ctx.statement_of(step)])]
     return min(candidates, key=ctx.order, default=None)
 
 
