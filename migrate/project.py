@@ -31,6 +31,17 @@ from migrate.roots import may_share_a_program, project_root
 # for that unless the name itself says amp (the engine reports by the same rule).
 _DISTINCT_APIS = frozenset({"scale_loss", "master_params"})
 _AMP_APIS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"})
+# the amp functions that only mark functions for casting (amp_cast_functions)
+_CAST_FUNCTION_APIS = frozenset(
+    {
+        "float_function",
+        "half_function",
+        "promote_function",
+        "register_float_function",
+        "register_half_function",
+        "register_promote_function",
+    }
+)
 
 
 def says_amp(name: str) -> bool:
@@ -143,9 +154,12 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
     read_attributes: dict[str, set[str]] = {}
     reads: dict[str, int] = {}
     named: list[set[str]] = [set() for _ in tree.body]  # names read that may be an amp module
+    decorators: list[tuple[str, str]] = []  # (module name, amp casting function) not called
     for node, top in _walk(tree):
         if isinstance(node, ast.Attribute):
             base = node.value
+            if isinstance(base, ast.Name) and node.attr in _CAST_FUNCTION_APIS and not isinstance(node.ctx, ast.Store):
+                decorators.append((base.id, node.attr))  # `@amp.float_function`: used, not called
             if isinstance(base, ast.Name) and base.id in plain:
                 read_attributes.setdefault(base.id, set()).add(node.attr)
                 reads[base.id] = reads.get(base.id, 0) - 1  # this read is an attribute's
@@ -216,6 +230,9 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
         if reads.get(name, 0) == 0:
             edge = summary.imports[at]
             summary.imports[at] = replace(edge, attributes=tuple(sorted(read_attributes.get(name, ()))))
+    for name, api in decorators:
+        if name in summary.amp_names or name == "amp":
+            summary.amp_apis.add(api)
     for name, api, call in calls:
         if name in summary.amp_names or name == "amp":
             summary.amp_apis.add(api)
@@ -873,8 +890,45 @@ class ProjectPlan:
                 continue
             # every module that took amp from here no longer uses it
             again[path] = replace(facts, exported=facts.exported - self.index.modules[path].amp_names - {"*"})
+        if not again:
+            # once every amp setup has settled: which of them stay on Apex is known only then
+            for path, reason in self._cast_functions_beside_apex(outcome).items():
+                again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         self.facts.update(again)
         return again
+
+    def _cast_functions_beside_apex(self, outcome: Mapping[str, Outcome]) -> dict[str, str]:
+        """The migrated modules whose only amp use is a casting decorator (``amp.float_function``
+        around a custom kernel), when every amp training setup of the same project folder stays
+        on Apex, each with why it stays too.
+
+        No import links them (the model reaches the layer, not the amp code), yet they run
+        together: the helpers written for the decorators cast only inside ``torch.autocast``,
+        so under the Apex O1 that stays the kernel would get the float16 tensors Apex cast
+        away from it. Where some setups of the folder were migrated and others stay, no one
+        spelling serves both, and the modules go with the migrated ones."""
+        modules = self.index.modules  # notebooks are not indexed: they are left out here
+
+        def apis(path: str) -> set[str]:
+            return modules[path].amp_apis if path in modules else set()
+
+        # an inference amp.init has no bearing: removed, it leaves float32 code the helpers suit
+        training = [path for path in outcome if apis(path) & {"initialize", "scale_loss"}]
+        kept = [path for path in training if outcome[path].amp_left]
+        migrated = {project_root(path) for path in training if outcome[path].amp_migrated}
+        found: dict[str, str] = {}
+        for path, result in outcome.items():
+            only_casts = bool(apis(path)) and not apis(path) - _CAST_FUNCTION_APIS
+            if not (result.amp_migrated and only_casts) or self.facts.get(path, ModuleFacts()).frozen is not None:
+                continue
+            keeping = [other for other in kept if project_root(other) == project_root(path)]
+            if keeping and project_root(path) not in migrated:
+                found[path] = (
+                    f"the Apex amp setup of {self.display(keeping[0])} stays (see its findings), and under its O1 "
+                    "the helpers that would replace these decorators cast nothing (they cast inside torch.autocast "
+                    "only): migrate this module together with that setup"
+                )
+        return found
 
     def _freeze_unused_scalers(self, outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
         """Freeze a migrated amp.initialize whose scaler nothing here uses while, in the same

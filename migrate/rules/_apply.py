@@ -85,8 +85,8 @@ def _orphaned_comments(gone: cst.BaseStatement, replacement: Sequence[cst.BaseSt
 
 
 # A linter's or type checker's word about the line it ends (``# noqa: F401`` on an optional
-# import): it goes with that line. As a line of its own it would mean nothing, or, for pylint,
-# silence the rest of the block.
+# import): it goes with that line. As a line of its own it would mean nothing, or silence more:
+# pylint the rest of the block, mypy the whole file (``# type: ignore`` at the top of a module).
 _LINE_PRAGMA = re.compile(
     r"#\s*(noqa\b|type:\s*ignore\b|pyright:\s*ignore\b|pylint:\s*disable|nosec\b|pragma:\s*no\s*cover\b"
     r"|isort:\s*skip\b|fmt:\s*skip\b)",

@@ -281,7 +281,8 @@ def parameter_callers(
         names = names[1:]  # called as self.f(...)
         candidates = [
             node
-            for node in ctx.walk(klass)
+            for owner in (klass, *_subclasses_keeping(ctx, klass, function.name.value))
+            for node in ctx.walk(owner)
             if isinstance(node, cst.Call)
             and isinstance(node.func, cst.Attribute)
             and node.func.attr.value == function.name.value
@@ -294,3 +295,39 @@ def parameter_callers(
         if bound is not None and parameter in bound:
             found.append((call, bound[parameter].value))
     return found
+
+
+def _subclasses_keeping(ctx: ModuleContext, klass: cst.ClassDef, method: str) -> list[cst.ClassDef]:
+    """The classes of this file that inherit ``method`` from ``klass`` (directly or through
+    each other) without defining their own: their ``self.method(...)`` calls it too (an
+    encoder-decoder trainer's steps calling the base trainer's ``optimize``)."""
+    classes = [node for node in ctx.walk(ctx.module) if isinstance(node, cst.ClassDef)]
+
+    def defines(owner: cst.ClassDef) -> bool:
+        body = owner.body.body if isinstance(owner.body, cst.IndentedBlock) else ()
+        return any(isinstance(statement, cst.FunctionDef) and statement.name.value == method for statement in body)
+
+    found: list[cst.ClassDef] = []
+    parents = {klass.name.value}
+    while True:
+        new = [
+            owner
+            for owner in classes
+            if owner is not klass
+            and owner not in found
+            and not defines(owner)
+            and any(_base_name(base.value) in parents for base in owner.bases)
+        ]
+        if not new:
+            return found
+        found += new
+        parents |= {owner.name.value for owner in new}
+
+
+def _base_name(base: cst.BaseExpression) -> str | None:
+    """The class name a base expression ends in (``Trainer``, ``trainers.Trainer``)."""
+    if isinstance(base, cst.Name):
+        return base.value
+    if isinstance(base, cst.Attribute):
+        return base.attr.value
+    return None

@@ -139,6 +139,10 @@ def _next_step(ctx: ModuleContext, model: AmpModel, node: cst.CSTNode, key: str 
             and ctx.order(call) > after
             and optimizer_key(ctx, call.args[0].value, call) == key
         ]
+    # a step in another branch of an if/else than ``node`` never runs after it (the native
+    # path's `scaler.step(optimizer)` beside the Apex path's clip)
+    statement = ctx.statement_of(node)
+    candidates = [step for step in candidates if not _exclusive(ctx, [statement, ctx.statement_of(step)])]
     return min(candidates, key=ctx.order, default=None)
 
 
@@ -222,9 +226,19 @@ def _report_step_decided_by_gradients(ctx: ModuleContext, node: cst.CSTNode, tes
     ctx.unfinished.append(node)
 
 
+def _argument_of(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The node holding ``node`` as an argument, through the arms of conditional expressions:
+    in ``clip(amp.master_params(opt) if fp16 else model.parameters(), n)`` the clip reads the
+    master params' gradients as surely as in ``clip(amp.master_params(opt), n)``."""
+    current, parent = node, ctx.parent(node)
+    while isinstance(parent, cst.IfExp) and current is not parent.test:
+        current, parent = parent, ctx.parent(parent)
+    return parent
+
+
 def _call_around(ctx: ModuleContext, node: cst.CSTNode) -> cst.CSTNode | None:
     """The call ``node`` is an argument of (``clip(amp.master_params(opt), n)`` for the inner call)."""
-    argument = ctx.parent(node)
+    argument = _argument_of(ctx, node)
     return argument and ctx.parent(argument)
 
 
@@ -505,8 +519,9 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, requests: list[
         )
         return
     optimizer = syntax.strip_parens(bound["optimizer"].value)
-    argument = ctx.parent(call)
+    argument = _argument_of(ctx, call)
     outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
+    direct = argument is ctx.parent(call)  # not an arm of a conditional expression
     outer_name = dotted_name(outer.func) if isinstance(outer, cst.Call) else None
     reads_gradients = isinstance(outer, cst.Call) and (
         is_clip(outer.func)
@@ -536,14 +551,14 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, requests: list[
         if not _unscale_before(ctx, model, call, optimizer, requests):
             return
         replacement = _parameters_of(optimizer)
-        if len(outer.args) == 1:
+        if len(outer.args) == 1 and direct:
             replacement = replacement.with_changes(lpar=[], rpar=[])
         ctx.plan.substitute(call, replacement)
-    elif outer_name == "list" and len(outer.args) == 1:  # type: ignore[union-attr]
+    elif outer_name == "list" and len(outer.args) == 1 and direct:  # type: ignore[union-attr]
         ctx.plan.substitute(outer, _parameters_of(optimizer, as_list=True))  # type: ignore[arg-type]
     else:
         replacement = _parameters_of(optimizer)
-        if isinstance(outer, cst.Call) and len(outer.args) == 1:
+        if isinstance(outer, cst.Call) and len(outer.args) == 1 and direct:
             replacement = replacement.with_changes(lpar=[], rpar=[])
         ctx.plan.substitute(call, replacement)
     ctx.consumed.add(use.base)
