@@ -900,7 +900,7 @@ class ProjectPlan:
     def _cast_functions_beside_apex(self, outcome: Mapping[str, Outcome]) -> dict[str, str]:
         """The migrated modules whose only amp use is a casting decorator (``amp.float_function``
         around a custom kernel), when every amp training setup of the same project folder stays
-        on Apex, each with why it stays too.
+        on Apex (those that may run in its program), each with why it stays too.
 
         No import links them (the model reaches the layer, not the amp code), yet they run
         together: the helpers written for the decorators cast only inside ``torch.autocast``,
@@ -915,14 +915,15 @@ class ProjectPlan:
         # an inference amp.init has no bearing: removed, it leaves float32 code the helpers suit
         training = [path for path in outcome if apis(path) & {"initialize", "scale_loss"}]
         kept = [path for path in training if outcome[path].amp_left]
-        migrated = {project_root(path) for path in training if outcome[path].amp_migrated}
+        migrated = [path for path in training if outcome[path].amp_migrated]
         found: dict[str, str] = {}
         for path, result in outcome.items():
             only_casts = bool(apis(path)) and not apis(path) - _CAST_FUNCTION_APIS
             if not (result.amp_migrated and only_casts) or self.facts.get(path, ModuleFacts()).frozen is not None:
                 continue
-            keeping = [other for other in kept if project_root(other) == project_root(path)]
-            if keeping and project_root(path) not in migrated:
+            # the setups that may run in its program (in a monorepo, not another subproject's)
+            keeping = [other for other in kept if may_share_a_program(other, path)]
+            if keeping and not any(may_share_a_program(other, path) for other in migrated):
                 found[path] = (
                     f"the Apex amp setup of {self.display(keeping[0])} stays (see its findings), and under its O1 "
                     "the helpers that would replace these decorators cast nothing (they cast inside torch.autocast "
