@@ -325,21 +325,25 @@ def _calls_through(ctx: ModuleContext, variable: str) -> list[cst.Call] | str:
     for name in ctx.nodes_of(cst.Name):
         if name.value != variable:
             continue
-        parent = ctx.parent(name)
-        if (
-            isinstance(parent, cst.Attribute)
-            and parent.attr is name
-            or isinstance(parent, cst.Arg)
-            and parent.keyword is name
-        ):
-            continue  # `obj.variable`, `f(variable=...)`: not the variable
-        if isinstance(parent, cst.AssignTarget) and parent.target is name:
+        if not reads_variable(ctx, name):
             continue
+        parent = ctx.parent(name)
         if isinstance(parent, cst.Call) and parent.func is name:
             calls.append(parent)
             continue
         return f"`{variable}` is used other than by a call on line {ctx.position(name)[0]}"
     return calls
+
+
+def reads_variable(ctx: ModuleContext, name: cst.Name) -> bool:
+    """Whether ``name`` reads the variable it spells: not an attribute (``obj.variable``), a
+    keyword (``f(variable=...)``) or the target of an assignment to it."""
+    parent = ctx.parent(name)
+    if isinstance(parent, cst.Attribute) and parent.attr is name:
+        return False
+    if isinstance(parent, cst.Arg) and parent.keyword is name:
+        return False
+    return not (isinstance(parent, cst.AssignTarget) and parent.target is name)
 
 
 def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:

@@ -85,7 +85,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._apex_classes import Replacement, _matches, _rewrite
+from migrate.rules._apex_classes import Replacement, _matches, _rewrite, class_check
 from migrate.rules._bindings import Binding, is_import_fallback
 from migrate.rules._context import ModuleContext
 from migrate.rules._exports import reached_from_outside
@@ -165,7 +165,6 @@ _VALUE_DIFFERENCE = {
     "MixedFusedLayerNorm": "its output follows the input's dtype, Apex's the parameters'",
     "MixedFusedRMSNorm": f"{_RMS_EPS}; its output follows the input's dtype, Apex's the parameters'",
 }
-_CLASS_CHECKS = ("isinstance", "issubclass")
 _AUTOCAST_NOTE = "under autocast its output is float32 where Apex's was float16"
 
 
@@ -294,22 +293,7 @@ def _class_check(ctx: ModuleContext, node: cst.CSTNode) -> cst.BaseExpression | 
         parent = ctx.parent(parent)
     if isinstance(parent, cst.Comparison):
         return parent
-    if isinstance(parent, cst.Element):
-        tuple_ = ctx.parent(parent)
-        parent = ctx.parent(tuple_) if isinstance(tuple_, cst.Tuple) else None
-        node = tuple_  # type: ignore[assignment]
-    if not isinstance(parent, cst.Arg) or parent.value is not node:
-        return None
-    call = ctx.parent(parent)
-    if (
-        isinstance(call, cst.Call)
-        and isinstance(call.func, cst.Name)
-        and call.func.value in _CLASS_CHECKS
-        and len(call.args) == 2
-        and call.args[1] is parent
-    ):
-        return call
-    return None
+    return class_check(ctx, node)  # type: ignore[arg-type]  # a Name or Attribute
 
 
 def _in_fallback(ctx: ModuleContext, node: cst.CSTNode, binding: Binding) -> bool:

@@ -66,7 +66,7 @@ import libcst as cst
 
 from migrate.rules import _setup as setup
 from migrate.rules import _syntax as syntax
-from migrate.rules._apex_classes import stored_in
+from migrate.rules._apex_classes import reads_variable, stored_in
 from migrate.rules._context import ModuleContext, dotted_name
 from migrate.rules._exports import reached_from_outside
 
@@ -587,15 +587,7 @@ def _stored_for_checks(ctx: ModuleContext, reference: cst.BaseExpression) -> str
     for name in ctx.nodes_of(cst.Name):
         if name.value != target.value:
             continue
-        parent = ctx.parent(name)
-        if (
-            isinstance(parent, cst.Attribute)
-            and parent.attr is name
-            or isinstance(parent, cst.Arg)
-            and parent.keyword is name
-        ):
-            continue
-        if isinstance(parent, cst.AssignTarget) and parent.target is name:
+        if not reads_variable(ctx, name):
             continue
         if not (_in_type_check(ctx, name) or _in_annotation(ctx, name)):
             return None
