@@ -825,7 +825,11 @@ class ProjectPlan:
         """Freeze the groups whose amp setup continues in a module that was not given."""
         for number, group in enumerate(self.groups):
             for path in group.paths:
-                outside = [t for t in self.index.reached_amp_modules(path) if not self.index.modules[t].given]
+                outside = [
+                    t
+                    for t in self.index.reached_amp_modules(path)
+                    if not self.index.modules[t].given and not self._named_like_amp_only(t)
+                ]
                 if outside:
                     self._freeze_group(
                         number,
@@ -833,6 +837,32 @@ class ProjectPlan:
                         "on the whole project (or on both files)",
                     )
                     break
+
+    def _named_like_amp_only(self, path: str) -> bool:
+        """Whether ``path``, a module not given, spells no Apex and calls amp only through
+        attributes no other module of the project stores the amp module in:
+        ``self.amp_scaler.state_dict()`` in timm's CheckpointSaver is a call on timm's scaler
+        object, named like amp."""
+        modules = self.index.modules
+        summary = modules[path]
+        if summary.amp_names or summary.amp_apis or summary.parameter_uses:
+            return False
+        uses = summary.unbound_uses
+        if not uses or any(use.name not in summary.carried_uses for use in uses):
+            return False
+        try:
+            with open(path, "rb") as handle:
+                if b"apex" in handle.read():
+                    return False
+        except OSError:
+            return False
+        # its own `self.amp_scaler = amp_scaler` stores what its caller passes: a caller that
+        # passed the amp module would use it as a value, which keeps that caller's setup as it was
+        others = [m.amp_stores for p, m in modules.items() if p != path]
+        if summary.carried_uses & set().union(*others):
+            return False
+        given = {p for p, m in modules.items() if m.given}
+        return _carrier_users_outside([path], set(summary.carried_uses), given) is None
 
     def _freeze_group(self, number: int, reason: str) -> None:
         """Leave every module of group ``number`` as it was, for ``reason``."""
