@@ -16,7 +16,9 @@ What it rewrites
     mode's facts; all of them for a star import), ``__all__`` lists it, or the module may look
     it up by its spelling (the name as a whole string, ``globals()``, ``eval``; not for an
     Apex-optional import, ``try: ... except ImportError: pass``, whose name no string spells:
-    without Apex such a lookup never found it). A single-file
+    without Apex such a lookup never found it), or it opens a ``try`` whose other code runs
+    only where Apex is, an ``except ImportError`` clause doing something else (a probe: the
+    code may need Apex without naming it). A single-file
     run has no project facts and removes a module-level unused name, as F401 does outside
     ``__init__.py``; the engine is not told a module's file name, so a package's
     ``__init__.py`` re-exporting an Apex name to code outside the run is the one case it
@@ -370,12 +372,46 @@ def unused_imports(
                     continue  # the name stays, bound to the torch class
                 if any(not is_import_fallback(ctx, name) for name in references.get(binding.alias, [])):
                     continue
-                why = reached_from_outside(ctx, scope, bound, binding.statement)
+                why = _probe_for_code(ctx, binding.statement) or reached_from_outside(
+                    ctx, scope, bound, binding.statement
+                )
                 if why is None:
                     gone[id(binding.alias)] = bound
                 else:
                     kept[id(binding.alias)] = why
     return gone, kept
+
+
+def _probe_for_code(ctx: ModuleContext, statement: cst.CSTNode) -> str | None:
+    """Why an unused Apex import stays as a probe: it opens a ``try`` whose body goes on with
+    other code than imports and flags (fairseq: the project's own FusedAdam, built on Apex's
+    CUDA extension ``fused_adam_cuda``) while an ``except ImportError`` clause does something
+    else. Without the import, that code would run where Apex is missing."""
+    line = ctx.statement_of(statement)
+    block = ctx.parent(line)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not isinstance(owner, cst.Try) or owner.body is not block:
+        return None
+
+    def plain(node: cst.CSTNode) -> bool:
+        """An import, ``pass``, or a flag set to a literal (``HAS_APEX = True``)."""
+        small = syntax.sole_statement(node)
+        if isinstance(small, (cst.Import, cst.ImportFrom, cst.Pass)):
+            return True
+        return isinstance(small, cst.Assign) and syntax.literal(small.value) is not ...
+
+    fallback = any(
+        not all(plain(statement) for statement in handler.body.body)  # type: ignore[attr-defined]
+        for handler in owner.handlers
+    )
+    code = [statement for statement in block.body if not plain(statement)]
+    if not (fallback and code):
+        return None
+    return (
+        f"it checks that Apex is installed for the code after it in its `try` (line {ctx.position(code[0])[0]}), "
+        "which runs only where Apex is, the except clause's code otherwise (that code may need Apex without "
+        "naming it, as fairseq's FusedAdam needs Apex's fused_adam_cuda)"
+    )
 
 
 def _rebind(ctx: ModuleContext, binding: Binding, torch_name: str) -> None:
