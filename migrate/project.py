@@ -31,7 +31,8 @@ from migrate.roots import may_share_a_program, project_root
 # for that unless the name itself says amp (the engine reports by the same rule).
 _DISTINCT_APIS = frozenset({"scale_loss", "master_params"})
 _AMP_APIS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"})
-# the amp functions that only mark functions for casting (amp_cast_functions)
+# the amp functions that only mark functions for casting: amp_cast_functions.APIS, spelled again
+# here because this module imports no libcst (tests/test_project.py keeps the two in step)
 _CAST_FUNCTION_APIS = frozenset(
     {
         "float_function",
@@ -791,9 +792,7 @@ class ProjectPlan:
             carried = set().union(*(m.amp_stores for m in members)) & set().union(*(m.carried_uses for m in members))
             if not carried:
                 continue
-            outside = _carrier_users_outside(
-                group.paths, carried, {p for p, m in self.index.modules.items() if m.given}
-            )
+            outside = _carrier_users_outside(group.paths, carried, self._given_paths)
             if outside is not None:
                 reason = (
                     f"{self.display(outside)} also stores the amp module on an object or calls amp through one "
@@ -861,8 +860,12 @@ class ProjectPlan:
         others = [m.amp_stores for p, m in modules.items() if p != path]
         if summary.carried_uses & set().union(*others):
             return False
-        given = {p for p, m in modules.items() if m.given}
-        return _carrier_users_outside([path], set(summary.carried_uses), given) is None
+        return _carrier_users_outside([path], set(summary.carried_uses), self._given_paths) is None
+
+    @functools.cached_property
+    def _given_paths(self) -> set[str]:
+        """The modules given to migrate (the others were read only to follow imports)."""
+        return {path for path, summary in self.index.modules.items() if summary.given}
 
     def _freeze_group(self, number: int, reason: str) -> None:
         """Leave every module of group ``number`` as it was, for ``reason``."""

@@ -280,3 +280,11 @@ def test_importing_only_amp_free_helpers_does_not_link_two_setups(tmp_path: Path
     )
     groups = sorted(sorted(Path(p).name for p in group.paths) for group in amp_groups(index))
     assert groups == [["classify.py", "tagger.py"], ["squad.py"]]
+
+
+def test_cast_function_names_match_the_rule() -> None:
+    """The project summary marks the same casting decorators the amp_cast_functions rule rewrites."""
+    from migrate.project import _CAST_FUNCTION_APIS
+    from migrate.rules.amp_cast_functions import APIS
+
+    assert _CAST_FUNCTION_APIS == APIS

@@ -265,10 +265,8 @@ def _report_other_library(
 def _flags_that_differ(ctx: ModuleContext, statement: cst.CSTNode) -> list[str]:
     """The names the try around ``statement`` sets beside the import to another value than its
     except clauses do (``USING_APEX_OPTIMIZER = True``): deleting the Apex level changes them."""
-    line = ctx.statement_of(statement)
-    block = ctx.parent(line)
-    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
-    if not isinstance(owner, cst.Try) or owner.body is not block:
+    owner = ctx.try_around(statement)
+    if owner is None:
         return []
 
     def flags(node: cst.CSTNode) -> dict[str, str]:

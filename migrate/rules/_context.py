@@ -182,6 +182,12 @@ class ModuleContext:
             current = parent
         return current
 
+    def try_around(self, node: cst.CSTNode) -> cst.Try | None:
+        """The ``try`` whose body (not a handler, ``else`` or ``finally``) holds ``node``'s statement."""
+        block = self.parent(self.statement_of(node))
+        owner = self.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        return owner if isinstance(owner, cst.Try) and owner.body is block else None
+
     def block_of(self, statement: cst.CSTNode) -> Block:
         parent = self.parent(statement)
         assert isinstance(parent, (cst.Module, cst.IndentedBlock))

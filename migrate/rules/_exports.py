@@ -100,10 +100,8 @@ def _string_text(node: cst.SimpleString) -> str:
 def _optional(ctx: ModuleContext, statement: cst.CSTNode, bound: str) -> bool:
     """``statement`` is in the body of a ``try`` whose handlers all catch ImportError and none
     binds ``bound`` again (``except ImportError: pass``)."""
-    line = ctx.statement_of(statement)
-    block = ctx.parent(line)
-    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
-    if not isinstance(owner, cst.Try) or owner.body is not block or not owner.handlers:
+    owner = ctx.try_around(statement)
+    if owner is None or not owner.handlers:
         return False
     for handler in owner.handlers:
         caught = handler.type

@@ -385,12 +385,11 @@ def unused_imports(
 def _probe_for_code(ctx: ModuleContext, statement: cst.CSTNode) -> str | None:
     """Why an unused Apex import stays as a probe: it opens a ``try`` whose body goes on with
     other code than imports and flags (fairseq: the project's own FusedAdam, built on Apex's
-    CUDA extension ``fused_adam_cuda``) while an ``except ImportError`` clause does something
-    else. Without the import, that code would run where Apex is missing."""
-    line = ctx.statement_of(statement)
-    block = ctx.parent(line)
-    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
-    if not isinstance(owner, cst.Try) or owner.body is not block:
+    CUDA extension ``fused_adam_cuda``) while an ``except`` clause does something else
+    (``except ImportError: <fallback>``). Without the import, that code would run where Apex
+    is missing."""
+    owner = ctx.try_around(statement)
+    if owner is None:
         return None
 
     def plain(node: cst.CSTNode) -> bool:
@@ -404,7 +403,7 @@ def _probe_for_code(ctx: ModuleContext, statement: cst.CSTNode) -> str | None:
         not all(plain(statement) for statement in handler.body.body)  # type: ignore[attr-defined]
         for handler in owner.handlers
     )
-    code = [statement for statement in block.body if not plain(statement)]
+    code = [statement for statement in owner.body.body if not plain(statement)]
     if not (fallback and code):
         return None
     return (
@@ -539,10 +538,8 @@ def _escaping_probe(ctx: ModuleContext, binding: Binding) -> bool:
     reports AMP043: ``def is_apex_available(): try: from apex import amp ... return True``, or a
     module-level ``HAS_APEX`` other modules import. Such a flag still has to say whether Apex is
     installed: callers may import Apex under it, and ``True`` there would fail without Apex."""
-    line = ctx.statement_of(binding.statement)
-    block = ctx.parent(line)
-    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
-    if not (isinstance(owner, cst.Try) and owner.body is block):
+    owner = ctx.try_around(binding.statement)
+    if owner is None:
         return False
     if not all(_catches_import_error(handler) for handler in owner.handlers):
         return False
