@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 
@@ -15,6 +15,7 @@ from migrate import pytree
 from migrate.findings import Finding, make_finding
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import Options, ScalerInfo
+from migrate.rules import _factory_calls as factory_calls
 from migrate.rules import run_rules
 from migrate.rules._render import nodes_unvalidated, render
 from migrate.skip import SKIP_COMMENT
@@ -174,6 +175,8 @@ def _migrate(source: str, options: Options, parsed: Parsed | None = None) -> Mig
             )
             return MigrationResult(source, False, (note,), skipped=True)
         module = parse(source)
+    if options.facts.factory_setups:
+        return _migrate_factory_calls(source, module, options)
     outcome = run_rules(module, source, options)
     new_module = outcome.module
     new_source = render(module, new_module, source) if new_module is not module else source
@@ -200,3 +203,20 @@ def _migrate(source: str, options: Options, parsed: Parsed | None = None) -> Mig
         scalers=outcome.scalers,
         scaler_unused=outcome.scaler_unused,
     )
+
+
+def _migrate_factory_calls(source: str, module: cst.Module, options: Options) -> MigrationResult:
+    """Migrate a module that calls project functions setting up amp for it (``hands_off`` in
+    their module): as if each call were followed by the amp.initialize it stands for. Kept
+    only where that leaves no Apex amp; else the module is migrated as it is, and keeps amp."""
+    plain = replace(options, facts=replace(options.facts, factory_setups=()))
+    synthetic = factory_calls.synthesize(module, options.facts.factory_setups)
+    if synthetic is not None:
+        result = _migrate(synthetic.source, plain)
+        if result.amp_migrated and not result.amp_left:
+            return replace(
+                result,
+                changed=result.source != source,
+                findings=synthetic.map_findings(result.findings),
+            )
+    return _migrate(source, plain)

@@ -45,6 +45,33 @@ class ModuleFacts:
     # (module as spelled, name, Apex path or "", where it is defined, what keeps it from being treated
     # like Apex or "", what keeps dynamic loss scaling with it from being migrated or "")
     apex_copies: tuple[tuple[str, str, str, str, str, str], ...] = ()
+    # project functions defined here whose amp.initialize moves to their callers (``FactorySetup``):
+    # it goes without a GradScaler of its own, each with what its callers out of the run do (""
+    # or where they call it without an optimizer, for inference)...
+    hands_off: tuple[tuple[str, str], ...] = ()
+    # ...and the modules that call them set one up where each call returns
+    factory_setups: tuple[FactorySetup, ...] = ()
+
+
+@dataclass(frozen=True)
+class FactorySetup:
+    """A project function that calls ``amp.initialize`` and returns what it set up, as its
+    callers in other modules see it (``migrate.factories``).
+
+    A caller's ``model, optimizer = setup(model, optimizer, device, args.fp16, args.opt_level)``
+    is migrated as if ``model, optimizer = amp.initialize(model, optimizer,
+    opt_level=args.opt_level, enabled=args.fp16)`` followed it: the function's own call, with
+    its parameters replaced by the caller's arguments.
+    """
+
+    name: str  # the function as callers spell it ("setup" or "model_utils.setup")
+    parameters: tuple[str, ...]  # its parameters in order (no *args or **kwargs)
+    defaults: tuple[tuple[str, str], ...]  # parameter -> default, as literal source text
+    call: str  # the amp.initialize call as written in it
+    models: str  # the name of the model (or models) it passes to amp.initialize and returns...
+    optimizers: str  # ...and of the optimizer(s)
+    guard: str | None  # the tests that lead to the call (``fp16``), joined with ``and``; None: always
+    returned: tuple[int, int, int]  # how many values it returns, where the models and the optimizers are
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from migrate import apex_copies
+from migrate import apex_copies, factories
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
 from migrate.roots import may_share_a_program, project_root
@@ -742,6 +742,7 @@ class ProjectPlan:
         self.facts = module_facts(self.index)
         self._display = dict(displays or {})
         self._stage: dict[int | None, str] = {}
+        self._hand_off_blocked: dict[int, str] = {}  # group -> why its factory's setup stays there
         for path, copies in apex_copies.copy_facts(self.index, self.display).items():
             self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_copies=copies)
         self._plan_carriers()
@@ -897,7 +898,11 @@ class ProjectPlan:
             stage = self._stage.get(number, "first")
             if not (left and migrated) or stage == "frozen":
                 continue
-            threaded = self._thread(members, left, outcome) if stage == "first" else None
+            threaded = (
+                (self._thread(members, left, outcome) or self._hand_off(number, members, left, outcome))
+                if stage == "first"
+                else None
+            )
             if threaded:
                 self._stage[number] = "threaded"
                 again.update(threaded)
@@ -907,6 +912,8 @@ class ProjectPlan:
                 f"the setup continues in {self.display(left[0])}, where Apex amp stays (see its findings); "
                 "migrating the rest alone would break it"
             )
+            if number in self._hand_off_blocked:
+                reason += f"; {self._hand_off_blocked[number]}"
             for path in migrated:
                 again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         for path, facts in self.facts.items():
@@ -1112,6 +1119,58 @@ class ProjectPlan:
             facts[creator] = replace(self.facts.get(creator, ModuleFacts()), passes_scaler=tuple(sorted(aliases)))
         return facts
 
+    def _hand_off(
+        self, number: int, members: list[str], left: list[str], outcome: Mapping[str, Outcome]
+    ) -> dict[str, ModuleFacts]:
+        """Facts that move a factory's amp.initialize to the modules that call it; {} if they cannot.
+
+        ``setup(...)`` in ``utils.py`` calls amp.initialize and returns the model and optimizer
+        to trainers in other modules, which scale their losses with amp: each caller gets the
+        GradScaler where the call returns (``migrate.factories``), and the factory loses its
+        call. Every use of the factory in the project must be a call the rules can follow:
+        in a given module, or, in one out of the run, an inference call (no optimizer).
+        """
+        creators = [path for path in members if outcome[path].scalers]
+        if len(creators) != 1 or creators[0] in left or len(outcome[creators[0]].scalers) != 1:
+            return {}
+        creator = creators[0]
+        function = outcome[creator].scalers[0].function
+        summary = self.index.modules[creator]
+        if function is None or function in summary.calls_outside_functions:
+            return {}
+        if any(function in f.calls for f in summary.functions.values()):
+            return {}
+        callers: dict[str, str] = {}
+        for path in self.index.modules:
+            for alias, origin, name in self._imported_functions(path) if path != creator else ():
+                if origin == creator and name == function and callers.setdefault(path, alias) != alias:
+                    return {}
+        if not callers or set(left) - set(callers) or any(path not in outcome for path in callers):
+            return {}
+        setup = factories.read_factory(_text(creator), function, function)
+        if setup is None:
+            return {}
+        word = re.compile(rf"\b{re.escape(function)}\b".encode())
+        inference = []
+        for path, data in _project_files([creator, *callers], {creator, *callers}):
+            if word.search(data):
+                lines = factories.inference_calls(data.decode("utf-8", "replace"), setup, function)
+                if lines is None:
+                    self._hand_off_blocked[number] = (
+                        f"{self.display(path)} also uses `{function}` (which sets up amp and returns the model and "
+                        "optimizer) and is not migrated with it: it may train with what it returns, whose forward "
+                        "pass Apex O1 ran in float16 (include that file, or move its amp setup where it trains)"
+                    )
+                    return {}
+                inference += [f"{self.display(path)}:{line}" for line in lines]
+        facts = {
+            path: replace(self.facts.get(path, ModuleFacts()), factory_setups=(replace(setup, name=alias),))
+            for path, alias in callers.items()
+        }
+        handed = ((function, ", ".join(inference)),)
+        facts[creator] = replace(self.facts.get(creator, ModuleFacts()), hands_off=handed)
+        return facts
+
     def _imported_functions(self, path: str) -> Iterator[tuple[str, str, str]]:
         """(how ``path`` calls it, defining module, name there) for each project function it imports."""
         for edge in self.index.modules[path].imports:
@@ -1171,13 +1230,6 @@ def _carrier_users_outside(paths: list[str], attributes: set[str], given: set[st
     """A Python file of the project around ``paths`` that was not given and stores the amp module
     in one of ``attributes`` or calls amp through it: migrating the given ones alone would hand it
     a GradScaler where it expects the amp module (or the reverse). None when there is none."""
-    folders = [os.path.dirname(os.path.abspath(path)) for path in paths]
-    common = os.path.commonpath(folders)
-    root = project_root(paths[0])
-    if os.path.commonpath([root, common]) != root or len(os.path.relpath(common, root).split(os.sep)) > 3:
-        root = common  # no project marker near: the folder the modules share
-    if os.path.dirname(root) == root:
-        return None
     names = "|".join(re.escape(attribute) for attribute in sorted(attributes))
     pattern = re.compile(rf"\.(?:{names})\s*(?:=\s*amp\b|\.\s*(?:scale_loss|master_params|state_dict)\b)".encode())
     # ... and imports one of them (a script with a setup of its own, sharing nothing, does not count)
@@ -1188,6 +1240,22 @@ def _carrier_users_outside(paths: list[str], attributes: set[str], given: set[st
     imports = re.compile(
         rf"^[ \t]*(?:from[ \t]+\S*\b(?:{modules})[ \t]+import\b|import[ \t]+.*\b(?:{modules})\b)".encode(), re.M
     )
+    for path, data in _project_files(paths, given):
+        if (b"apex" in data or b"scale_loss" in data) and pattern.search(data) and imports.search(data):
+            return path
+    return None
+
+
+def _project_files(paths: list[str], skipped: set[str]) -> Iterator[tuple[str, bytes]]:
+    """The Python files of the project around ``paths`` (but ``skipped``), with their bytes; at
+    most ``_CARRIER_SCAN_FILES`` of them."""
+    folders = [os.path.dirname(os.path.abspath(path)) for path in paths]
+    common = os.path.commonpath(folders)
+    root = project_root(paths[0])
+    if os.path.commonpath([root, common]) != root or len(os.path.relpath(common, root).split(os.sep)) > 3:
+        root = common  # no project marker near: the folder the modules share
+    if os.path.dirname(root) == root:
+        return
     read = 0
     for folder, subfolders, files in os.walk(root):
         subfolders[:] = sorted(f for f in subfolders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
@@ -1195,19 +1263,17 @@ def _carrier_users_outside(paths: list[str], attributes: set[str], given: set[st
             if not name.endswith(".py"):
                 continue
             path = os.path.join(folder, name)
-            if path in given:
+            if path in skipped:
                 continue
             read += 1
             if read > _CARRIER_SCAN_FILES:
-                return None
+                return
             try:
                 with open(path, "rb") as handle:
                     data = handle.read()
             except OSError:
                 continue
-            if (b"apex" in data or b"scale_loss" in data) and pattern.search(data) and imports.search(data):
-                return path
-    return None
+            yield path, data
 
 
 # A backward, or an optimizer step whose backward runs out of sight (a trainer subclass that

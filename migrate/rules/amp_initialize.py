@@ -1408,6 +1408,20 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
             "cast_model_outputs has no autocast equivalent: cast the model outputs with .to(dtype) by hand",
         )
         return
+    handed_off = _handed_off(ctx, found)
+    if handed_off is not None:
+        # its callers set up the GradScaler where it returns (project mode, ``migrate.factories``)
+        ctx.consumed.add(use.base)
+        if handed_off:
+            ctx.report(
+                "AMP011",
+                use.call,
+                f"amp.initialize was removed: its callers set up mixed precision where it returns; {handed_off} "
+                "call it without an optimizer (inference), whose forward pass Apex O1 ran in float16: it now runs "
+                'in float32 (wrap it in `with torch.autocast("cuda", dtype=torch.float16):` for float16 speed)',
+            )
+        _drop_call(ctx, found)
+        return
     if found.inference_only:
         ctx.consumed.add(use.base)
         for note in scale.notes:
@@ -1464,6 +1478,15 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         if scale.static is not None:
             scale.static = value
     _create_scaler(ctx, model, found, settings, scale, home, name)
+
+
+def _handed_off(ctx: ModuleContext, found: SetupCall) -> str | None:
+    """Where the call is in a top-level function whose callers take its amp setup over: the
+    callers out of the run that use it for inference ("" for none); else None."""
+    function = ctx.function_of(found.call)
+    if function is None or not any(statement is function for statement in ctx.module.body):
+        return None
+    return dict(ctx.options.facts.hands_off).get(function.name.value)
 
 
 def _set_by_factory(
