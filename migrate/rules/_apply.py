@@ -370,6 +370,10 @@ class PlanApplier(cst.CSTTransformer):
             return updated.with_changes(body=[placeholder])
         if isinstance(updated, cst.IndentedBlock):
             body[0] = _without_new_blank_top(originals[0], body[0])
+            # the blank lines above the block's removed last statements would end it: the code
+            # after the block keeps its own spacing
+            first_comment = next((n for n, line in enumerate(pending) if line.comment is not None), len(pending))
+            pending = pending[first_comment:]
         if pending:
             return updated.with_changes(body=body, footer=[*pending, *updated.footer])
         return updated.with_changes(body=body)
