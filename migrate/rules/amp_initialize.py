@@ -50,6 +50,12 @@ follows it with ``enabled=scaler.is_enabled()``::
             scaler = torch.amp.GradScaler("cuda")
         return model, optimizer
 
+In project mode, such a function in one module whose callers are in others (``model, optimizer =
+setup(model, optimizer, cfg.fp16, cfg.opt_level)`` in a trainer's ``__init__``) hands its call
+over: it goes without a scaler, and each caller gets the GradScaler where the call returns, as
+if the function's amp.initialize, spelled with the caller's arguments, followed the call
+(``migrate.factories``).
+
 Not rewritten (reported instead)
     A call that is not a plain assignment or expression statement (AMP010);
     ``cast_model_outputs``, a ``loss_scale`` that is no number, or a run-time ``loss_scale``
