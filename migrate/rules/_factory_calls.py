@@ -36,30 +36,34 @@ class Synthetic:
     """The module's text with the added lines, and where they are (1-based, in that text)."""
 
     source: str
-    added: tuple[tuple[int, int], ...]  # (first added line, the line of the call it follows), ascending
+    # (first added line, where the call it follows starts: line and 1-based column), ascending
+    added: tuple[tuple[int, int, int], ...]
     per_call: int  # lines added after each call
 
-    def original_line(self, line: int) -> int:
-        """The input's line for a line of the synthetic text (an added line: its call's)."""
+    def original_position(self, line: int, column: int) -> tuple[int, int]:
+        """The input's position for one in the synthetic text (on an added line: its call's)."""
         shift = 0
-        for first, call_line in self.added:
+        for first, call_line, call_column in self.added:
             if line < first:
                 break
             if line < first + self.per_call:
-                return call_line
+                return call_line, call_column
             shift += self.per_call
-        return line - shift
+        return line - shift, column
 
     def map_findings(self, findings: Sequence[Finding]) -> tuple[Finding, ...]:
-        return tuple(
-            Finding(f.code, self.original_line(f.line), f.column, _unshifted(f.message, self), f.fixed)
-            for f in findings
-        )
+        mapped = []
+        for finding in findings:
+            line, column = self.original_position(finding.line, finding.column)
+            mapped.append(Finding(finding.code, line, column, _unshifted(finding.message, self), finding.fixed))
+        return tuple(mapped)
 
 
 def _unshifted(message: str, synthetic: Synthetic) -> str:
     # a message that names a line of the synthetic text names the input's line instead
-    return re.sub(r"\b(line )(\d+)\b", lambda m: f"{m.group(1)}{synthetic.original_line(int(m.group(2)))}", message)
+    return re.sub(
+        r"\b(line )(\d+)\b", lambda m: f"{m.group(1)}{synthetic.original_position(int(m.group(2)), 1)[0]}", message
+    )
 
 
 def synthesize(module: cst.Module, setups: Sequence[FactorySetup]) -> Synthetic | None:
@@ -74,18 +78,18 @@ def synthesize(module: cst.Module, setups: Sequence[FactorySetup]) -> Synthetic 
         return None
     added: dict[cst.SimpleStatementLine, list[cst.SimpleStatementLine]] = {}
     ends = []
-    for line, (setup, assign, call, end) in finder.lines.items():
+    for line, (setup, assign, call, end, start) in finder.lines.items():
         statements = _setup_statements(setup, assign, call, amp)
         if statements is None:
             return None
         added[line] = statements
-        ends.append(end)
+        ends.append((end, start))
     new_module = module.visit(_Insert(added))
     per_call = 2
     ends.sort()
     return Synthetic(
         new_module.code,
-        tuple((end + 1 + index * per_call, end) for index, end in enumerate(ends)),
+        tuple((end + 1 + index * per_call, *start) for index, (end, start) in enumerate(ends)),
         per_call,
     )
 
@@ -98,7 +102,8 @@ class _Calls(cst.CSTVisitor):
 
     def __init__(self, setups: dict[str, FactorySetup]) -> None:
         self.setups = setups
-        self.lines: dict[cst.SimpleStatementLine, tuple[FactorySetup, cst.Assign, cst.Call, int]] = {}
+        # statement -> (factory, assignment, call, the line the statement ends on, where the call starts)
+        self.lines: dict[cst.SimpleStatementLine, tuple[FactorySetup, cst.Assign, cst.Call, int, tuple[int, int]]] = {}
         self.taken: set[cst.CSTNode] = set()  # the function names of the calls in ``lines``
         self.unusable = False
 
@@ -110,7 +115,8 @@ class _Calls(cst.CSTVisitor):
         name = dotted_name(value.func) if isinstance(value, cst.Call) else None
         if isinstance(value, cst.Call) and name in self.setups and len(assign.targets) == 1:
             end = self.get_metadata(PositionProvider, node).end.line
-            self.lines[node] = (self.setups[name], assign, value, end)
+            start = self.get_metadata(PositionProvider, value).start
+            self.lines[node] = (self.setups[name], assign, value, end, (start.line, start.column + 1))
             self.taken.add(value.func)
 
     def visit_Import(self, node: cst.Import) -> bool:

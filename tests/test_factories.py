@@ -1,0 +1,155 @@
+"""Project mode: functions that set up amp for their callers (``migrate.factories``) and the
+callers migrated as if the function's amp.initialize followed each call (``_factory_calls``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from migrate.engine import migrate_source
+from migrate.factories import inference_calls, read_factory
+from migrate.options import ModuleFacts, Options
+
+FACTORY = """\
+import torch
+
+
+def setup(model, optimizer, device, fp16=False, opt_level="O1"):
+    model.to(device)
+    if fp16:
+        from apex import amp
+
+        model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level)
+    model = torch.nn.DataParallel(model)
+    return model, optimizer
+"""
+
+
+def test_a_factory_is_read_with_its_parameters_guard_and_returned_places() -> None:
+    setup = read_factory(FACTORY, "setup", "utils.setup")
+    assert setup is not None
+    assert setup.name == "utils.setup"
+    assert setup.parameters == ("model", "optimizer", "device", "fp16", "opt_level")
+    assert setup.defaults == (("fp16", "False"), ("opt_level", '"O1"'))
+    assert setup.call == "amp.initialize(model, optimizer, opt_level=opt_level)"
+    assert (setup.models, setup.optimizers, setup.guard, setup.returned) == ("model", "optimizer", "fp16", (2, 0, 1))
+
+
+def test_an_else_branch_is_guarded_by_the_negated_test() -> None:
+    setup = read_factory(
+        """\
+from apex import amp
+
+
+def setup(model, optimizer, fp32):
+    if fp32:
+        pass
+    else:
+        model, optimizer = amp.initialize(model, optimizer)
+    return optimizer, model
+""",
+        "setup",
+        "setup",
+    )
+    assert setup is not None
+    assert (setup.guard, setup.returned) == ("not fp32", (2, 1, 0))
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (("if fp16:", "if fp16 and torch.cuda.is_available():"), "the guard calls code"),
+        (("if fp16:", "if fp16 and USE_AMP:"), "the guard reads a module name"),
+        (("opt_level=opt_level)", "opt_level=LEVELS[opt_level])"), "an argument reads a module name"),
+        (
+            ("    model.to(device)\n", "    model.to(device)\n    fp16 = fp16 and device != 'cpu'\n"),
+            "a reassigned switch",
+        ),
+        (("    model.to(device)\n", "    if device == 'cpu':\n        return model, optimizer\n"), "an early return"),
+        (("    model = torch.nn.DataParallel(model)\n", "    optimizer = Wrapper(optimizer)\n"), "another optimizer"),
+        (("    return model, optimizer", "    return model"), "the optimizer is not returned"),
+        (("device, fp16=False", "device, *rest, fp16=False"), "*args"),
+        (('opt_level="O1"', "opt_level=DEFAULT_LEVEL"), "a default that is no literal"),
+        (("    if fp16:\n", "    for _ in range(1):\n"), "the call runs in a loop"),
+        (
+            ("    model = torch.nn.DataParallel(model)\n", "    amp.state_dict()\n"),
+            "another amp call",
+        ),
+    ],
+)
+def test_shapes_a_caller_cannot_take_over_are_not_read(change: tuple[str, str], why: str) -> None:
+    assert change[0] in FACTORY, why
+    assert read_factory(FACTORY.replace(change[0], change[1]), "setup", "setup") is None, why
+
+
+def test_callers_out_of_the_run_count_only_when_they_pass_no_optimizer() -> None:
+    setup = read_factory(FACTORY, "setup", "setup")
+    assert setup is not None
+    inference = "from utils import setup\n\n\ndef embed(encoder, cfg):\n    encoder, _ = setup(encoder, None, cfg.device, cfg.fp16)\n"
+    assert inference_calls(inference, setup, "setup") == [5]
+    keyword = inference.replace(
+        "setup(encoder, None, cfg.device, cfg.fp16", "setup(encoder, optimizer=None, fp16=cfg.fp16"
+    )
+    assert inference_calls(keyword, setup, "setup") == [5]
+    training = inference.replace("None", "optimizer")
+    assert inference_calls(training, setup, "setup") is None
+    passed_on = inference + "\n\nbuilders = [setup]\n"
+    assert inference_calls(passed_on, setup, "setup") is None
+
+
+TRAINER = """\
+import torch
+from apex import amp
+
+from utils import setup
+
+
+class Trainer:
+    def __init__(self, cfg, model, optimizer):
+        model, optimizer = setup(model, optimizer, cfg.device, cfg.fp16, cfg.opt_level)
+        self.model, self.optimizer = model, optimizer
+
+    def step(self, x):
+        loss = self.model(x).sum()
+        with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+            scaled_loss.backward()
+        self.optimizer.step()
+"""
+
+
+def _facts(name: str = "setup") -> Options:
+    setup = read_factory(FACTORY, "setup", name)
+    assert setup is not None
+    return Options(facts=ModuleFacts(factory_setups=(setup,)))
+
+
+def test_a_caller_gets_the_scaler_where_the_call_returns() -> None:
+    result = migrate_source(TRAINER, _facts())
+    assert not result.amp_left and result.amp_migrated
+    assert "apex" not in result.source
+    lines = result.source.splitlines()
+    call = next(n for n, line in enumerate(lines) if "= setup(" in line)
+    assert lines[call + 1].strip() == (
+        'self.scaler = torch.amp.GradScaler("cuda", enabled=bool(cfg.fp16) and cfg.opt_level != "O0")'
+    )
+    assert "self.scaler.scale(loss).backward()" in result.source
+    # findings name the input's lines: the one about the run-time opt level, the call's
+    (note,) = [f for f in result.findings if f.code == "AMP001"]
+    assert (note.line, note.column) == (9, 28)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("model, optimizer = setup(", "return setup("),  # the result is not unpacked
+        ("setup(model, optimizer, cfg.device, cfg.fp16, cfg.opt_level)", "setup(*cfg.args)"),
+        ("cfg.fp16, cfg.opt_level)", "cfg.read_fp16(), cfg.opt_level)"),  # read again, it may differ
+        ("cfg.fp16, cfg.opt_level)", "model.fp16, cfg.opt_level)"),  # `model` is rebound by the call
+    ],
+)
+def test_a_caller_that_cannot_take_the_setup_over_is_migrated_as_it_is(change: tuple[str, str]) -> None:
+    source = TRAINER.replace(*change)
+    assert source != TRAINER
+    result = migrate_source(source, _facts())
+    plain = migrate_source(source, Options())
+    assert result.amp_left
+    assert (result.source, result.findings) == (plain.source, plain.findings)
