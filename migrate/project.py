@@ -108,6 +108,8 @@ class ModuleSummary:
     functions: dict[str, FunctionSummary] = field(default_factory=dict)  # top-level functions
     amp_apis: set[str] = field(default_factory=set)  # amp functions the module calls
     amp_outside_functions: bool = False  # an amp call at module level or in a class
+    amp_classes: set[str] = field(default_factory=set)  # top-level classes whose code calls amp
+    amp_at_module_level: bool = False  # an amp call outside every top-level function and class
     calls_outside_functions: frozenset[str] = frozenset()  # names called at module level or in classes
     # every name the module binds at its top level (function, class, variable) -> the names read by
     # the statements that bind it (a function's body, a class's, an assignment's value)
@@ -360,6 +362,10 @@ def _summarize_functions(
         elif not isinstance(statement, (ast.Import, ast.ImportFrom)):
             summary.amp_outside_functions = summary.amp_outside_functions or uses_amp
             summary.calls_outside_functions |= called[top]
+            if isinstance(statement, ast.ClassDef) and uses_amp:
+                summary.amp_classes.add(statement.name)
+            else:
+                summary.amp_at_module_level = summary.amp_at_module_level or uses_amp
 
 
 def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
@@ -386,6 +392,8 @@ def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
         ],
         "amp_apis": sorted(summary.amp_apis),
         "amp_outside_functions": summary.amp_outside_functions,
+        "amp_classes": sorted(summary.amp_classes),
+        "amp_at_module_level": summary.amp_at_module_level,
         "calls_outside_functions": sorted(summary.calls_outside_functions),
         "definitions": {name: sorted(reads) for name, reads in summary.definitions.items()},
         "apex_defs": summary.apex_defs,
@@ -423,6 +431,8 @@ def summary_from_json(path: str, data: dict[str, Any]) -> ModuleSummary:
         },
         amp_apis=set(map(str, data["amp_apis"])),
         amp_outside_functions=bool(data["amp_outside_functions"]),
+        amp_classes=set(map(str, data["amp_classes"])),
+        amp_at_module_level=bool(data["amp_at_module_level"]),
         calls_outside_functions=frozenset(map(str, data["calls_outside_functions"])),
         definitions={str(name): frozenset(map(str, reads)) for name, reads in data["definitions"].items()},
         apex_defs=dict(data["apex_defs"]),
@@ -1101,8 +1111,10 @@ class ProjectPlan:
         passes: dict[str, set[str]] = {creator: set() for creator in creators}
         for path in left:
             summary = self.index.modules[path]
+            # functions, and classes whose constructor can take the scaler and keep it on `self`
             needing = {name for name, function in summary.functions.items() if function.uses_amp}
-            if summary.amp_outside_functions or not needing:
+            needing |= summary.amp_classes
+            if summary.amp_at_module_level or not needing:
                 return {}
             entries: set[str] = set()
             for creator in creators:
@@ -1112,12 +1124,22 @@ class ProjectPlan:
                         passes[creator].add(alias)
             if not entries or self._called_without_scaler(path, entries, set(creators)):
                 return {}
+            if self._built_out_of_sight(path, entries & summary.amp_classes, creators):
+                return {}
             facts[path] = replace(
                 self.facts.get(path, ModuleFacts()), receives_scaler=tuple(sorted(entries)), shared_scaler=shared
             )
         for creator, aliases in passes.items():
             facts[creator] = replace(self.facts.get(creator, ModuleFacts()), passes_scaler=tuple(sorted(aliases)))
         return facts
+
+    def _built_out_of_sight(self, path: str, classes: set[str], creators: list[str]) -> bool:
+        """Whether a project file that the index does not hold spells one of ``classes``: built
+        there, it would not be given the GradScaler its constructor now takes."""
+        if not classes:
+            return False
+        word = re.compile(rb"\b(?:" + b"|".join(re.escape(name.encode()) for name in sorted(classes)) + rb")\b")
+        return any(word.search(data) for _, data in _project_files([path, *creators], set(self.index.modules)))
 
     def _hand_off(
         self, number: int, members: list[str], left: list[str], outcome: Mapping[str, Outcome]
@@ -1172,13 +1194,15 @@ class ProjectPlan:
         return facts
 
     def _imported_functions(self, path: str) -> Iterator[tuple[str, str, str]]:
-        """(how ``path`` calls it, defining module, name there) for each project function it imports."""
+        """(how ``path`` calls it, defining module, name there) for each project function it imports
+        (and each class whose code calls amp: calling it constructs one)."""
         for edge in self.index.modules[path].imports:
             target = self.index.resolve(path, edge.module)
             if target is None:
                 continue
             if not edge.names:
-                for name in self.index.modules[target].functions:
+                imported = self.index.modules[target]
+                for name in [*imported.functions, *sorted(imported.amp_classes)]:
                     yield f"{edge.aliases[0]}.{name}", target, name
                 continue
             for name, alias in zip(edge.names, edge.aliases):
@@ -1187,9 +1211,10 @@ class ProjectPlan:
                     yield alias, origin[0], origin[1]
 
     def _origin(self, path: str, name: str, depth: int = 0) -> tuple[str, str] | None:
-        """Where the function ``name`` imported from ``path`` is defined (following re-exports)."""
+        """Where the function (or amp-calling class) ``name`` imported from ``path`` is defined
+        (following re-exports)."""
         summary = self.index.modules[path]
-        if name in summary.functions:
+        if name in summary.functions or name in summary.amp_classes:
             return path, name
         if depth > 3:
             return None

@@ -12,9 +12,12 @@ Anything that cannot be done is reported, so the amp setup is frozen instead of 
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from migrate.options import ModuleFacts, ScalerInfo
+from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpModel, Scaler
 from migrate.rules._context import ModuleContext, dotted_name
 
@@ -30,6 +33,9 @@ def receive(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
     failed = 0
     name = ctx.options.scaler_name
     for statement in ctx.module.body:
+        if isinstance(statement, cst.ClassDef) and statement.name.value in facts.receives_scaler:
+            failed += _receive_in_class(ctx, model, statement, shared, name)
+            continue
         if not (isinstance(statement, cst.FunctionDef) and statement.name.value in facts.receives_scaler):
             continue
         params = statement.params
@@ -72,6 +78,59 @@ def receive(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
         if held is not None:  # the scale the updates hold travels with the scaler
             ctx.plan.new_params[statement].append((held, cst.Name("None") if has_defaults else None))
     return failed
+
+
+def _receive_in_class(ctx: ModuleContext, model: AmpModel, klass: cst.ClassDef, shared: ScalerInfo, name: str) -> int:
+    """A class whose methods call amp, built by the module that creates the scaler: its
+    ``__init__`` takes the scaler and keeps it on ``self`` for them (1 when it cannot, reported)."""
+    body = klass.body.body if isinstance(klass.body, cst.IndentedBlock) else []
+    init = next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+    why = None
+    if init is None or not isinstance(init.body, cst.IndentedBlock) or init.decorators:
+        why = "it has no plain __init__ of its own to take it"
+    elif shared.held_scale is not None:
+        why = "the loss scale held beside the GradScaler cannot be kept with it"
+    else:
+        params = init.params
+        taken = {param.name.value for param in (*params.posonly_params, *params.params, *params.kwonly_params)}
+        if name in taken or isinstance(params.star_arg, cst.Param) or params.kwonly_params or not params.params:
+            why = "its __init__'s parameters do not allow a new one to be added"
+        elif re.search(rf"\.\s*{re.escape(name)}\b", ctx.module.code_for_node(klass)):
+            why = f"the class already has an attribute `{name}`"
+    if why is not None or init is None or not isinstance(init.body, cst.IndentedBlock):
+        ctx.report(
+            "AMP022",
+            klass.name,
+            f"{klass.name.value}() should receive the GradScaler as `{name}` and keep it on the object for its "
+            f"methods, but {why}",
+        )
+        return 1
+    owner = ctx.self_name(init) or "self"
+    store = syntax.assign_statement(cst.Attribute(cst.Name(owner), cst.Name(name)), cst.Name(name))
+    statements = [s for s in init.body.body if not syntax.is_docstring(s)]
+    first = statements[0] if statements else None
+    if first is None:
+        ctx.plan.after[init.body.body[-1]].append(store)
+    elif syntax.calls_super_init(first):
+        ctx.plan.after[first].append(store)  # the base class sets itself up first
+    else:
+        ctx.plan.before[first].append(store)
+    has_defaults = any(param.default is not None for param in init.params.params)
+    ctx.plan.new_params[init].append((name, cst.Name("None") if has_defaults else None))
+    model.scalers.append(
+        Scaler(
+            initialize=None,
+            function=init,
+            klass=klass,
+            name=name,
+            enabled=None,
+            autocast_enabled=None if shared.follows else "off",
+            static_scale=shared.static_scale,
+            may_be_disabled=True,
+            model_names=set(shared.models),
+        )
+    )
+    return 0
 
 
 def carried(ctx: ModuleContext, model: AmpModel) -> None:

@@ -82,6 +82,13 @@ def sole_statement(line: cst.CSTNode) -> cst.BaseSmallStatement | None:
     return None
 
 
+def calls_super_init(statement: cst.CSTNode) -> bool:
+    """``super().__init__(...)`` (or ``Base.__init__(self, ...)``) as the whole statement."""
+    small = sole_statement(statement)
+    call = small.value if isinstance(small, cst.Expr) else None
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "__init__"
+
+
 def assign_statement(target: cst.BaseExpression, value: cst.BaseExpression) -> cst.SimpleStatementLine:
     assignable = cast(cst.BaseAssignTargetExpression, target)
     return cst.SimpleStatementLine([cst.Assign(targets=[cst.AssignTarget(assignable)], value=value)])

@@ -492,20 +492,13 @@ def _default_in_init(ctx: ModuleContext, klass: cst.ClassDef, name: str) -> bool
     body = list(init.body.body)
     index = 0
     # after the docstring and the super().__init__() call, before anything that may use it
-    while index < len(body) and (syntax.is_docstring(body[index]) or _calls_super_init(body[index])):
+    while index < len(body) and (syntax.is_docstring(body[index]) or syntax.calls_super_init(body[index])):
         index += 1
     planned = ctx.plan.before[body[index]] if index < len(body) else ctx.plan.after[body[-1]]
     # two methods of the class may each create the scaler (fit, lr_find): one default is enough
     if not any(statement.deep_equals(default) for statement in planned):
         planned.append(default)
     return True
-
-
-def _calls_super_init(statement: cst.CSTNode) -> bool:
-    if not (isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr)):
-        return False
-    call = statement.body[0].value
-    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "__init__"
 
 
 def _inside(ctx: ModuleContext, node: cst.CSTNode, function: cst.FunctionDef | None) -> bool:

@@ -79,7 +79,7 @@ def project(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     # (a module that gets the amp module from another, `args.amp.scale_loss(...)`, uses Apex too)
     uses_apex = {
         path.name
-        for path in (PROJECTS / request.param).glob("*.py")
+        for path in (PROJECTS / request.param).rglob("*.py")
         if "apex" in path.read_text() or ".scale_loss(" in path.read_text()
     }
     assert results and all(
