@@ -45,6 +45,9 @@ class ModuleFacts:
     # (module as spelled, name, Apex path or "", where it is defined, what keeps it from being treated
     # like Apex or "", what keeps dynamic loss scaling with it from being migrated or "")
     apex_copies: tuple[tuple[str, str, str, str, str, str], ...] = ()
+    # imported project functions (as this module calls them) that compute a norm of the gradients
+    # they are given (``migrate.gradient_norms``): on scaled gradients, divided by the scale
+    gradient_norms: tuple[str, ...] = ()
     # project functions defined here whose amp.initialize moves to their callers (``FactorySetup``):
     # it goes without a GradScaler of its own, each with what its callers out of the run do (""
     # or where they call it without an optimizer, for inference)...

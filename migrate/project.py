@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from migrate import apex_copies, factories
+from migrate import apex_copies, factories, gradient_norms
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
 from migrate.roots import may_share_a_program, project_root
@@ -753,10 +753,12 @@ class ProjectPlan:
         self._display = dict(displays or {})
         self._stage: dict[int | None, str] = {}
         self._hand_off_blocked: dict[int, str] = {}  # group -> why its factory's setup stays there
+        self._threaded: dict[int, set[str]] = {}  # group -> the modules given new facts to thread a scaler
         for path, copies in apex_copies.copy_facts(self.index, self.display).items():
             self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_copies=copies)
         self._plan_carriers()
         self._freeze_outside_context()
+        self._find_gradient_norms()
 
     def display(self, path: str) -> str:
         return self._display.get(path, os.path.relpath(path))
@@ -830,6 +832,22 @@ class ProjectPlan:
                     self.facts[summary.path] = replace(
                         self.facts.get(summary.path, ModuleFacts()), carriers=attributes, carrier_conditions=held
                     )
+
+    def _find_gradient_norms(self) -> None:
+        """Tell the modules that call amp.master_params which functions they import compute a
+        norm of the gradients they are given (``get_grad_norm`` in a Swin-Transformer's utils.py)."""
+        proven: dict[str, set[str]] = {}  # module -> its functions that are norms of gradients
+        for path, summary in self.index.modules.items():
+            if "master_params" not in summary.amp_apis:
+                continue
+            norms = []
+            for alias, origin, name in self._imported_functions(path):
+                if origin not in proven:
+                    proven[origin] = gradient_norms.gradient_norms_in(_text(origin))
+                if name in proven[origin]:
+                    norms.append(alias)
+            if norms:
+                self.facts[path] = replace(self.facts.get(path, ModuleFacts()), gradient_norms=tuple(sorted(norms)))
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""
@@ -915,6 +933,7 @@ class ProjectPlan:
             )
             if threaded:
                 self._stage[number] = "threaded"
+                self._threaded[number] = set(threaded)
                 again.update(threaded)
                 continue
             self._stage[number] = "frozen"
@@ -924,7 +943,8 @@ class ProjectPlan:
             )
             if number in self._hand_off_blocked:
                 reason += f"; {self._hand_off_blocked[number]}"
-            for path in migrated:
+            # and the modules the threading changed (a receiving class's new parameter) though amp stays
+            for path in [*migrated, *sorted(self._threaded.get(number, set()) & set(members) - set(migrated))]:
                 again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         for path, facts in self.facts.items():
             if path not in outcome or path in again or not facts.exported or not self.index.modules[path].amp_names:

@@ -71,6 +71,7 @@ from typing import cast
 
 import libcst as cst
 
+from migrate import gradient_norms, pytree
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, arm, fp32_only, is_clip, optimizer_key
 from migrate.rules._bindings import dotted_name
@@ -460,11 +461,14 @@ def _clip_scaled_gradients(ctx: ModuleContext, model: AmpModel, node: cst.CSTNod
     same gradients by the same factor (and the norm it returns is divided back). Other
     clips are reported (AMP024) and the setup left as it was.
     """
-    clip = node if isinstance(node, cst.Call) and is_clip(node.func) else _call_around(ctx, node)
+    direct = isinstance(node, cst.Call) and (is_clip(node.func) or _gradient_norm(ctx, node))
+    clip = node if direct else _call_around(ctx, node)
     name = dotted_name(clip.func) if isinstance(clip, cst.Call) else None
     parameters = _SCALABLE_CLIPS.get((name or "").split(".")[-1])
     bound = syntax.bind_arguments(clip, parameters, partial=True) if parameters and isinstance(clip, cst.Call) else {}
     threshold = bound.get(parameters[1]) if parameters else None
+    if parameters is None and isinstance(clip, cst.Call) and _gradient_norm(ctx, clip):
+        return _divide_gradient_norm(ctx, model, node, clip, name or "")
     if threshold is None or not isinstance(clip, cst.Call):
         if isinstance(clip, cst.Call) and parameters is None:
             # a clipper of the project's own (a GradientClipper.step): its threshold is out of reach
@@ -492,16 +496,48 @@ def _clip_scaled_gradients(ctx: ModuleContext, model: AmpModel, node: cst.CSTNod
     scaled = cst.BinaryOperation(left=value, operator=cst.Multiply(), right=scale)
     ctx.plan.substitute(threshold.value, scaled)
     ctx.report("AMP027", clip)
-    owner = ctx.parent(clip)
-    if name and name.endswith("clip_grad_norm_") and not isinstance(owner, cst.Expr):
-        # the norm it returns is of the scaled gradients: report Apex's
-        divided = scale.deep_clone()
+    if name and name.endswith("clip_grad_norm_"):
+        _divide_by_scale(ctx, clip, scale)  # the norm it returns is of the scaled gradients: report Apex's
+    return True
 
-        def unscaled_norm(updated: cst.CSTNode, divided: cst.BaseExpression = divided) -> cst.CSTNode:
-            assert isinstance(updated, cst.Call)
-            return cst.BinaryOperation(left=updated, operator=cst.Divide(), right=divided)
 
-        ctx.plan.replace[clip] = unscaled_norm
+def _divide_by_scale(ctx: ModuleContext, call: cst.Call, scale: cst.BaseExpression) -> None:
+    """``call(...)`` -> ``call(...) / scaler.get_scale()`` where its value is used."""
+    if isinstance(ctx.parent(call), cst.Expr):
+        return
+    divided = scale.deep_clone()
+
+    def unscaled(updated: cst.CSTNode, divided: cst.BaseExpression = divided) -> cst.CSTNode:
+        assert isinstance(updated, cst.Call)
+        return cst.BinaryOperation(left=updated, operator=cst.Divide(), right=divided)
+
+    ctx.plan.replace[call] = unscaled
+
+
+def _gradient_norm(ctx: ModuleContext, call: cst.Call) -> bool:
+    """Whether ``call`` is of a function proven to compute a norm of the gradients of what it is
+    given first: imported (``ModuleFacts.gradient_norms``) or defined here."""
+    name = dotted_name(call.func)
+    if name is None or not call.args or call.args[0].keyword is not None or call.args[0].star:
+        return False
+    if name in ctx.options.facts.gradient_norms:
+        return True
+    return "." not in name and name in gradient_norms.gradient_norms_of(pytree.parse(ctx.source))
+
+
+def _divide_gradient_norm(ctx: ModuleContext, model: AmpModel, node: cst.CSTNode, call: cst.Call, name: str) -> bool:
+    """A norm of the gradients after every micro-batch: of the scaled ones, divided by the scale."""
+    found = model.scaler_access_or_report(node)
+    if found is None:
+        return False
+    _divide_by_scale(ctx, call, syntax.attribute_call(found.expression, "get_scale"))
+    ctx.report(
+        "AMP027",
+        call,
+        f"`{name}(...)` computes a norm of the gradients it is given (its code shows it): after every micro-batch "
+        "it now reads the still-scaled gradients, and what it returns is divided by `scaler.get_scale()`, the norm "
+        "Apex gave it on the unscaled ones (up to rounding)",
+    )
     return True
 
 
