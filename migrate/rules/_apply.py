@@ -9,13 +9,13 @@ attached to a statement that goes away move to the next statement emitted.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TypeVar, cast
 
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._bindings import target_names
+from migrate.rules._bindings import dotted_name, target_names
 from migrate.rules._context import ModuleContext
 from migrate.rules._plan import Plan, Statement
 
@@ -86,10 +86,11 @@ def _orphaned_comments(gone: cst.BaseStatement, replacement: Sequence[cst.BaseSt
 
 # A linter's or type checker's word about the line it ends (``# noqa: F401`` on an optional
 # import): it goes with that line. As a line of its own it would mean nothing, or silence more:
-# pylint the rest of the block, mypy the whole file (``# type: ignore`` at the top of a module).
+# pylint the rest of the block, mypy the whole file (``# type: ignore`` at the top of a module);
+# PyCharm's ``# noinspection`` speaks of the statement below it.
 _LINE_PRAGMA = re.compile(
     r"#\s*(noqa\b|type:\s*ignore\b|pyright:\s*ignore\b|pylint:\s*disable|nosec\b|pragma:\s*no\s*cover\b"
-    r"|isort:\s*skip\b|fmt:\s*skip\b)",
+    r"|isort:\s*skip\b|fmt:\s*skip\b|noinspection\b)",
     re.IGNORECASE,
 )
 
@@ -152,6 +153,36 @@ def _defined_names(statements: Sequence[Statement]) -> set[str]:
                 for target in small.targets if isinstance(small, cst.Assign) else ():
                     names.update(target_names(target.target))
     return names
+
+
+# calls that only read what they are given: an `if` testing them can go with its body
+_PURE_CALLS = frozenset(
+    {
+        "isinstance",
+        "hasattr",
+        "len",
+        "bool",
+        "torch.cuda.is_available",
+        "torch.cuda.device_count",
+        "importlib.util.find_spec",
+    }
+)
+
+
+def _runs_code(test: cst.BaseExpression) -> bool:
+    """Whether evaluating ``test`` may call something other than a few pure builtins."""
+    for node in _walk_nodes(test):
+        if isinstance(node, cst.Call) and dotted_name(node.func) not in _PURE_CALLS:
+            return True
+        if isinstance(node, (cst.Await, cst.Yield, cst.NamedExpr)):
+            return True
+    return False
+
+
+def _walk_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _walk_nodes(child)
 
 
 def _with_leading_lines(statement: Statement, lines: Sequence[cst.EmptyLine]) -> Statement:
@@ -265,8 +296,14 @@ class PlanApplier(cst.CSTTransformer):
         return isinstance(block, cst.IndentedBlock) and len(block.body) == 1 and block.body[0] in self._placeholders
 
     def _vacuous(self, statement: cst.CSTNode | None) -> bool:
-        """An `if` whose body emptied out because its only content was migrated away."""
-        return isinstance(statement, cst.If) and statement.orelse is None and self._is_placeholder_block(statement.body)
+        """An `if` whose body emptied out because its only content was migrated away, and whose
+        test runs no code of its own (a call there may do more than decide: it stays, with `pass`)."""
+        return (
+            isinstance(statement, cst.If)
+            and statement.orelse is None
+            and self._is_placeholder_block(statement.body)
+            and not _runs_code(statement.test)
+        )
 
     def _emit(self, original: cst.CSTNode, updated: Statement) -> tuple[list[Statement], list[cst.EmptyLine]]:
         """Statements that stand for ``original``, and comment lines left without a home."""

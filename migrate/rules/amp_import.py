@@ -703,8 +703,38 @@ def _report_apex_package_uses(
         ctx.report("AMP040", name, f"{path}: {_replacement(path)}")
 
 
+def _drop_presence_asserts(ctx: ModuleContext, model: AmpModel) -> None:
+    """``assert amp is not None, "amp not installed!"`` where every other use of Apex amp in the
+    module was migrated: it asserts that Apex is there for code that no longer needs it, so it
+    goes with the import (Swin-Transformer's ``__main__``). Where Apex is installed it passed; where
+    it is not, the migration runs instead of failing. Checks that choose a branch stay (AMP030)."""
+    left = [name for name in model.value_uses if name not in ctx.consumed]
+    if not left or model.private_uses or model.other_attributes:
+        return
+    if any(use.base not in ctx.consumed for use in model.calls):
+        return
+    statements = []
+    for name in left:
+        check = presence_check(ctx, name)
+        statement = ctx.parent(check) if isinstance(check, cst.Assert) else None
+        test = syntax.strip_parens(check.test) if isinstance(check, cst.Assert) else None
+        only_presence = test is name or (
+            isinstance(test, cst.Comparison)
+            and test.left is name
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.IsNot)
+        )
+        if not (only_presence and isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            return
+        statements.append((name, statement))
+    for name, statement in statements:
+        ctx.plan.remove.add(statement)
+        ctx.consumed.add(name)
+
+
 def plan(ctx: ModuleContext) -> None:
     model = ctx.amp
+    _drop_presence_asserts(ctx, model)
     references = _references(ctx)
     rebound = {
         alias: torch_name
