@@ -19,19 +19,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from migrate.amp_api_names import CASTING
 from migrate.options import FactorySetup
 
-# the amp functions that only mark functions for casting may stay beside the call
-_CASTING = frozenset(
-    {
-        "float_function",
-        "half_function",
-        "promote_function",
-        "register_float_function",
-        "register_half_function",
-        "register_promote_function",
-    }
-)
 _CONSTANTS = frozenset({"True", "False", "None"})
 
 
@@ -53,7 +43,7 @@ def read_factory(source: str, function: str, name: str) -> FactorySetup | None:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and ast.unparse(node.func.value) in amp
     ]
     setups = [call for call in calls if call.func.attr == "initialize"]  # type: ignore[attr-defined]
-    if len(setups) != 1 or any(c.func.attr not in _CASTING for c in calls if c not in setups):  # type: ignore[attr-defined]
+    if len(setups) != 1 or any(c.func.attr not in CASTING for c in calls if c not in setups):  # type: ignore[attr-defined]
         return None
     call = setups[0]
     found = _statement_and_tests(definition.body, call)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from migrate import apex_copies, factories, gradient_norms
+from migrate.amp_api_names import CASTING as _CAST_FUNCTION_APIS
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
 from migrate.roots import may_share_a_program, project_root
@@ -31,18 +32,6 @@ from migrate.roots import may_share_a_program, project_root
 # for that unless the name itself says amp (the engine reports by the same rule).
 _DISTINCT_APIS = frozenset({"scale_loss", "master_params"})
 _AMP_APIS = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "disable_casts"})
-# the amp functions that only mark functions for casting: amp_cast_functions.APIS, spelled again
-# here because this module imports no libcst (tests/test_project.py keeps the two in step)
-_CAST_FUNCTION_APIS = frozenset(
-    {
-        "float_function",
-        "half_function",
-        "promote_function",
-        "register_float_function",
-        "register_half_function",
-        "register_promote_function",
-    }
-)
 
 
 def says_amp(name: str) -> bool:

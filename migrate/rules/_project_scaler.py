@@ -49,20 +49,7 @@ def receive(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
             )
             failed += 1
             continue
-        model.scalers.append(
-            Scaler(
-                initialize=None,
-                function=statement,
-                klass=None,
-                name=name,
-                enabled=None,
-                autocast_enabled=None if shared.follows else "off",
-                static_scale=shared.static_scale,
-                held_scale=shared.held_scale,
-                may_be_disabled=True,
-                model_names=set(shared.models),
-            )
-        )
+        model.scalers.append(_received(shared, statement, None, name))
         held = shared.held_scale
         if held is not None and held in ctx.all_names():
             ctx.report(
@@ -117,20 +104,24 @@ def _receive_in_class(ctx: ModuleContext, model: AmpModel, klass: cst.ClassDef, 
         ctx.plan.before[first].append(store)
     has_defaults = any(param.default is not None for param in init.params.params)
     ctx.plan.new_params[init].append((name, cst.Name("None") if has_defaults else None))
-    model.scalers.append(
-        Scaler(
-            initialize=None,
-            function=init,
-            klass=klass,
-            name=name,
-            enabled=None,
-            autocast_enabled=None if shared.follows else "off",
-            static_scale=shared.static_scale,
-            may_be_disabled=True,
-            model_names=set(shared.models),
-        )
-    )
+    model.scalers.append(_received(shared, init, klass, name))
     return 0
+
+
+def _received(shared: ScalerInfo, function: cst.FunctionDef, klass: cst.ClassDef | None, name: str) -> Scaler:
+    """The Scaler the rules reach in a function (or, on ``self``, a class) that receives it."""
+    return Scaler(
+        initialize=None,
+        function=function,
+        klass=klass,
+        name=name,
+        enabled=None,
+        autocast_enabled=None if shared.follows else "off",
+        static_scale=shared.static_scale,
+        held_scale=shared.held_scale,
+        may_be_disabled=True,
+        model_names=set(shared.models),
+    )
 
 
 def carried(ctx: ModuleContext, model: AmpModel) -> None:
