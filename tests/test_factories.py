@@ -153,3 +153,18 @@ def test_a_caller_that_cannot_take_the_setup_over_is_migrated_as_it_is(change: t
     plain = migrate_source(source, Options())
     assert result.amp_left
     assert (result.source, result.findings) == (plain.source, plain.findings)
+
+
+def test_a_caller_assigning_attributes_reads_its_other_attributes_after_the_call() -> None:
+    source = TRAINER.replace(
+        "        model, optimizer = setup(model, optimizer, cfg.device, cfg.fp16, cfg.opt_level)\n"
+        "        self.model, self.optimizer = model, optimizer\n",
+        "        self.cfg = cfg\n"
+        "        self.model, self.optimizer = setup(model, optimizer, self.cfg.device, self.cfg.fp16, self.cfg.opt_level)\n",
+    )
+    result = migrate_source(source, _facts())
+    assert not result.amp_left
+    assert 'enabled=bool(self.cfg.fp16) and self.cfg.opt_level != "O0"' in result.source
+    # an argument read from what the call assigns would not mean the same after it
+    rebinding = source.replace("self.cfg.fp16, self.cfg.opt_level)", "self.model.fp16, self.cfg.opt_level)")
+    assert migrate_source(rebinding, _facts()).amp_left

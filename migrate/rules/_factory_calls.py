@@ -181,9 +181,7 @@ def _setup_statements(
     for name, default in setup.defaults:
         values.setdefault(name, cst.parse_expression(default))
     # read again after the call: only what the call cannot have changed means the same there
-    rebound = {name.split(".")[0] for name in target_names(target)} | {
-        (dotted_name(element.value) or "").split(".")[0] for element in target.elements
-    }
+    rebound = set(target_names(target)) | {dotted_name(element.value) or "" for element in target.elements}
     template = cst.parse_expression(setup.call)
     guard = cst.parse_expression(setup.guard) if setup.guard else None
     needed = _names_in(template) | (_names_in(guard) if guard is not None else set())
@@ -252,9 +250,13 @@ class _Names(cst.CSTVisitor):
 
 def _stable(node: cst.BaseExpression, rebound: set[str]) -> bool:
     """Whether ``node`` reads the same after the call as before: no call or other code runs in
-    it, and it reads no name the call's own assignment rebinds."""
+    it, and it reads nothing the call's own assignment rebinds (``model`` or ``self.model``, and
+    what hangs from them; ``self.args`` stays when only ``self.model`` is assigned)."""
     for inner in _walk(node):
-        if isinstance(inner, _RUNS_CODE) or isinstance(inner, cst.Name) and inner.value in rebound:
+        if isinstance(inner, _RUNS_CODE):
+            return False
+        read = dotted_name(inner) if isinstance(inner, (cst.Name, cst.Attribute)) else None
+        if read is not None and any(read == name or read.startswith(f"{name}.") for name in rebound):
             return False
     return True
 
