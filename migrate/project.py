@@ -489,7 +489,11 @@ class ProjectIndex:
         if not candidates:
             return None
         folder = os.path.dirname(os.path.abspath(importer))
-        return min(candidates, key=lambda path: (_distance(folder, path), path))
+        nearest = min(candidates, key=lambda path: (_distance(folder, path), path))
+        # a file of that name nearer the importer that is not indexed (it uses no amp) is the one
+        # imported: MiniViT/Mini-DeiT's `import utils` is not Mini-Swin's utils.py
+        found = _first_existing(folder, module)
+        return nearest if found is None or found == os.path.abspath(nearest) else None
 
     def imported(self, summary: ModuleSummary) -> list[tuple[ImportEdge, str]]:
         """The project modules ``summary`` imports, each with the edge that imports it."""
@@ -1358,6 +1362,12 @@ def _initialized_in_function(path: str) -> str | None:
         ):
             return node.name
     return None
+
+
+@functools.lru_cache(maxsize=16384)
+def _first_existing(folder: str, module: str) -> str | None:
+    """The first file ``import module`` finds from ``folder`` (see ``_module_files_from``), if any."""
+    return next((path for path in _module_files_from(folder, module) if os.path.isfile(path)), None)
 
 
 def _module_files(importer: str, module: str) -> tuple[str, ...]:
