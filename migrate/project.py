@@ -1147,12 +1147,19 @@ class ProjectPlan:
         return facts
 
     def _built_out_of_sight(self, path: str, classes: set[str], creators: list[str]) -> bool:
-        """Whether a project file that the index does not hold spells one of ``classes``: built
-        there, it would not be given the GradScaler its constructor now takes."""
+        """Whether one of ``classes`` may be built where it would not be given the GradScaler its
+        constructor now takes: a project file the index does not hold spells it, or a class of
+        any project file derives from it (its ``super().__init__(...)`` passes no scaler)."""
         if not classes:
             return False
-        word = re.compile(rb"\b(?:" + b"|".join(re.escape(name.encode()) for name in sorted(classes)) + rb")\b")
-        return any(word.search(data) for _, data in _project_files([path, *creators], set(self.index.modules)))
+        names = b"|".join(re.escape(name.encode()) for name in sorted(classes))
+        word = re.compile(rb"\b(?:" + names + rb")\b")
+        derived = re.compile(rb"^[ \t]*class[ \t]+\w+[ \t]*\([^)]*\b(?:" + names + rb")\b", re.M)
+        indexed = {os.path.abspath(module) for module in self.index.modules}
+        for other, data in _project_files([path, *creators], set()):
+            if word.search(data) and (other not in indexed or derived.search(data)):
+                return True
+        return False
 
     def _hand_off(
         self, number: int, members: list[str], left: list[str], outcome: Mapping[str, Outcome]
