@@ -1137,7 +1137,7 @@ class ProjectPlan:
                         passes[creator].add(alias)
             if not entries or self._called_without_scaler(path, entries, set(creators)):
                 return {}
-            if self._built_out_of_sight(path, entries & summary.amp_classes, creators):
+            if self._called_out_of_sight(path, entries, creators):
                 return {}
             facts[path] = replace(
                 self.facts.get(path, ModuleFacts()), receives_scaler=tuple(sorted(entries)), shared_scaler=shared
@@ -1146,13 +1146,14 @@ class ProjectPlan:
             facts[creator] = replace(self.facts.get(creator, ModuleFacts()), passes_scaler=tuple(sorted(aliases)))
         return facts
 
-    def _built_out_of_sight(self, path: str, classes: set[str], creators: list[str]) -> bool:
-        """Whether one of ``classes`` may be built where it would not be given the GradScaler its
-        constructor now takes: a project file the index does not hold spells it, or a class of
-        any project file derives from it (its ``super().__init__(...)`` passes no scaler)."""
-        if not classes:
+    def _called_out_of_sight(self, path: str, entries: set[str], creators: list[str]) -> bool:
+        """Whether one of the receiving functions or classes ``entries`` may be called where it
+        would not be given the GradScaler it now takes: a project file the index does not hold
+        (it mentions no amp) spells it, or a class of any project file derives from it (its
+        ``super().__init__(...)`` passes no scaler)."""
+        if not entries:
             return False
-        names = b"|".join(re.escape(name.encode()) for name in sorted(classes))
+        names = b"|".join(re.escape(name.encode()) for name in sorted(entries))
         word = re.compile(rb"\b(?:" + names + rb")\b")
         derived = re.compile(rb"^[ \t]*class[ \t]+\w+[ \t]*\([^)]*\b(?:" + names + rb")\b", re.M)
         indexed = {os.path.abspath(module) for module in self.index.modules}
