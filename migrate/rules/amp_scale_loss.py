@@ -481,7 +481,8 @@ def _plan_one(
     model.sites.append(call)
     managed[id(scaler)] |= _managed_optimizers(ctx, model, call, optimizers)
     sites[id(scaler)].append(call)
-    if not _plan_autocast(ctx, model, scaler, access, with_node, loss, call):
+    # the loss as written: a parenthesized one stripped above is a new node the context cannot walk
+    if not _plan_autocast(ctx, model, scaler, access, with_node, loss_arg.value, call):
         ctx.unfinished.append(use.base)  # the setup stays as it was (AMP025)
 
 
