@@ -457,8 +457,9 @@ def _plan_one(
             "AMP022",
             call,
             f"the `else` of `if {syntax.code(branch.test)}:` backpropagates an unscaled loss while the optimizer "
-            "still steps through the scaler, which is on in that path too (amp.initialize does not depend on "
-            "that condition): pass `enabled=` to amp.initialize with the same condition, or scale both paths",
+            "still steps through the scaler, which is on in that path too as far as the tool sees (amp.initialize "
+            f"at line {ctx.position(scaler.initialize)[0]} has no `enabled=` and no `if` directly around it): pass "  # type: ignore[arg-type]
+            "`enabled=` to amp.initialize with the same condition, or scale both paths",
         )
         return
     if "loss_id" in arguments:
