@@ -70,7 +70,7 @@ import libcst as cst
 from migrate.rules import _setup as setup
 from migrate.rules import _syntax as syntax
 from migrate.rules._apex_classes import reads_variable, stored_in
-from migrate.rules._bindings import is_import_fallback
+from migrate.rules._bindings import checks_presence, is_import_fallback
 from migrate.rules._context import ModuleContext, dotted_name
 from migrate.rules._exports import reached_from_outside
 
@@ -538,6 +538,7 @@ def plan(ctx: ModuleContext) -> None:
                 and not _is_class_base(ctx, reference)
                 and not (isinstance(reference, cst.Name) and not reads_variable(ctx, reference))
                 and not (isinstance(reference, cst.Name) and is_import_fallback(ctx, reference))
+                and not checks_presence(ctx, reference)  # `if DDP is None: raise ...` tests the import only
             ):
                 kept_value = reference
             # other uses (a subclass, the class stored or passed) keep Apex: amp_import reports them
