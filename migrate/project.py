@@ -752,6 +752,8 @@ class ProjectPlan:
         self._plan_carriers()
         self._freeze_outside_context()
         self._find_gradient_norms()
+        # per folder, the project modules each module there imports (see _may_run_together)
+        self._importers: dict[str, set[frozenset[str]]] = {}
 
     def display(self, path: str) -> str:
         return self._display.get(path, os.path.relpath(path))
@@ -1021,7 +1023,7 @@ class ProjectPlan:
         ]
         for path, result in outcome.items():
             if result.amp_migrated and not result.scaler_unused and "initialize" in self.index.modules[path].amp_apis:
-                reached = [orphan for orphan in unowned if may_share_a_program(orphan, path)]
+                reached = [orphan for orphan in unowned if self._may_run_together(orphan, path)]
                 if reached:
                     again[path] = replace(
                         self.facts.get(path, ModuleFacts()),
@@ -1036,7 +1038,7 @@ class ProjectPlan:
                 continue
             # an orphan import-linked to an amp.initialize belongs to that setup, not to this one
             # (and once its scaler is threaded to it, it is no orphan at all)
-            related = [orphan for orphan in unowned if may_share_a_program(orphan, path)]
+            related = [orphan for orphan in unowned if self._may_run_together(orphan, path)]
             if related:
                 reason = (
                     f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "
@@ -1080,6 +1082,28 @@ class ProjectPlan:
                 continue
             again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
+
+    def _may_run_together(self, orphan: str, path: str) -> bool:
+        """Whether ``orphan`` may reach ``path``'s amp setup at run time: from the same program
+        folder, or both imported by one module (a script importing its set-up function and, for
+        the registry, the hook module: whai362/PVT detection/train.py, namespace packages apart)."""
+        if may_share_a_program(orphan, path):
+            return True
+        # the script sits in the folder both packages hang from; it uses no amp, so it was not
+        # given to the index: read the modules there (only for the rare unused scaler)
+        folder = os.path.commonpath([os.path.abspath(orphan), os.path.abspath(path)])
+        if folder not in self._importers:
+            try:
+                names = sorted(name for name in os.listdir(folder) if name.endswith(".py"))
+            except OSError:
+                names = []
+            found: set[frozenset[str]] = set()
+            for name in names[:_NEIGHBOURS_READ]:
+                summary = summarize(os.path.join(folder, name), _text(os.path.join(folder, name)))
+                if summary is not None:
+                    found.add(frozenset(target for _, target in self.index.imported(summary)))
+            self._importers[folder] = found
+        return any(orphan in targets and path in targets for targets in self._importers[folder])
 
     def _linked_to_training(self, path: str) -> bool:
         """Whether a project module ``path`` imports, or a module beside it that imports it,

@@ -344,8 +344,12 @@ def _registration(module: cst.BaseExpression, name: cst.BaseExpression, helper: 
 
 
 def _after_initialize(ctx: ModuleContext, call: cst.Call) -> bool:
-    """An ``amp.initialize`` earlier in the same function (or module body) has already run."""
+    """An ``amp.initialize`` earlier in the same function (or module body) has already run, and
+    no ``amp.init()`` after the registration reads the registry again (hirofumi0810/neural_sp:
+    ``amp.register_float_function(CTC, "loss_fn")`` then ``amp.init()`` after the initialize)."""
     scope = ctx.scope_of(call)
+    if any(ctx.scope_of(init.call) is scope and ctx.order(init.call) > ctx.order(call) for init in ctx.amp.of("init")):
+        return False
     return any(
         ctx.scope_of(init.call) is scope and ctx.order(init.call) < ctx.order(call) for init in ctx.amp.of("initialize")
     )

@@ -641,7 +641,8 @@ def _report_leftovers(
                     continue
                 if binding.kind == "other_apex" and id(binding.alias) not in reported:
                     reported.add(id(binding.alias))
-                    uses = references.get(binding.alias, [])
+                    # `DDP = None` in the except clause of the import goes with it: not a use left
+                    uses = [name for name in references.get(binding.alias, []) if not is_import_fallback(ctx, name)]
                     if binding.alias.name in ctx.consumed:
                         continue  # a star import whose names were all migrated
                     if any(name not in ctx.consumed for name in uses) or not uses:

@@ -159,13 +159,21 @@ def _plan_handle(ctx: ModuleContext, model: AmpModel, handle: Handle, shared: se
         # the handle is never used: Apex cast ops globally for inference, nothing to scale
         ctx.consumed.add(use.base)
         handle.migrated = True
-        ctx.report(
-            "AMP011",
-            call,
-            "amp.init without a loss to scale (inference): Apex cast every op to float16 globally; the call "
-            'was removed: wrap the inference code in `with torch.autocast("cuda", dtype=torch.float16):` '
-            "for float16 inference",
-        )
+        scope = ctx.scope_of(call)
+        if any(ctx.scope_of(i.call) is scope and ctx.order(i.call) < ctx.order(call) for i in ctx.amp.of("initialize")):
+            # after amp.initialize it only patched the ops again, with the casts registered before it
+            # (hirofumi0810/neural_sp), which the registration rule writes as wrappers
+            message = (
+                "amp.init after amp.initialize only patched the ops again, applying the casts registered before "
+                "it; the call was removed: the amp.initialize's autocast covers the training step"
+            )
+        else:
+            message = (
+                "amp.init without a loss to scale (inference): Apex cast every op to float16 globally; the call "
+                'was removed: wrap the inference code in `with torch.autocast("cuda", dtype=torch.float16):` '
+                "for float16 inference"
+            )
+        ctx.report("AMP011", call, message)
         ctx.plan.remove.add(handle.statement)
         ctx.plan.remove.update(handle.resets)
         return

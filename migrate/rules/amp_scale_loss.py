@@ -457,8 +457,9 @@ def _plan_one(
             "AMP022",
             call,
             f"the `else` of `if {syntax.code(branch.test)}:` backpropagates an unscaled loss while the optimizer "
-            "still steps through the scaler, which is on in that path too (amp.initialize does not depend on "
-            "that condition): pass `enabled=` to amp.initialize with the same condition, or scale both paths",
+            "still steps through the scaler, which is on in that path too as far as the tool sees (amp.initialize "
+            f"at line {ctx.position(scaler.initialize)[0]} has no `enabled=` and no `if` directly around it): pass "  # type: ignore[arg-type]
+            "`enabled=` to amp.initialize with the same condition, or scale both paths",
         )
         return
     if "loss_id" in arguments:
@@ -481,7 +482,8 @@ def _plan_one(
     model.sites.append(call)
     managed[id(scaler)] |= _managed_optimizers(ctx, model, call, optimizers)
     sites[id(scaler)].append(call)
-    if not _plan_autocast(ctx, model, scaler, access, with_node, loss, call):
+    # the loss as written: a parenthesized one stripped above is a new node the context cannot walk
+    if not _plan_autocast(ctx, model, scaler, access, with_node, loss_arg.value, call):
         ctx.unfinished.append(use.base)  # the setup stays as it was (AMP025)
 
 

@@ -17,7 +17,8 @@ What it rewrites
     that sums. ``ddp.disable_allreduce()`` / ``enable_allreduce()`` become
     ``ddp.require_backward_grad_sync = False`` / ``True``; ``isinstance(m, DDP)`` checks,
     annotations (``-> Tuple[DDP, Optimizer]``) and the class stored in a variable used only
-    in such checks (``DDP = DistributedDataParallel if not with_apex else ApexDDP``) name
+    in such checks (``DDP = DistributedDataParallel if not with_apex else ApexDDP``, or a tuple
+    or list of classes holding it: ``valid = list((Net, nn.DataParallel, DDP))``) name
     torch's class, provided every Apex DDP call in the module migrates (else a check would stop
     matching the Apex DDP still built). ``apex.parallel.ReduceOp``
     is ``torch.distributed.ReduceOp``.
@@ -43,7 +44,9 @@ After::
 Not rewritten (reported instead)
     ``gradient_average`` chosen at run time, or ``False`` where the wrapped module has no name
     to register the hook on; unknown keywords (AMP042). A subclass of Apex DDP, or the class
-    passed or stored for other uses than checks (AMP040, from amp_import). ``LARC`` in a
+    passed or stored for other uses than checks (AMP040, from amp_import); the Apex DDP calls
+    of a module that keeps the class as such a value stay too (AMP040), as a torch DDP built
+    there would no longer match it (``unwrap(net, (nn.DataParallel, DDP))``). ``LARC`` in a
     module where Apex amp stays (AMP040): Apex's ``amp.initialize`` accepts a torch optimizer or Apex's own LARC and
     raises TypeError on any other wrapper. Each message gives the code to write.
 
@@ -67,6 +70,7 @@ import libcst as cst
 from migrate.rules import _setup as setup
 from migrate.rules import _syntax as syntax
 from migrate.rules._apex_classes import reads_variable, stored_in
+from migrate.rules._bindings import checks_presence, is_import_fallback
 from migrate.rules._context import ModuleContext, dotted_name
 from migrate.rules._exports import reached_from_outside
 
@@ -493,6 +497,9 @@ def plan(ctx: ModuleContext) -> None:
     # Apex DDP named in a check, an annotation, or stored for checks only: torch's class once every
     # Apex DDP this module builds is torch's (else the check would stop matching the ones left)
     class_uses: list[tuple[cst.BaseExpression, cst.Name]] = []
+    # the Apex DDP calls, planned once every use of the class is known (see _kept_class_value)
+    ddp_calls: list[tuple[cst.Call, str, cst.Name]] = []
+    kept_value: cst.BaseExpression | None = None
     helper_names: dict[str, str] = {}
     amp_stays: bool | None = None  # worked out at the first LARC
     for name in ctx.reference_names():
@@ -519,15 +526,21 @@ def plan(ctx: ModuleContext) -> None:
             if ctx.skipped(reference):
                 continue
             if is_call:
-                done = _rewrite_ddp(ctx, holder, path, root)  # type: ignore[arg-type]
-                migrated_ddp |= done
-                unmigrated_ddp |= not done
+                ddp_calls.append((holder, path, root))  # type: ignore[arg-type]
             elif (
                 _in_type_check(ctx, reference)
                 or _in_annotation(ctx, reference)
                 or _stored_for_checks(ctx, reference) is not None
             ):
                 class_uses.append((reference, root))
+            elif (
+                kept_value is None
+                and not _is_class_base(ctx, reference)
+                and not (isinstance(reference, cst.Name) and not reads_variable(ctx, reference))
+                and not (isinstance(reference, cst.Name) and is_import_fallback(ctx, reference))
+                and not checks_presence(ctx, reference)  # `if DDP is None: raise ...` tests the import only
+            ):
+                kept_value = reference
             # other uses (a subclass, the class stored or passed) keep Apex: amp_import reports them
         elif path in _RENAMED:
             if ctx.skipped(reference):
@@ -555,6 +568,23 @@ def plan(ctx: ModuleContext) -> None:
             ctx.consumed.add(root)
             if is_call and holder is not None:
                 ctx.report("AMP041", holder, f"{path}: {_HELPER_NOTES[apex_name]}")
+    for call, path, root in ddp_calls:
+        if kept_value is not None:
+            # the class stays Apex's where it is a value (`wrappers = (nn.DataParallel, DDP)` passed on):
+            # a torch DDP built here would no longer match it
+            ctx.report(
+                "AMP040",
+                call,
+                f"{path} left as it was: the class is also used as a value on line {ctx.position(kept_value)[0]}, "
+                f"which keeps Apex's class there and would stop matching a {TORCH_DDP} built here: name "
+                f"{TORCH_DDP} there and here (`{TORCH_DDP}(module, broadcast_buffers=False, "
+                "find_unused_parameters=True)`), then run ampmigrate again",
+            )
+            unmigrated_ddp = True
+            continue
+        done = _rewrite_ddp(ctx, call, path, root)
+        migrated_ddp |= done
+        unmigrated_ddp |= not done
     if migrated_ddp:
         _plan_allreduce_switches(ctx)
     if not unmigrated_ddp:
@@ -574,9 +604,10 @@ def plan(ctx: ModuleContext) -> None:
 
 
 def _stored_for_checks(ctx: ModuleContext, reference: cst.BaseExpression) -> str | None:
-    """The variable of ``DDP = torch_ddp if c else ApexDDP`` when every use of it is the class of an
+    """The variable of ``DDP = torch_ddp if c else ApexDDP`` (or of a tuple or list of classes holding
+    it: ``valid = list((Net, nn.DataParallel, DDP))``) when every use of it is the class of an
     ``isinstance`` / ``issubclass`` check (or an annotation), and nothing outside the module reaches it."""
-    store = stored_in(ctx, reference)
+    store = stored_in(ctx, _class_collection(ctx, reference))
     if store is None:
         return None
     target = store.targets[0].target
@@ -615,19 +646,60 @@ def _handled(path: str) -> bool:
     return path in _DDP_PATHS or path in _RENAMED or (name in _HELPERS and path in _HELPERS[name][0])
 
 
+def _class_collection(ctx: ModuleContext, reference: cst.BaseExpression) -> cst.BaseExpression:
+    """The outermost tuple or list literal holding ``reference`` among its elements, through
+    ``tuple(...)`` / ``list(...)`` of it (``list((Net, nn.DataParallel, DDP))``); else ``reference``."""
+    current = reference
+    while True:
+        element = ctx.parent(current)
+        container = ctx.parent(element) if isinstance(element, cst.Element) else None
+        if isinstance(container, (cst.Tuple, cst.List)) and element.value is current:  # type: ignore[union-attr]
+            current = container
+            continue
+        if _copied_collection(ctx, current) is None:
+            return current
+        current = _copied_collection(ctx, current)  # type: ignore[assignment]
+
+
+def _copied_collection(ctx: ModuleContext, node: cst.CSTNode) -> cst.Call | None:
+    """The ``tuple(node)`` / ``list(node)`` call ``node`` is the only argument of."""
+    arg = ctx.parent(node)
+    call = ctx.parent(arg) if isinstance(arg, cst.Arg) else None
+    if (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Name)
+        and call.func.value in ("tuple", "list")
+        and len(call.args) == 1
+        and call.args[0] is arg
+        and not arg.star  # type: ignore[union-attr]
+        and arg.keyword is None  # type: ignore[union-attr]
+    ):
+        return call
+    return None
+
+
 def _in_type_check(ctx: ModuleContext, reference: cst.BaseExpression) -> bool:
-    """Inside the class argument of ``isinstance`` / ``issubclass``."""
+    """Inside the class argument of ``isinstance`` / ``issubclass`` (through tuple and list
+    literals and ``tuple(...)`` / ``list(...)`` of them)."""
     for ancestor in ctx.ancestors(reference):
         if isinstance(ancestor, cst.Call):
+            if any(_copied_collection(ctx, arg.value) is ancestor for arg in ancestor.args):
+                continue
             return (
                 isinstance(ancestor.func, cst.Name)
                 and ancestor.func.value in ("isinstance", "issubclass")
                 and len(ancestor.args) == 2
                 and any(node is reference for node in ctx.walk(ancestor.args[1]))
             )
-        if not isinstance(ancestor, (cst.Tuple, cst.Element, cst.Arg)):
+        if not isinstance(ancestor, (cst.Tuple, cst.List, cst.Element, cst.Arg)):
             return False
     return False
+
+
+def _is_class_base(ctx: ModuleContext, reference: cst.BaseExpression) -> bool:
+    """The base of a class statement (``class MyDDP(DDP):``): its objects are built from the subclass."""
+    arg = ctx.parent(reference)
+    return isinstance(arg, cst.Arg) and isinstance(ctx.parent(arg), cst.ClassDef)
 
 
 def _in_annotation(ctx: ModuleContext, reference: cst.BaseExpression) -> bool:

@@ -1140,7 +1140,8 @@ class _Planner:
         collapsed = self._collapse(statement, loss, backward_args, scaled)
         if not collapsed:
             self.edits.substitute[call] = scaled
-        self._autocast(statement, loss, call)
+        # the loss as written: a parenthesized one stripped above is a new node the context cannot walk
+        self._autocast(statement, bound["loss"].value, call)
 
     def _collapse(
         self, statement: cst.SimpleStatementLine, loss: cst.BaseExpression, args: list[cst.Arg], scaled: cst.Call

@@ -126,6 +126,8 @@ CASES = [
     Case("mtdnn_global_amp", ("--fp16",), (), ("loss",), 30, clips=True),
     # the scaler set by a factory under `if args.fp16:`, the step reading the gradients twice
     Case("factory_runtime_switch", ("--fp16",), (), ("loss",), 30, clips=True),
+    # several losses summed in the parentheses of amp.scale_loss, then a clip (LEEYOONHYUNG/BVAE-TTS)
+    Case("tts_summed_losses", ("--opt_level", "O1"), ("--opt_level", "O0"), ("loss",), 40, clips=True),
 ]
 CASE_IDS = [case.id for case in CASES]
 
