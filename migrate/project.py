@@ -1173,8 +1173,8 @@ class ProjectPlan:
     def _called_out_of_sight(self, path: str, entries: set[str], creators: list[str]) -> bool:
         """Whether one of the receiving functions or classes ``entries`` may be called where it
         would not be given the GradScaler it now takes: a project file the index does not hold
-        (it mentions no amp) spells it, or a class of any project file derives from it (its
-        ``super().__init__(...)`` passes no scaler)."""
+        (it mentions no amp) imports it from ``path``, or a class of any project file derives
+        from it (its ``super().__init__(...)`` passes no scaler)."""
         if not entries:
             return False
         names = b"|".join(re.escape(name.encode()) for name in sorted(entries))
@@ -1182,8 +1182,24 @@ class ProjectPlan:
         derived = re.compile(rb"^[ \t]*class[ \t]+\w+[ \t]*\([^)]*\b(?:" + names + rb")\b", re.M)
         indexed = {os.path.abspath(module) for module in self.index.modules}
         for other, data in _project_files([path, *creators], set()):
-            if word.search(data) and (other not in indexed or derived.search(data)):
+            if not word.search(data):
+                continue
+            if derived.search(data):
                 return True
+            if other in indexed:
+                continue  # its calls were read (_called_without_scaler)
+            # a module out of the index that imports one of them from there (`train` is a common word)
+            summary = summarize(other, data.decode("utf-8", "replace"))
+            if summary is None:
+                continue  # it does not parse: it runs nothing
+            for edge, target in self.index.imported(summary):
+                if os.path.abspath(target) != os.path.abspath(path):
+                    continue
+                if edge.names:
+                    if "*" in edge.names or entries & set(edge.names):
+                        return True
+                elif edge.attributes is None or entries & set(edge.attributes):
+                    return True  # `import module`, then `module.entry(...)` (or any other use of it)
         return False
 
     def _hand_off(
