@@ -168,3 +168,16 @@ def test_a_caller_assigning_attributes_reads_its_other_attributes_after_the_call
     # an argument read from what the call assigns would not mean the same after it
     rebinding = source.replace("self.cfg.fp16, self.cfg.opt_level)", "self.model.fp16, self.cfg.opt_level)")
     assert migrate_source(rebinding, _facts()).amp_left
+
+
+def test_a_caller_passing_no_optimizer_sets_up_inference() -> None:
+    source = (
+        "import torch\n\nfrom utils import setup\n\n\n"
+        "def embed(cfg, encoder, batches):\n"
+        "    encoder, _ = setup(encoder, None, cfg.device, cfg.fp16)\n"
+        "    return [encoder(batch) for batch in batches]\n"
+    )
+    result = migrate_source(source, _facts())
+    assert not result.amp_left
+    assert result.source == source  # nothing to write: Apex only cast the model's forward pass
+    assert [f.code for f in result.findings] == ["AMP011"]

@@ -25,6 +25,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from migrate.findings import Finding
 from migrate.options import FactorySetup
+from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import dotted_name, target_names
 from migrate.rules._syntax import bind_arguments
 
@@ -180,6 +181,9 @@ def _setup_statements(
     values: dict[str, cst.BaseExpression] = {name: arg.value for name, arg in bound.items()}
     for name, default in setup.defaults:
         values.setdefault(name, cst.parse_expression(default))
+    given = values.get(setup.optimizers)
+    # called for inference, amp.initialize got no optimizer (the caller's target is a throwaway)
+    passed = given if isinstance(given, cst.Name) and given.value == "None" else optimizers
     # read again after the call: only what the call cannot have changed means the same there
     rebound = set(target_names(target)) | {dotted_name(element.value) or "" for element in target.elements}
     template = cst.parse_expression(setup.call)
@@ -195,7 +199,7 @@ def _setup_statements(
     if not isinstance(initialize, cst.Call):
         return None
     args = list(initialize.args)
-    for index, (name, value) in enumerate(zip(("models", "optimizers"), (models, optimizers))):
+    for index, (name, value) in enumerate(zip(("models", "optimizers"), (models, passed))):
         for position, arg in enumerate(args):
             if arg.keyword is not None and arg.keyword.value == name or arg.keyword is None and position == index:
                 args[position] = arg.with_changes(value=value)
@@ -211,10 +215,15 @@ def _setup_statements(
             args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
         args.append(cst.Arg(condition, keyword=cst.Name("enabled"), equal=_EQUAL))
     initialize = initialize.with_changes(func=cst.Attribute(cst.Name(amp), cst.Name("initialize")), args=args)
-    result = cst.Tuple([cst.Element(models), cst.Element(optimizers)], lpar=[], rpar=[])
+    # amp.initialize returns what it was given (the model alone, given no optimizer)
+    result: cst.BaseExpression = (
+        models
+        if passed is not optimizers
+        else cst.Tuple([cst.Element(models), cst.Element(optimizers)], lpar=[], rpar=[])
+    )
     imported = cst.parse_statement(f"from apex import amp as {amp}\n")
     assert isinstance(imported, cst.SimpleStatementLine)
-    return [imported, cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(result)], initialize)])]
+    return [imported, syntax.assign_statement(result, initialize)]
 
 
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
