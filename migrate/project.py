@@ -490,9 +490,10 @@ class ProjectIndex:
             return None
         folder = os.path.dirname(os.path.abspath(importer))
         nearest = min(candidates, key=lambda path: (_distance(folder, path), path))
-        # a file of that name nearer the importer that is not indexed (it uses no amp) is the one
-        # imported: MiniViT/Mini-DeiT's `import utils` is not Mini-Swin's utils.py
-        found = _first_existing(folder, module)
+        # a script's own folder comes first on sys.path: a file of that name there that is not
+        # indexed (it uses no amp) is the one imported (MiniViT/Mini-DeiT's `import utils` is not
+        # Mini-Swin's utils.py); farther up, which folder is on sys.path is not known
+        found = _beside(folder, module)
         return nearest if found is None or found == os.path.abspath(nearest) else None
 
     def imported(self, summary: ModuleSummary) -> list[tuple[ImportEdge, str]]:
@@ -1413,9 +1414,10 @@ def _initialized_in_function(path: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=16384)
-def _first_existing(folder: str, module: str) -> str | None:
-    """The first file ``import module`` finds from ``folder`` (see ``_module_files_from``), if any."""
-    return next((path for path in _module_files_from(folder, module) if os.path.isfile(path)), None)
+def _beside(folder: str, module: str) -> str | None:
+    """The file ``import module`` finds in ``folder`` itself (a module or a package), if any."""
+    base = os.path.join(folder, *module.split("."))
+    return next((path for path in (base + ".py", os.path.join(base, "__init__.py")) if os.path.isfile(path)), None)
 
 
 def _module_files(importer: str, module: str) -> tuple[str, ...]:

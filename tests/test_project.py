@@ -288,3 +288,26 @@ def test_cast_function_names_match_the_rule() -> None:
     from migrate.rules.amp_cast_functions import APIS
 
     assert _CAST_FUNCTION_APIS == APIS
+
+
+def test_an_import_resolves_past_a_farther_package_of_the_same_name(tmp_path: Path) -> None:
+    """``from lib.engine import f`` in ``tests/lib/engine/test_x.py`` is the library's module: the
+    test package ``tests/lib/engine/`` farther up is not on sys.path for it (pytorch/ignite); a
+    sibling ``utils.py`` that uses no amp is what ``import utils`` gets (microsoft/Cream)."""
+    files = {
+        "lib/__init__.py": "",
+        "lib/engine/__init__.py": "from apex import amp\n",
+        "tests/lib/engine/__init__.py": "",
+        "tests/lib/engine/test_x.py": "from lib.engine import f\n",
+        "swin/utils.py": "from apex import amp\n",
+        "deit/utils.py": "",
+        "deit/engine.py": "import utils\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    indexed = ["lib/engine/__init__.py", "tests/lib/engine/test_x.py", "swin/utils.py", "deit/engine.py"]
+    index = build_index({str(tmp_path / name): files[name] for name in indexed})
+    test = str(tmp_path / "tests/lib/engine/test_x.py")
+    assert index.resolve(test, "lib.engine") == str(tmp_path / "lib/engine/__init__.py")
+    assert index.resolve(str(tmp_path / "deit/engine.py"), "utils") is None
