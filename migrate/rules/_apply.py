@@ -9,7 +9,7 @@ attached to a statement that goes away move to the next statement emitted.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from typing import TypeVar, cast
 
 import libcst as cst
@@ -84,7 +84,7 @@ def _orphaned_comments(gone: cst.BaseStatement, replacement: Sequence[cst.BaseSt
     ]
 
 
-# A linter's or type checker's word about the line it ends (``# noqa: F401`` on an optional
+# A linter's or type checker's word about the line it ends (a noqa comment silencing F401 on an optional
 # import): it goes with that line. As a line of its own it would mean nothing, or silence more:
 # pylint the rest of the block, mypy the whole file (``# type: ignore`` at the top of a module);
 # PyCharm's ``# noinspection`` speaks of the statement below it.
@@ -171,18 +171,12 @@ _PURE_CALLS = frozenset(
 
 def _runs_code(test: cst.BaseExpression) -> bool:
     """Whether evaluating ``test`` may call something other than a few pure builtins."""
-    for node in _walk_nodes(test):
+    for node in syntax.descendants(test):
         if isinstance(node, cst.Call) and dotted_name(node.func) not in _PURE_CALLS:
             return True
         if isinstance(node, (cst.Await, cst.Yield, cst.NamedExpr)):
             return True
     return False
-
-
-def _walk_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from _walk_nodes(child)
 
 
 def _with_leading_lines(statement: Statement, lines: Sequence[cst.EmptyLine]) -> Statement:

@@ -261,7 +261,7 @@ def _stable(node: cst.BaseExpression, rebound: set[str]) -> bool:
     """Whether ``node`` reads the same after the call as before: no call or other code runs in
     it, and it reads nothing the call's own assignment rebinds (``model`` or ``self.model``, and
     what hangs from them; ``self.args`` stays when only ``self.model`` is assigned)."""
-    for inner in _walk(node):
+    for inner in syntax.descendants(node):
         if isinstance(inner, _RUNS_CODE):
             return False
         read = dotted_name(inner) if isinstance(inner, (cst.Name, cst.Attribute)) else None
@@ -281,13 +281,6 @@ _RUNS_CODE = (
     cst.DictComp,
     cst.GeneratorExp,
 )
-
-
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found = [node]
-    for child in node.children:
-        found.extend(_walk(child))
-    return found
 
 
 class _Substitute(cst.CSTTransformer):

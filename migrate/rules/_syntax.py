@@ -4,7 +4,7 @@ that keep the user's layout where they can)."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal, cast, overload
 
 import libcst as cst
@@ -80,6 +80,16 @@ def sole_statement(line: cst.CSTNode) -> cst.BaseSmallStatement | None:
     if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
         return line.body[0]
     return None
+
+
+def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """``node`` and everything below it, for nodes the module's index does not hold (built by a
+    rule, or parsed from text): ``ModuleContext.walk`` would not enter them."""
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        yield current
+        pending.extend(reversed(current.children))  # in source order
 
 
 def calls_super_init(statement: cst.CSTNode) -> bool:

@@ -883,7 +883,7 @@ def _counters_compared(ctx: ModuleContext, outermost: cst.CSTNode, parts: list[c
     }
     found: set[str] = set()
     for part in parts:
-        for node in _walk(part):
+        for node in syntax.descendants(part):
             if not isinstance(node, cst.Comparison):
                 continue
             operands = [node.left, *(target.comparator for target in node.comparisons)]
@@ -900,19 +900,10 @@ def _attributes_read(parts: list[cst.BaseExpression]) -> set[str]:
     """The dotted attributes (``self.amp_ready``) that ``parts`` read."""
     found: set[str] = set()
     for part in parts:
-        for node in _walk(part):
+        for node in syntax.descendants(part):
             if isinstance(node, cst.Attribute) and (dotted := dotted_name(node)) is not None:
                 found.add(dotted)
     return found
-
-
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """``node`` and everything below it (a condition built here, which the module's index does
-    not hold: ``ctx.walk`` would not enter it)."""
-    nodes = [node]
-    for child in node.children:
-        nodes += _walk(child)
-    return nodes
 
 
 def _varying_in_loop(

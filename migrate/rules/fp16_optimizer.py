@@ -869,7 +869,7 @@ class _Planner:
             cst.BaseCompOp, cst.BaseBooleanOp, cst.BaseUnaryOp, cst.BaseParenthesizableWhitespace,
         )  # fmt: skip
         read: set[str] = set()
-        for node in _walk(expression):
+        for node in syntax.descendants(expression):
             if not isinstance(node, allowed):
                 raise _Blocked(
                     self.setup.first.call,
@@ -1238,7 +1238,7 @@ class _Planner:
         backward = [
             node
             for f in definitions
-            for node in _walk(f.body)
+            for node in syntax.descendants(f.body)
             if isinstance(node, cst.Call)
             and isinstance(node.func, cst.Attribute)
             and node.func.attr.value == "backward"
@@ -1248,7 +1248,7 @@ class _Planner:
         zeroed = any(
             isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "zero_grad"
             for f in definitions
-            for node in _walk(f.body)
+            for node in syntax.descendants(f.body)
         )
         if closure is None or len(definitions) != 1 or not backward:
             raise _Blocked(
@@ -1671,7 +1671,7 @@ class _Planner:
             return ...
         stripped = self._strip(value)
         if stripped is None or any(
-            isinstance(node, cst.Call) and self._halving_call(node) is not None for node in _walk(stripped)
+            isinstance(node, cst.Call) and self._halving_call(node) is not None for node in syntax.descendants(stripped)
         ):
             return ...
         if isinstance(small, cst.Expr):
@@ -1797,14 +1797,6 @@ class _Planner:
         )
 
 
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """``node`` and its descendants (for nodes built here, which the index does not know)."""
-    found = [node]
-    for child in node.children:
-        found.extend(_walk(child))
-    return found
-
-
 def _wrap(ctx: ModuleContext, first: cst.CSTNode, last: cst.CSTNode, item: cst.WithItem) -> None:
     """``with item:`` over first..last, merged with a span already planned in the same block."""
     block: list[cst.CSTNode] = list(ctx.block_of(first).body)
@@ -1828,7 +1820,7 @@ def _rebinds(statement: cst.CSTNode, name: str) -> bool:
     target = small.targets[0].target
     if not (isinstance(target, cst.Name) and target.value == name):
         return False
-    return not any(isinstance(node, cst.Name) and node.value == name for node in _walk(small.value))
+    return not any(isinstance(node, cst.Name) and node.value == name for node in syntax.descendants(small.value))
 
 
 def _exclusive(ctx: ModuleContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
