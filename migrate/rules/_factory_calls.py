@@ -29,7 +29,8 @@ from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import dotted_name, target_names
 from migrate.rules._syntax import bind_arguments
 
-_SIMPLE = (cst.Name, cst.Attribute, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString, cst.UnaryOperation)
+# expressions that bind tighter than any operator: substituted anywhere without parentheses
+_ATOMS = (cst.Name, cst.Attribute, cst.Subscript, cst.Call, cst.Integer, cst.Float, cst.SimpleString)
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_
 
 
 def _grouped(node: cst.BaseExpression) -> cst.BaseExpression:
-    if isinstance(node, _SIMPLE + (cst.Call,)) and not isinstance(node, cst.UnaryOperation):
+    if isinstance(node, _ATOMS):
         return node
     return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
