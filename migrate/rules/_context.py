@@ -15,7 +15,9 @@ from typing import TypeVar
 
 import libcst as cst
 
+from migrate import pytree
 from migrate.findings import Finding, make_finding
+from migrate.gradient_norms import gradient_norms_of
 from migrate.options import Options
 from migrate.rules._amp import AmpModel
 from migrate.rules._bindings import Binding, Indexer, Scope, dotted_name, target_names
@@ -93,6 +95,11 @@ class ModuleContext:
     def carriers(self) -> Carriers:
         """The attributes of ``self`` that store the amp module (``self.amp = amp``)."""
         return Carriers(self, self._apex_amp_api)
+
+    @cached_property
+    def gradient_norms(self) -> set[str]:
+        """The module's own top-level functions that compute a norm of the gradients they are given."""
+        return gradient_norms_of(pytree.parse(self.source))
 
     @cached_property
     def handles(self) -> Handles:

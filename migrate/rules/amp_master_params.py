@@ -71,7 +71,6 @@ from typing import cast
 
 import libcst as cst
 
-from migrate import gradient_norms, pytree
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, arm, fp32_only, is_clip, optimizer_key
 from migrate.rules._bindings import dotted_name
@@ -522,7 +521,7 @@ def _gradient_norm(ctx: ModuleContext, call: cst.Call) -> bool:
         return False
     if name in ctx.options.facts.gradient_norms:
         return True
-    return "." not in name and name in gradient_norms.gradient_norms_of(pytree.parse(ctx.source))
+    return "." not in name and name in ctx.gradient_norms
 
 
 def _divide_gradient_norm(ctx: ModuleContext, model: AmpModel, node: cst.CSTNode, call: cst.Call, name: str) -> bool:
