@@ -1100,11 +1100,15 @@ class ProjectPlan:
                 names = []
             found: set[frozenset[str]] = set()
             for name in names[:_NEIGHBOURS_READ]:
-                summary = summarize(os.path.join(folder, name), _text(os.path.join(folder, name)))
-                if summary is not None:
-                    found.add(frozenset(target for _, target in self.index.imported(summary)))
+                other = os.path.join(folder, name)
+                found.add(frozenset(target for _, target in self._imports_out_of_index(other, _text(other))))
             self._importers[folder] = found
         return any(orphan in targets and path in targets for targets in self._importers[folder])
+
+    def _imports_out_of_index(self, path: str, text: str) -> list[tuple[ImportEdge, str]]:
+        """The indexed modules a module the index does not hold imports (none if it does not parse)."""
+        summary = summarize(path, text)
+        return [] if summary is None else self.index.imported(summary)
 
     def _linked_to_training(self, path: str) -> bool:
         """Whether a project module ``path`` imports, or a module beside it that imports it,
@@ -1190,10 +1194,7 @@ class ProjectPlan:
             if other in indexed:
                 continue  # its calls were read (_called_without_scaler)
             # a module out of the index that imports one of them from there (`train` is a common word)
-            summary = summarize(other, data.decode("utf-8", "replace"))
-            if summary is None:
-                continue  # it does not parse: it runs nothing
-            for edge, target in self.index.imported(summary):
+            for edge, target in self._imports_out_of_index(other, data.decode("utf-8", "replace")):
                 if os.path.abspath(target) != os.path.abspath(path):
                     continue
                 if edge.names:
