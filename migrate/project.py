@@ -1079,10 +1079,71 @@ class ProjectPlan:
                     "give it a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
                     "`scaler.update()`), or include its module, then run ampmigrate again"
                 )
+            elif path in alone and not _trains(path) and (handed := self._optimizer_out_of_sight(path)) is not None:
+                # the same, for an optimizer handed straight to library code (mmcv's build_runner,
+                # a trainer class of a package): that code trains it out of sight
+                callee, line = handed
+                reason = (
+                    f"amp.initialize is given an optimizer, and what it returns is handed to `{callee}` at line "
+                    f"{line}, code out of sight that may train with it: Apex O1 ran that training's forward pass "
+                    "in float16 even with a plain `loss.backward()`, and removing the initialize would run it in "
+                    "float32 without a word, while the GradScaler that would replace it reaches no backward. Put "
+                    'that code\'s forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):` '
+                    "with a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
+                    "`scaler.update()`), or include its module, then run ampmigrate again"
+                )
             else:
                 continue
             again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
+
+    def _optimizer_out_of_sight(self, path: str) -> tuple[str, int] | None:
+        """The first call that hands what ``path``'s ``amp.initialize`` returned for its optimizer
+        to a function imported from outside the project (not torch), with its line; None if none
+        does (read only for the rare module whose GradScaler no backward uses)."""
+        try:
+            tree = ast.parse(_text(path))
+        except (SyntaxError, ValueError):
+            return None
+        outside = self._imported_from_outside(path, tree)
+        for scope in ast.walk(tree):
+            if not isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            handed = _optimizer_names(scope)
+            if not handed:
+                continue
+            for node in _own_nodes(scope):
+                if not isinstance(node, ast.Call) or node.lineno < handed[1]:
+                    continue
+                root = node.func
+                while isinstance(root, (ast.Attribute, ast.Call)):
+                    root = root.value if isinstance(root, ast.Attribute) else root.func
+                if not (isinstance(root, ast.Name) and root.id in outside):
+                    continue
+                arguments = [*node.args, *(keyword.value for keyword in node.keywords)]
+                if any(isinstance(name, ast.Name) and name.id in handed[0] for name in _walk_all(arguments)):
+                    return ast.unparse(node.func), node.lineno
+        return None
+
+    def _imported_from_outside(self, path: str, tree: ast.Module) -> set[str]:
+        """The names ``path`` binds by importing them from modules that are not the project's,
+        torch's or Apex's (a library: mmcv, transformers)."""
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                module, bound = node.module, [alias.asname or alias.name for alias in node.names]
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if not _inside_torch_or_apex(alias.name) and self.index.resolve(path, alias.name) is None:
+                        names.add(alias.asname or alias.name.split(".")[0])
+                continue
+            else:
+                continue
+            if _inside_torch_or_apex(module) or self.index.resolve(path, module) is not None:
+                continue
+            if _beside(os.path.dirname(os.path.abspath(path)), module) is None:
+                names.update(name for name in bound if name != "*")
+        return names
 
     def _may_run_together(self, orphan: str, path: str) -> bool:
         """Whether ``orphan`` may reach ``path``'s amp setup at run time: from the same program
@@ -1392,6 +1453,50 @@ _BACKPROPAGATES = re.compile(r"\.backward\s*\(")
 def _backpropagates(path: str) -> bool:
     """Whether the module's text calls ``.backward(``."""
     return _BACKPROPAGATES.search(_text(path)) is not None
+
+
+def _inside_torch_or_apex(module: str) -> bool:
+    return module.split(".")[0] in ("torch", "apex", "torchvision")
+
+
+def _optimizer_names(scope: ast.Module | ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set[str], int] | None:
+    """The names that hold the optimizer an ``<amp>.initialize(model, optimizer, ...)`` of
+    ``scope`` (itself, not a nested function) was given and returned, with the call's line."""
+    for node in _own_nodes(scope):
+        if not (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute)
+            and node.value.func.attr == "initialize"
+            and says_amp(ast.unparse(node.value.func.value))
+        ):
+            continue
+        call = node.value
+        given = call.args[1] if len(call.args) > 1 else None
+        given = next((keyword.value for keyword in call.keywords if keyword.arg == "optimizers"), given)
+        if given is None or (isinstance(given, ast.Constant) and given.value is None):
+            continue
+        names = {name.id for name in _walk_all([given]) if isinstance(name, ast.Name)}
+        for target in node.targets:
+            if isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == 2:
+                names.update(name.id for name in _walk_all([target.elts[1]]) if isinstance(name, ast.Name))
+        return names, node.lineno
+    return None
+
+
+def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``scope``'s own code, not those of the functions and classes it defines."""
+    pending = deque(ast.iter_child_nodes(scope))
+    while pending:
+        node = pending.popleft()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def _walk_all(nodes: Iterable[ast.AST]) -> Iterator[ast.AST]:
+    for node in nodes:
+        yield from ast.walk(node)
 
 
 def _initialized_in_function(path: str) -> str | None:
