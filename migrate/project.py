@@ -746,7 +746,7 @@ class ProjectPlan:
         self.facts = module_facts(self.index)
         self._display = dict(displays or {})
         self._stage: dict[int | None, str] = {}
-        self._hand_off_blocked: dict[int, str] = {}  # group -> why its factory's setup stays there
+        self._blocked: dict[int, str] = {}  # group -> why its setup could not be threaded or handed off
         self._threaded: dict[int, set[str]] = {}  # group -> the modules given new facts to thread a scaler
         for path, copies in apex_copies.copy_facts(self.index, self.display).items():
             self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_copies=copies)
@@ -923,7 +923,7 @@ class ProjectPlan:
             if not (left and migrated) or stage == "frozen":
                 continue
             threaded = (
-                (self._thread(members, left, outcome) or self._hand_off(number, members, left, outcome))
+                (self._thread(number, members, left, outcome) or self._hand_off(number, members, left, outcome))
                 if stage == "first"
                 else None
             )
@@ -937,8 +937,8 @@ class ProjectPlan:
                 f"the setup continues in {self.display(left[0])}, where Apex amp stays (see its findings); "
                 "migrating the rest alone would break it"
             )
-            if number in self._hand_off_blocked:
-                reason += f"; {self._hand_off_blocked[number]}"
+            if number in self._blocked:
+                reason += f"; {self._blocked[number]}"
             # and the modules the threading changed (a receiving class's new parameter) though amp stays
             for path in [*migrated, *sorted(self._threaded.get(number, set()) & set(members) - set(migrated))]:
                 again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
@@ -1194,7 +1194,9 @@ class ProjectPlan:
                 return True
         return False
 
-    def _thread(self, members: list[str], left: list[str], outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
+    def _thread(
+        self, number: int, members: list[str], left: list[str], outcome: Mapping[str, Outcome]
+    ) -> dict[str, ModuleFacts]:
         """Facts that pass each creating module's GradScaler to the functions that need it; {} if none do.
 
         Several entry scripts may share one trainer module: each creates its scaler and passes
@@ -1227,7 +1229,24 @@ class ProjectPlan:
                         passes[creator].add(alias)
             if not entries or self._called_without_scaler(path, entries, set(creators)):
                 return {}
-            if self._called_out_of_sight(path, entries, creators):
+            # what uses amp but nothing calls (ClipBERT keeps an older TrainingRestorer beside the
+            # one its scripts build) takes the scaler too, or it would keep Apex for no caller
+            reached = {name for name in needing if any(_reaches(summary, entry, {name}) for entry in entries)}
+            unreached = needing - reached
+            entries |= self._unreferenced(path, unreached, creators)
+            if unreached - entries:
+                self._blocked[number] = (
+                    f"{' and '.join(f'`{name}`' for name in sorted(unreached - entries))} of {self.display(path)} "
+                    "calls amp, but no module that creates a GradScaler calls it, and other code names it: the "
+                    "scaler cannot reach it"
+                )
+            unseen = self._called_out_of_sight(path, entries, creators)
+            if unseen is not None:
+                self._blocked[number] = (
+                    f"{' and '.join(f'`{name}`' for name in sorted(entries))} would take the GradScaler as a new "
+                    f"parameter, but {unseen}, which would then raise TypeError: include that file, or pass it a "
+                    "GradScaler there"
+                )
                 return {}
             facts[path] = replace(
                 self.facts.get(path, ModuleFacts()), receives_scaler=tuple(sorted(entries)), shared_scaler=shared
@@ -1236,13 +1255,13 @@ class ProjectPlan:
             facts[creator] = replace(self.facts.get(creator, ModuleFacts()), passes_scaler=tuple(sorted(aliases)))
         return facts
 
-    def _called_out_of_sight(self, path: str, entries: set[str], creators: list[str]) -> bool:
-        """Whether one of the receiving functions or classes ``entries`` may be called where it
-        would not be given the GradScaler it now takes: a project file the index does not hold
-        (it mentions no amp) imports it from ``path``, or a class of any project file derives
-        from it (its ``super().__init__(...)`` passes no scaler)."""
+    def _called_out_of_sight(self, path: str, entries: set[str], creators: list[str]) -> str | None:
+        """Where one of the receiving functions or classes ``entries`` may be called without the
+        GradScaler it now takes, said for a finding: a project file the index does not hold (it
+        mentions no amp) imports it from ``path``, or a class of any project file derives from it
+        (its ``super().__init__(...)`` passes no scaler); None where none is."""
         if not entries:
-            return False
+            return None
         names = b"|".join(re.escape(name.encode()) for name in sorted(entries))
         word = re.compile(rb"\b(?:" + names + rb")\b")
         derived = re.compile(rb"^[ \t]*class[ \t]+\w+[ \t]*\([^)]*\b(?:" + names + rb")\b", re.M)
@@ -1251,19 +1270,69 @@ class ProjectPlan:
             if not word.search(data):
                 continue
             if derived.search(data):
-                return True
+                return f"a class of {self.display(other)} derives from it (its `super().__init__(...)` passes none)"
             if other in indexed:
                 continue  # its calls were read (_called_without_scaler)
             # a module out of the index that imports one of them from there (`train` is a common word)
             for edge, target in self._imports_out_of_index(other, data.decode("utf-8", "replace")):
                 if os.path.abspath(target) != os.path.abspath(path):
                     continue
-                if edge.names:
-                    if "*" in edge.names or entries & set(edge.names):
-                        return True
-                elif edge.attributes is None or entries & set(edge.attributes):
-                    return True  # `import module`, then `module.entry(...)` (or any other use of it)
-        return False
+                if (
+                    ("*" in edge.names or entries & set(edge.names))
+                    if edge.names
+                    # `import module`, then `module.entry(...)` (or any other use of it)
+                    else (edge.attributes is None or entries & set(edge.attributes))
+                ):
+                    return f"{self.display(other)} (not in this run: it mentions no amp) imports it and calls it without one"
+        return None
+
+    def _unreferenced(self, path: str, names: set[str], creators: list[str]) -> set[str]:
+        """Those of the functions and classes ``names`` of ``path`` that no code of the project
+        names: not ``path``'s own (its definition apart), nor a module importing them from it, nor
+        a class deriving from them; none when the project is too large to read whole."""
+        if not names:
+            return set()
+        try:
+            tree = ast.parse(_text(path))
+        except (SyntaxError, ValueError):
+            return set()
+        named = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        named |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        left = names - named
+        indexed = {os.path.abspath(module): module for module in self.index.modules}
+        word = re.compile(rb"\b(?:" + b"|".join(re.escape(name.encode()) for name in sorted(left)) + rb")\b")
+        read = 0
+        for other, data in _project_files([path, *creators], {os.path.abspath(path)}):
+            read += 1
+            if not left or read >= _CARRIER_SCAN_FILES:
+                return set()  # (a project too large to read whole: nothing counts as unreferenced)
+            if not word.search(data):
+                continue
+            if re.search(rb"^[ \t]*class[ \t]+\w+[ \t]*\(", data, re.M) and any(
+                re.search(rb"^[ \t]*class[ \t]+\w+[ \t]*\([^)]*\b" + re.escape(name.encode()) + rb"\b", data, re.M)
+                for name in left
+            ):
+                return set()  # a subclass: its names are looked up through the class
+            if other in indexed:
+                edges = [
+                    (edge, target)
+                    for edge in self.index.modules[indexed[other]].imports
+                    if (target := self.index.resolve(indexed[other], edge.module)) is not None
+                ]
+            else:
+                edges = self._imports_out_of_index(other, data.decode("utf-8", "replace"))
+            for edge, target in edges:
+                if os.path.abspath(target) != os.path.abspath(path):
+                    continue
+                if not edge.names:
+                    if edge.attributes is None:
+                        return set()  # `import module`, then the module used as a value
+                    left -= set(edge.attributes)
+                elif "*" in edge.names:
+                    return set()
+                else:
+                    left -= set(edge.names)
+        return left
 
     def _hand_off(
         self, number: int, members: list[str], left: list[str], outcome: Mapping[str, Outcome]
@@ -1302,7 +1371,7 @@ class ProjectPlan:
             if word.search(data):
                 lines = factories.inference_calls(data.decode("utf-8", "replace"), setup, function)
                 if lines is None:
-                    self._hand_off_blocked[number] = (
+                    self._blocked[number] = (
                         f"{self.display(path)} also uses `{function}` (which sets up amp and returns the model and "
                         "optimizer) and is not migrated with it: it may train with what it returns, whose forward "
                         "pass Apex O1 ran in float16 (include that file, or move its amp setup where it trains)"
