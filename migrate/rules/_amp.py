@@ -126,6 +126,8 @@ class AmpModel:
             return  # the import itself, or a `global amp` declaration
         if isinstance(parent, cst.Attribute) and parent.attr is node:
             return
+        if isinstance(parent, cst.Arg) and parent.keyword is node:
+            return  # the keyword of `f(amp=amp)`: a parameter's name, not the module
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):
             return
         if isinstance(parent, cst.Attribute) and parent.value is node:

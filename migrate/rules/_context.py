@@ -246,6 +246,8 @@ class ModuleContext:
                 isinstance(parent, cst.Attribute) and parent.attr is name
             ):
                 continue
+            if isinstance(parent, cst.Arg) and parent.keyword is name:
+                continue  # `f(amp=...)`: the name of the callee's parameter
             yield name
 
     def tracks(self, name: str) -> bool:

@@ -564,6 +564,34 @@ def _escaping_probe(ctx: ModuleContext, binding: Binding) -> bool:
     return True
 
 
+def _value_use(ctx: ModuleContext, name: cst.Name) -> str:
+    """What AMP030 says for one use of the amp module as a value: the use, and the code to write."""
+    parent = ctx.parent(name)
+    if isinstance(parent, cst.Arg) and isinstance(call := ctx.parent(parent), cst.Call):
+        callee = " ".join(ctx.code(call.func).split())
+        keyword = f"{parent.keyword.value}=" if parent.keyword is not None else ""
+        return (
+            f"`{callee}(...)` is given the Apex amp module (`{keyword}{ctx.code(parent.value)}`): give it the GradScaler "
+            f"that replaces amp.initialize instead (`{keyword}scaler`), and where it calls `amp.state_dict()`, "
+            "`amp.load_state_dict(...)` or `amp.scale_loss(loss, optimizer)`, write `scaler.state_dict()`, "
+            "`scaler.load_state_dict(...)` or `scaler.scale(loss)`; then run ampmigrate again"
+        )
+    statement = " ".join(ctx.code(ctx.statement_of(name)).split())
+    if len(statement) > 100:
+        statement = statement[:97] + "..."
+    if any(isinstance(node, cst.AssignTarget) for node in ctx.ancestors(name)):
+        return (
+            f"`{statement}` binds the name of the Apex amp module to another value: on the paths where it holds "
+            "that value, amp is not Apex's; use the GradScaler that replaces amp.initialize under its own name "
+            "(`scaler`) and keep `amp` for Apex alone, then run ampmigrate again"
+        )
+    return (
+        f"`{statement}` uses the Apex amp module as a value (stored, passed or compared): store or pass the "
+        "GradScaler that replaces amp.initialize instead (or nothing: torch.amp needs no module object), then "
+        "run ampmigrate again"
+    )
+
+
 def _quoted_check(ctx: ModuleContext, check: cst.CSTNode) -> str:
     """The code of a presence check on one line: the header of an ``if``/``while``, the
     ``assert``, or the expression (a conditional expression, an ``is None`` comparison)."""
@@ -596,7 +624,7 @@ def _report_leftovers(
                     f"missing it still {effect}: delete it once nothing here needs Apex",
                 )
             else:
-                ctx.report("AMP030", name)
+                ctx.report("AMP030", name, _value_use(ctx, name))
     state = amp_private_state.state_uses(ctx)
     roots = {id(private.root) for private in state}
     for private in state:
