@@ -169,6 +169,35 @@ _PURE_CALLS = frozenset(
 )
 
 
+# the comparisons whose negation is another operator (`not a < b` is not `a >= b` for NaN)
+_INVERSE_COMPARISONS: dict[type, type] = {
+    cst.Equal: cst.NotEqual,
+    cst.NotEqual: cst.Equal,
+    cst.Is: cst.IsNot,
+    cst.IsNot: cst.Is,
+    cst.In: cst.NotIn,
+    cst.NotIn: cst.In,
+}
+
+
+def _negated(test: cst.BaseExpression) -> cst.BaseExpression:
+    """``not test``, without a double negation, parenthesized where ``not`` binds tighter."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not) and not test.lpar:
+        return test.expression
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and not test.lpar:
+        target = test.comparisons[0]
+        inverse = _INVERSE_COMPARISONS.get(type(target.operator))
+        if inverse is not None:
+            operator = inverse(
+                whitespace_before=target.operator.whitespace_before,  # type: ignore[attr-defined]
+                whitespace_after=target.operator.whitespace_after,  # type: ignore[attr-defined]
+            )
+            return test.with_changes(comparisons=[target.with_changes(operator=operator)])
+    if not isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not test.lpar:
+        test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return cst.UnaryOperation(operator=cst.Not(), expression=test)
+
+
 def _runs_code(test: cst.BaseExpression) -> bool:
     """Whether evaluating ``test`` may call something other than a few pure builtins."""
     for node in syntax.descendants(test):
@@ -279,6 +308,10 @@ class PlanApplier(cst.CSTTransformer):
                 updated = updated.with_changes(orelse=None)
         if isinstance(updated, cst.If) and self._vacuous(updated.orelse):
             updated = updated.with_changes(orelse=None)  # a trailing `elif` that emptied out
+        if isinstance(updated, cst.If) and self._only_else_left(updated):
+            # `if use_apex: <Apex import, gone>` / `else: DDP = ...` -> `if not use_apex: DDP = ...`
+            assert isinstance(updated.orelse, cst.Else)
+            updated = updated.with_changes(test=_negated(updated.test), body=updated.orelse.body, orelse=None)
         if isinstance(original_node, (cst.IndentedBlock, cst.Module)):
             updated = self._rebuild_block(original_node, updated)  # type: ignore[arg-type]
         if isinstance(updated, cst.Module):
@@ -288,6 +321,18 @@ class PlanApplier(cst.CSTTransformer):
     # --- blocks
     def _is_placeholder_block(self, block: cst.BaseSuite) -> bool:
         return isinstance(block, cst.IndentedBlock) and len(block.body) == 1 and block.body[0] in self._placeholders
+
+    def _only_else_left(self, statement: cst.If) -> bool:
+        """An ``if`` whose body emptied out (no comment left in it) and whose plain ``else`` has
+        code, with no comment above the ``else:`` that the inverted ``if`` would lose."""
+        orelse = statement.orelse
+        return (
+            isinstance(orelse, cst.Else)
+            and self._is_placeholder_block(statement.body)
+            and not statement.body.body[0].leading_lines  # type: ignore[union-attr]
+            and not any(line.comment for line in orelse.leading_lines)
+            and not self._is_placeholder_block(orelse.body)
+        )
 
     def _vacuous(self, statement: cst.CSTNode | None) -> bool:
         """An `if` whose body emptied out because its only content was migrated away, and whose

@@ -82,9 +82,44 @@ def is_import_fallback(ctx: ModuleContext, name: cst.Name) -> bool:
     if isinstance(parent, cst.Element):  # one name of a tuple or list target
         container = ctx.parent(parent)
         parent = ctx.parent(container) if container is not None else None
-    if isinstance(parent, (cst.AssignTarget, cst.Del)):
-        return any(isinstance(ancestor, cst.ExceptHandler) for ancestor in ctx.ancestors(name))
+    if not isinstance(parent, (cst.AssignTarget, cst.Del)):
+        return False
+    below: cst.CSTNode = name
+    for ancestor in ctx.ancestors(name):
+        if isinstance(ancestor, cst.ExceptHandler):
+            return True
+        if isinstance(ancestor, cst.If):
+            # `if use_apex: from apex.parallel import DDP` / `else: DDP = torch's`: the other branch
+            other = ancestor.orelse if below is ancestor.body else ancestor.body if below is ancestor.orelse else None
+            if other is not None and _imports_from_apex(ctx, other, name.value):
+                return True
+        below = ancestor
     return False
+
+
+def _imports_from_apex(ctx: ModuleContext, block: cst.CSTNode, bound: str) -> bool:
+    """Whether ``block`` itself (not a function in it) imports ``bound`` from Apex."""
+    for node in ctx.walk(block, into_definitions=False):
+        if (
+            isinstance(node, cst.ImportFrom)
+            and node.module
+            and (dotted_name(node.module) or "").split(".")[0] == "apex"
+        ):
+            names = node.names if isinstance(node.names, (list, tuple)) else ()
+            if any(_bound_by(alias) == bound for alias in names):
+                return True
+        if isinstance(node, cst.Import) and any(
+            _bound_by(alias) == bound and (dotted_name(alias.name) or "").split(".")[0] == "apex"
+            for alias in node.names
+        ):
+            return True
+    return False
+
+
+def _bound_by(alias: cst.ImportAlias) -> str | None:
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    return (dotted_name(alias.name) or "").split(".")[0] or None
 
 
 def checks_presence(ctx: ModuleContext, node: cst.CSTNode) -> bool:

@@ -93,6 +93,22 @@ _DDP_PARAMETERS = (
     "gradient_average_split_factor",
     "prof",
 )
+# torch DDP's keywords that Apex's DDP has no parameter for: a call that passes one raised
+# TypeError with Apex's class, so it ran only where the name was bound to torch's
+_TORCH_DDP_ONLY = frozenset(
+    {
+        "device_ids",
+        "output_device",
+        "dim",
+        "broadcast_buffers",
+        "process_group",
+        "bucket_cap_mb",
+        "find_unused_parameters",
+        "check_reduction",
+        "gradient_as_bucket_view",
+        "static_graph",
+    }
+)
 # Apex settings that only chose when (or how) gradients were communicated, never their values.
 _SCHEDULING = (
     "delay_allreduce",
@@ -331,27 +347,34 @@ def _device_ids(ctx: ModuleContext, call: cst.Call, module: cst.BaseExpression) 
     return "torch.cuda.current_device()", "device_ids=[torch.cuda.current_device()] from .cuda()"
 
 
-def _has_torch_fallback(ctx: ModuleContext, name: cst.Name) -> bool:
-    """``try: from apex.parallel import DDP except ImportError: from torch...import ... as DDP``."""
+def _has_torch_fallback(ctx: ModuleContext, name: cst.Name, branches: bool = False) -> bool:
+    """``try: from apex.parallel import DDP except ImportError: from torch...import ... as DDP``;
+    with ``branches``, also ``if use_apex: from apex.parallel import DDP else: DDP = torch...``."""
     binding = ctx.resolve(name.value, name)
     if binding is None:
         return False
-    bound = name.value
     for ancestor in ctx.ancestors(binding.statement):
-        if not isinstance(ancestor, cst.Try):
-            continue
-        for handler in ancestor.handlers:
-            for node in ctx.walk(handler):
-                if isinstance(node, cst.ImportAlias):
-                    alias = dotted_name(node.asname.name) if node.asname else dotted_name(node.name)  # type: ignore[arg-type]
-                    if alias == bound and (dotted_name(node.name) or "").endswith("DistributedDataParallel"):
-                        return True
-                if isinstance(node, cst.Assign) and (dotted_name(node.value) or "").endswith(
-                    "parallel.DistributedDataParallel"
-                ):
-                    if any(isinstance(t.target, cst.Name) and t.target.value == bound for t in node.targets):
-                        return True
-        break
+        if isinstance(ancestor, cst.Try):
+            return any(_binds_torch_ddp(ctx, handler, name.value) for handler in ancestor.handlers)
+        if branches and isinstance(ancestor, cst.If):
+            inside_body = any(node is ancestor.body for node in ctx.ancestors(binding.statement))
+            other = ancestor.orelse if inside_body else ancestor.body
+            return other is not None and _binds_torch_ddp(ctx, other, name.value)
+    return False
+
+
+def _binds_torch_ddp(ctx: ModuleContext, block: cst.CSTNode, bound: str) -> bool:
+    """Whether ``block`` binds ``bound`` to torch's DistributedDataParallel (an import or an assignment)."""
+    for node in ctx.walk(block):
+        if isinstance(node, cst.ImportAlias):
+            alias = dotted_name(node.asname.name) if node.asname else dotted_name(node.name)  # type: ignore[arg-type]
+            if alias == bound and (dotted_name(node.name) or "").endswith("DistributedDataParallel"):
+                return True
+        if isinstance(node, cst.Assign) and (dotted_name(node.value) or "").endswith(
+            "parallel.DistributedDataParallel"
+        ):
+            if any(isinstance(t.target, cst.Name) and t.target.value == bound for t in node.targets):
+                return True
     return False
 
 
@@ -369,6 +392,8 @@ def _rewrite_ddp(ctx: ModuleContext, call: cst.Call, path: str, root: cst.Name) 
     """Plan the torch DDP call for one Apex DDP call; False when it is reported instead."""
     bound = syntax.bind_arguments(call, _DDP_PARAMETERS)
     if bound is None:
+        unknown = [arg.keyword.value for arg in call.args if arg.keyword and arg.keyword.value not in _DDP_PARAMETERS]
+        what = f"keyword {', '.join(unknown)}" if unknown else "*args/**kwargs"
         if isinstance(call.func, cst.Name) and _has_torch_fallback(ctx, call.func):
             # the torch branch of an optional import: already torch's signature
             ctx.plan.substitute(call, call.with_changes(func=syntax.dotted(TORCH_DDP)))
@@ -376,8 +401,24 @@ def _rewrite_ddp(ctx: ModuleContext, call: cst.Call, path: str, root: cst.Name) 
             ctx.consumed.add(root)
             ctx.report("AMP041", call, f"{path} (bound to {TORCH_DDP} without Apex) became {TORCH_DDP}")
             return True
-        unknown = [arg.keyword.value for arg in call.args if arg.keyword and arg.keyword.value not in _DDP_PARAMETERS]
-        what = f"keyword {', '.join(unknown)}" if unknown else "*args/**kwargs"
+        if (
+            isinstance(call.func, cst.Name)
+            and set(unknown) & _TORCH_DDP_ONLY
+            and _has_torch_fallback(ctx, call.func, branches=True)
+        ):
+            # `if use_apex: from apex.parallel import DDP else: DDP = torch's`, then `DDP(m, device_ids=...)`:
+            # Apex's raised TypeError on that keyword, so the call only ever ran with torch's
+            ctx.plan.substitute(call, call.with_changes(func=syntax.dotted(TORCH_DDP)))
+            ctx.plan.needs_torch_import = True
+            ctx.consumed.add(root)
+            ctx.report(
+                "AMP041",
+                call,
+                f"{path} became {TORCH_DDP}, its arguments kept: the other branch of its import binds the name to "
+                f"{TORCH_DDP}, and Apex's takes no {what} (it raised TypeError), so this call only ever ran with "
+                "torch's",
+            )
+            return True
         ctx.report(
             "AMP042",
             call,
