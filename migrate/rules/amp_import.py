@@ -413,6 +413,25 @@ def _probe_for_code(ctx: ModuleContext, statement: cst.CSTNode) -> str | None:
     )
 
 
+def _bare_probe_of_migrated_code(ctx: ModuleContext, binding: Binding) -> bool:
+    """An unused ``import apex`` in a module whose Apex code this run migrated, that sets no flag
+    (no assignment, ``return`` or ``global`` in its ``try``, not in a function): it only checked
+    that Apex was installed for that code, and goes with it (else AMP043)."""
+    if not ctx.consumed or ctx.function_of(binding.statement) is not None:
+        return False
+    line = ctx.statement_of(binding.statement)
+    if ctx.skipped(line):
+        return False
+    for ancestor in ctx.ancestors(line):
+        if isinstance(ancestor, cst.Try):
+            if ctx.skipped(ancestor):
+                return False
+            flags = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return, cst.Global, cst.FunctionDef, cst.ClassDef)
+            if any(isinstance(node, flags) for node in ctx.walk(ancestor)):
+                return False  # `APEX_AVAILABLE = True`: code elsewhere reads what it found
+    return True
+
+
 def _rebind(ctx: ModuleContext, binding: Binding, torch_name: str) -> None:
     """``from apex.normalization import FusedLayerNorm as X`` -> ``from torch.nn import LayerNorm as X``."""
     module, _, name = torch_name.rpartition(".")
@@ -479,6 +498,7 @@ def _plan_imports(
                     binding.kind in ("apex", "other_apex")
                     and not any(name in ctx.consumed for name in uses)
                     and not (binding.target in amp_private_state.STATE_TARGETS and not uses)
+                    and not (binding.kind == "apex" and not uses and _bare_probe_of_migrated_code(ctx, binding))
                 ):
                     continue  # an Apex import this run did not migrate anything of
                 removable.setdefault(binding.statement, set()).add(binding.alias)
@@ -683,7 +703,7 @@ def _report_leftovers(
                     reported.add(id(binding.alias))
                     if references.get(binding.alias) or ctx.skipped(ctx.statement_of(binding.statement)):
                         _report_apex_package_uses(ctx, binding, references)
-                    else:
+                    elif not _bare_probe_of_migrated_code(ctx, binding):
                         ctx.report("AMP043", binding.alias)
 
 
