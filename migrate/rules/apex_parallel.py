@@ -394,30 +394,27 @@ def _rewrite_ddp(ctx: ModuleContext, call: cst.Call, path: str, root: cst.Name) 
     if bound is None:
         unknown = [arg.keyword.value for arg in call.args if arg.keyword and arg.keyword.value not in _DDP_PARAMETERS]
         what = f"keyword {', '.join(unknown)}" if unknown else "*args/**kwargs"
+        note = None
         if isinstance(call.func, cst.Name) and _has_torch_fallback(ctx, call.func):
             # the torch branch of an optional import: already torch's signature
-            ctx.plan.substitute(call, call.with_changes(func=syntax.dotted(TORCH_DDP)))
-            ctx.plan.needs_torch_import = True
-            ctx.consumed.add(root)
-            ctx.report("AMP041", call, f"{path} (bound to {TORCH_DDP} without Apex) became {TORCH_DDP}")
-            return True
-        if (
+            note = f"{path} (bound to {TORCH_DDP} without Apex) became {TORCH_DDP}"
+        elif (
             isinstance(call.func, cst.Name)
             and set(unknown) & _TORCH_DDP_ONLY
             and _has_torch_fallback(ctx, call.func, branches=True)
         ):
             # `if use_apex: from apex.parallel import DDP else: DDP = torch's`, then `DDP(m, device_ids=...)`:
             # Apex's raised TypeError on that keyword, so the call only ever ran with torch's
+            note = (
+                f"{path} became {TORCH_DDP}, its arguments kept: the other branch of its import binds the name to "
+                f"{TORCH_DDP}, and Apex's takes no {what} (it raised TypeError), so this call only ever ran with "
+                "torch's"
+            )
+        if note is not None:
             ctx.plan.substitute(call, call.with_changes(func=syntax.dotted(TORCH_DDP)))
             ctx.plan.needs_torch_import = True
             ctx.consumed.add(root)
-            ctx.report(
-                "AMP041",
-                call,
-                f"{path} became {TORCH_DDP}, its arguments kept: the other branch of its import binds the name to "
-                f"{TORCH_DDP}, and Apex's takes no {what} (it raised TypeError), so this call only ever ran with "
-                "torch's",
-            )
+            ctx.report("AMP041", call, note)
             return True
         ctx.report(
             "AMP042",
