@@ -735,10 +735,13 @@ class ProjectPlan:
         summaries: Iterable[ModuleSummary],
         displays: Mapping[str, str] | None = None,
         context: Callable[[str], ModuleSummary | None] | None = None,
+        searched: Iterable[str] | None = None,
     ) -> None:
         """Plan the project of the given modules' ``summaries``; ``context(path)``, when given,
         summarizes a module that was not given (or returns None: no such file, or it does not
-        parse), so that imports can be followed into it."""
+        parse), so that imports can be followed into it. ``searched``, when given, holds the
+        folders discovery searched: a project file elsewhere was not given, and one that calls
+        amp on a given module's setup keeps that setup as it was."""
         self.index = ProjectIndex(summaries)
         if context is not None:
             self._add_context(context)
@@ -752,6 +755,8 @@ class ProjectPlan:
             self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_copies=copies)
         self._plan_carriers()
         self._freeze_outside_context()
+        if searched is not None:
+            self._freeze_for_amp_users_out_of_the_run({os.path.abspath(folder) for folder in searched})
         self._find_gradient_norms()
         # per folder, the project modules each module there imports (see _may_run_together)
         self._importers: dict[str, set[frozenset[str]]] = {}
@@ -861,6 +866,39 @@ class ProjectPlan:
                         "on the whole project (or on both files)",
                     )
                     break
+
+    def _freeze_for_amp_users_out_of_the_run(self, searched: set[str]) -> None:
+        """Freeze the groups with an amp.initialize whose module a project file out of the run
+        (in a folder discovery did not search: ``ampmigrate trainer.py``) imports while calling
+        amp without an amp.initialize of its own (a trainer subclass that scales its loss with
+        the base class's setup): migrated without it, that file would call Apex amp on a setup
+        that no longer exists."""
+        setups = {
+            path: number
+            for number, group in enumerate(self.groups)
+            for path in group.paths
+            if "initialize" in self.index.modules[path].amp_apis
+        }
+        if not setups:
+            return
+        given = {os.path.abspath(path) for path in self._given_paths}
+        members = {os.path.abspath(path): number for number, group in enumerate(self.groups) for path in group.paths}
+        # an importer spells the module's name (or its package's, for `from . import x`)
+        names = {os.path.basename(os.path.dirname(path)).encode() for path in setups}
+        names |= {os.path.splitext(os.path.basename(path))[0].encode() for path in setups}
+        for other, data in _project_files(sorted(setups), given):
+            if os.path.dirname(other) in searched or not any(name in data for name in names):
+                continue
+            if b"amp" not in data or not _AMP_USE.search(data) or _AMP_INITIALIZE.search(data):
+                continue
+            for _, target in self._imports_out_of_index(other, data.decode("utf-8", "replace")):
+                number = members.get(os.path.abspath(target))
+                if number is not None and self._stage.get(number) != "frozen":
+                    self._freeze_group(
+                        number,
+                        f"{self.display(other)} (not given) imports {self.display(target)} and calls Apex amp on "
+                        "its setup: run ampmigrate on the whole project (or give that file too)",
+                    )
 
     def _named_like_amp_only(self, path: str) -> bool:
         """Whether ``path``, a module not given, spells no Apex and calls amp only through
@@ -1441,6 +1479,9 @@ class ProjectPlan:
 
 # how many Python files of a project are read for other modules that use a carrier of the amp module
 _CARRIER_SCAN_FILES = 5000
+# an amp call other than amp.initialize (the module object, or the attribute carrying it), and amp.initialize
+_AMP_USE = re.compile(rb"\bamp\s*\.\s*(?:scale_loss|master_params|state_dict|load_state_dict)\s*\(")
+_AMP_INITIALIZE = re.compile(rb"\bamp\s*\.\s*initialize\s*\(")
 _SKIPPED_FOLDERS = frozenset({"site-packages", "node_modules", "__pycache__", "venv", ".venv", "env", ".git", ".tox"})
 
 

@@ -257,7 +257,7 @@ class _Project:
             and (summary := self.summaries.of_bytes(path, task.data, task.seen, task.looked_at)) is not None
         ]
         displays = {summary.path: self.by_path[summary.path].candidate.display for summary in given}
-        return ProjectPlan(given, displays, self.summaries.of_file)
+        return ProjectPlan(given, displays, self.summaries.of_file, searched=self.listings)
 
     def migrate(self, progress: Callable[[int], Iterator[None]] | None) -> list[FileResult]:
         record = self._record_key()

@@ -269,6 +269,49 @@ def test_a_carrier_setup_is_left_alone_when_a_script_that_stores_amp_there_was_n
     }
 
 
+def test_a_setup_is_left_alone_when_a_module_not_given_scales_its_losses(tmp_path: Path) -> None:
+    """``ampmigrate trainer.py``: a subclass in metatrainer.py (not given, nothing given imports it)
+    scales its loss with amp on the base class's setup; migrating trainer.py alone would leave it
+    calling Apex amp without an amp.initialize (modelled on howardhsu/BERT-for-RRC-ABSA dombert)."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / "setup.py").write_text("")  # the project's root
+    (root / "trainer.py").write_text(
+        "import torch\n"
+        "from apex import amp\n\n\n"
+        "class Trainer:\n"
+        "    def _forward(self, model, x):\n"
+        "        loss = model(x).sum()\n"
+        "        with amp.scale_loss(loss, self.optimizer) as scaled_loss:\n"
+        "            scaled_loss.backward()\n\n"
+        "    def train(self, model, loader):\n"
+        "        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        '        model, self.optimizer = amp.initialize(model, self.optimizer, opt_level="O1")\n'
+        "        for x in loader:\n"
+        "            self._forward(model, x)\n"
+        "            self.optimizer.step()\n"
+    )
+    subclass = (
+        "from apex import amp\n\n"
+        "from trainer import Trainer\n\n\n"
+        "class MetaTrainer(Trainer):\n"
+        "    def _forward(self, model, x):\n"
+        "        loss = model(x).mean()\n"
+        "        with amp.scale_loss(loss, self.optimizer) as scaled_loss:\n"
+        "            scaled_loss.backward()\n"
+    )
+    (root / "metatrainer.py").write_text(subclass)
+    before = _tree(root)
+    results = run([root / "trainer.py"], Config(write=True, jobs=1))
+    assert _tree(root) == before
+    frozen = [d.message for r in results for d in r.diagnostics if d.code == "AMP025"]
+    assert frozen and all("metatrainer.py (not given) imports" in message for message in frozen)
+    # without the subclass's amp, the base class alone migrates
+    (root / "metatrainer.py").write_text(subclass.replace("amp.scale_loss(loss, self.optimizer)", "open(x)"))
+    results = run([root / "trainer.py"], Config(write=True, jobs=1))
+    assert [r.status for r in results] == [Status.CHANGED]
+
+
 def test_importing_only_amp_free_helpers_does_not_link_two_setups(tmp_path: Path) -> None:
     index = _index(
         tmp_path,
