@@ -156,7 +156,16 @@ class Entry:
             "amp_left": self.amp_left,
             "amp_migrated": self.amp_migrated,
             "scalers": [
-                [scaler.function, scaler.static_scale, scaler.follows, list(scaler.models), scaler.held_scale]
+                [
+                    scaler.function,
+                    scaler.static_scale,
+                    scaler.follows,
+                    list(scaler.models),
+                    scaler.held_scale,
+                    scaler.klass,
+                    scaler.attribute,
+                    list(scaler.stepped),
+                ]
                 for scaler in self.scalers
             ],
             "scaler_unused": self.scaler_unused,
@@ -181,8 +190,17 @@ class Entry:
             amp_left=bool(data["amp_left"]),
             amp_migrated=bool(data["amp_migrated"]),
             scalers=tuple(
-                ScalerInfo(function, static_scale, bool(follows), tuple(str(model) for model in models), held)
-                for function, static_scale, follows, models, held in data["scalers"]
+                ScalerInfo(
+                    function,
+                    static_scale,
+                    bool(follows),
+                    tuple(str(model) for model in models),
+                    held,
+                    klass,
+                    str(attribute),
+                    tuple(str(key) for key in stepped),
+                )
+                for function, static_scale, follows, models, held, klass, attribute, stepped in data["scalers"]
             ),
             scaler_unused=bool(data["scaler_unused"]),
         )

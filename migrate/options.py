@@ -54,6 +54,9 @@ class ModuleFacts:
     hands_off: tuple[tuple[str, str], ...] = ()
     # ...and the modules that call them set one up where each call returns
     factory_setups: tuple[FactorySetup, ...] = ()
+    # top-level classes here deriving from a class of another module that keeps the GradScaler on
+    # ``self`` (``ScalerInfo.klass``): their methods reach it there too
+    inherited_scalers: tuple[tuple[str, ScalerInfo], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,11 @@ class ScalerInfo:
     models: tuple[str, ...] = ()  # names of the models given to amp.initialize
     # the name holding a loss scale chosen at run time (passed on beside the scaler); None: no such name
     held_scale: str | None = None
+    # a scaler its class keeps on ``self`` (made in a method): the top-level class, and the attribute
+    klass: str | None = None
+    attribute: str = ""
+    # ...and the optimizers (``self.optimizer``) whose step its methods make with it
+    stepped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

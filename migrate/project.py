@@ -703,6 +703,11 @@ class Outcome(NamedTuple):
     scaler_unused: bool = False  # a training GradScaler that no backward of the module uses
 
 
+def _free_scalers(result: Outcome) -> list[ScalerInfo]:
+    """The GradScalers a module creates that are not kept on a class's ``self``."""
+    return [info for info in result.scalers if info.klass is None]
+
+
 def _reaches(summary: ModuleSummary, start: str, targets: set[str]) -> bool:
     """Whether the top-level function ``start`` calls into ``targets`` (or is one)."""
     seen, pending = set(), [start]
@@ -961,7 +966,11 @@ class ProjectPlan:
             if not (left and migrated) or stage == "frozen":
                 continue
             threaded = (
-                (self._thread(number, members, left, outcome) or self._hand_off(number, members, left, outcome))
+                (
+                    self._thread(number, members, left, outcome)
+                    or self._hand_off(number, members, left, outcome)
+                    or self._inherit(number, members, left, outcome)
+                )
                 if stage == "first"
                 else None
             )
@@ -1242,7 +1251,7 @@ class ProjectPlan:
         """
         if any(self.facts.get(path, ModuleFacts()).carriers for path in members):
             return {}  # the scaler travels on the object that carried the amp module (``_carriers``)
-        creators = [path for path in members if outcome[path].scalers]
+        creators = [path for path in members if _free_scalers(outcome[path])]
         if not creators or any(len(outcome[path].scalers) != 1 or path in left for path in creators):
             return {}
         infos = [outcome[path].scalers[0] for path in creators]
@@ -1324,6 +1333,63 @@ class ProjectPlan:
                     return f"{self.display(other)} (not in this run: it mentions no amp) imports it and calls it without one"
         return None
 
+    def _inherit(
+        self, number: int, members: list[str], left: list[str], outcome: Mapping[str, Outcome]
+    ) -> dict[str, ModuleFacts]:
+        """Facts that give each class of ``left`` deriving from a class of another member that keeps
+        its GradScaler on ``self`` (``Trainer.train`` calls amp.initialize) that scaler; {} if any
+        amp code of ``left`` is elsewhere (modelled on howardhsu/BERT-for-RRC-ABSA's MetaTrainer)."""
+        held = {
+            (path, info.klass): info
+            for path in members
+            if path not in left
+            for info in outcome[path].scalers
+            if info.klass is not None
+        }
+        if not held:
+            return {}
+        facts: dict[str, ModuleFacts] = {}
+        for path in left:
+            summary = self.index.modules[path]
+            if (
+                summary.amp_at_module_level
+                or "initialize" in summary.amp_apis
+                or any(function.uses_amp for function in summary.functions.values())
+                or not summary.amp_classes
+            ):
+                return {}
+            classes = _class_shapes(path)
+            inherited = []
+            for name in sorted(summary.amp_classes):
+                bases, init_calls_super = classes.get(name, ((), False))
+                found = [
+                    held[origin]
+                    for base in bases
+                    if (origin := self._imported_class(path, base)) is not None and origin in held
+                ]
+                if len(found) != 1:
+                    return {}
+                if not init_calls_super:  # the base's __init__ sets the stand-in scaler
+                    self._blocked[number] = (
+                        f"{name} in {self.display(path)} would use the GradScaler its base class "
+                        f"{found[0].klass} keeps on `self.{found[0].attribute}`, but its __init__ does not call "
+                        "`super().__init__(...)`, where the base class sets a stand-in until its amp set-up runs"
+                    )
+                    return {}
+                inherited.append((name, found[0]))
+            facts[path] = replace(self.facts.get(path, ModuleFacts()), inherited_scalers=tuple(inherited))
+        return facts
+
+    def _imported_class(self, path: str, name: str) -> tuple[str, str] | None:
+        """(defining module, class name) of the amp-calling class ``name`` imported into ``path``."""
+        for edge in self.index.modules[path].imports:
+            if name in edge.aliases and edge.names:
+                target = self.index.resolve(path, edge.module)
+                origin = self._origin(target, edge.names[edge.aliases.index(name)]) if target else None
+                if origin is not None and origin[1] in self.index.modules[origin[0]].amp_classes:
+                    return origin
+        return None
+
     def _unreferenced(self, path: str, names: set[str], creators: list[str]) -> set[str]:
         """Those of the functions and classes ``names`` of ``path`` that no code of the project
         names: not ``path``'s own (its definition apart), nor a module importing them from it, nor
@@ -1383,7 +1449,7 @@ class ProjectPlan:
         call. Every use of the factory in the project must be a call the rules can follow:
         in a given module, or, in one out of the run, an inference call (no optimizer).
         """
-        creators = [path for path in members if outcome[path].scalers]
+        creators = [path for path in members if _free_scalers(outcome[path])]
         if len(creators) != 1 or creators[0] in left or len(outcome[creators[0]].scalers) != 1:
             return {}
         creator = creators[0]
@@ -1607,6 +1673,32 @@ def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
 def _walk_all(nodes: Iterable[ast.AST]) -> Iterator[ast.AST]:
     for node in nodes:
         yield from ast.walk(node)
+
+
+def _class_shapes(path: str) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """For each top-level class of ``path``: the names of its plain bases, and whether its
+    ``__init__`` (if it has one) calls ``super().__init__(...)``."""
+    try:
+        tree = ast.parse(_text(path))
+    except (SyntaxError, ValueError):
+        return {}
+    shapes = {}
+    for statement in tree.body:
+        if not isinstance(statement, ast.ClassDef):
+            continue
+        bases = tuple(base.id for base in statement.bases if isinstance(base, ast.Name))
+        init = next((s for s in statement.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+        calls_super = init is None or any(
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "__init__"
+            and isinstance(node.func.value, ast.Call)
+            and isinstance(node.func.value.func, ast.Name)
+            and node.func.value.func.id == "super"
+            for node in ast.walk(init)
+        )
+        shapes[statement.name] = (bases, calls_super)
+    return shapes
 
 
 def _initialized_in_function(path: str) -> str | None:

@@ -113,7 +113,7 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
         findings,
         bool(left) or unseen > 0 or unshared > 0,
         setup.migrated_any(ctx),
-        project_scaler.shared_scalers(ctx.amp),
+        project_scaler.shared_scalers(ctx, ctx.amp),
         project_scaler.unused(ctx, options.facts),
     )
     ctx.release()
@@ -132,6 +132,8 @@ def _plan(
     model = ctx.amp
     migrating = not frozen and options.rule_enabled("amp_initialize")
     unshared = project_scaler.receive(ctx, model, options.facts) if migrating else 0
+    if migrating and options.facts.inherited_scalers:
+        unshared += project_scaler.inherit(ctx, model, options.facts)
     if migrating and ctx.carriers.any:
         project_scaler.carried(ctx, model)
     for rule in RULES:

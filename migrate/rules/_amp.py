@@ -71,6 +71,9 @@ class Scaler:
     # every condition on the way to that flag's `if` (`not args.deepspeed and bool(args.fp16)`): autocast
     # runs before the branches, and may read the carrier only where they lead to the scaled backward
     path_guard: cst.BaseExpression | None = None
+    # the optimizers (``optimizer_key``) whose step() became ``scaler.step`` with this scaler; for
+    # a scaler a subclass inherits, those its base class steps (its own scaled backward needs no step)
+    stepped: set[str] = field(default_factory=set)
 
 
 class ScalerAccess(NamedTuple):

@@ -13,6 +13,7 @@ Anything that cannot be done is reported, so the amp setup is frozen instead of 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import libcst as cst
 
@@ -191,16 +192,63 @@ def unused(ctx: ModuleContext, facts: ModuleFacts) -> bool:
     return bool(created) and not model.sites and not facts.passes_scaler and not stored
 
 
-def shared_scalers(model: AmpModel) -> tuple[ScalerInfo, ...]:
-    """The scalers this module creates (from amp.initialize), as other modules see them."""
-    return tuple(
-        ScalerInfo(
+def shared_scalers(ctx: ModuleContext, model: AmpModel) -> tuple[ScalerInfo, ...]:
+    """The scalers this module creates (from amp.initialize), as other modules see them: those of
+    a top-level function or the module, and those a top-level class keeps on ``self``."""
+    shared = []
+    for scaler in model.scalers:
+        if scaler.initialize is None:
+            continue
+        info = ScalerInfo(
             function=scaler.function.name.value if scaler.function is not None else None,
             static_scale=scaler.static_scale,
             follows=scaler.autocast_enabled is None or scaler.autocast_enabled == "off",
             models=tuple(sorted(scaler.model_names)),
             held_scale=scaler.held_scale,
         )
-        for scaler in model.scalers
-        if scaler.initialize is not None and scaler.klass is None
-    )
+        if scaler.klass is not None:
+            if not isinstance(ctx.parent(scaler.klass), cst.Module):
+                continue
+            info = replace(
+                info,
+                function=None,
+                klass=scaler.klass.name.value,
+                attribute=scaler.name,
+                stepped=tuple(sorted(scaler.stepped)),
+            )
+        shared.append(info)
+    return tuple(shared)
+
+
+def inherit(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
+    """A Scaler on ``self`` for each class deriving from one of another module that keeps its
+    GradScaler there (``ModuleFacts.inherited_scalers``); how many could not have one (reported)."""
+    failed = 0
+    classes = {s.name.value: s for s in ctx.module.body if isinstance(s, cst.ClassDef)}
+    for name, info in facts.inherited_scalers:
+        klass = classes.get(name)
+        if klass is None or info.held_scale is not None:
+            if klass is not None:
+                ctx.report(
+                    "AMP022",
+                    klass.name,
+                    f"{name} inherits the GradScaler `self.{info.attribute}` of {info.klass}, but not the loss "
+                    "scale held beside it",
+                )
+            failed += 1
+            continue
+        model.scalers.append(
+            Scaler(
+                initialize=None,
+                function=None,
+                klass=klass,
+                name=info.attribute,
+                enabled=None,
+                autocast_enabled=None if info.follows else "off",
+                static_scale=info.static_scale,
+                may_be_disabled=True,
+                model_names=set(info.models),
+                stepped=set(info.stepped),
+            )
+        )
+    return failed

@@ -520,6 +520,8 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
         functions |= {node for node in scaler.klass.body.body if isinstance(node, cst.FunctionDef)}
     functions.add(scaler.function)
     steps = _steps_to_rewrite(ctx, model, scaler, keys, sites, functions)
+    if not steps and scaler.initialize is None and scaler.klass is not None and keys <= scaler.stepped:
+        return  # inherited: the base class's loop steps these optimizers with it
     if not steps:
         if not any(ctx.function_of(step) in functions for step in model.steps):
             ctx.report(
@@ -535,6 +537,7 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
             # a scaled backward with no scaler.step()/update() after it trains wrong: leave it all
             ctx.unfinished.extend(use.base for use in model.of("scale_loss") if use.call in sites)
         return
+    scaler.stepped |= keys
     per_loop = _rewrite_steps(ctx, model, steps)
     for stepped in per_loop.values():
         for anchor in _update_anchors(ctx, stepped):
