@@ -871,6 +871,28 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
     )
 
 
+def _per_call_switches(
+    ctx: ModuleContext, home: tuple[cst.FunctionDef | None, cst.ClassDef | None], parts: list[cst.BaseExpression]
+) -> list[str]:
+    """Parameters of the method that makes a scaler kept on ``self`` (not ``__init__``) that the
+    tests of the ``if`` around amp.initialize (``parts``) read as plain names (``training`` in
+    ``if self.use_apex and training:``): switches of one call, where the scaler outlives the call
+    (``args.fp16``, a setting, is not one)."""
+    method, klass = home
+    if method is None or klass is None or method.name.value == "__init__":
+        return []
+    params = method.params
+    parameters = {param.name.value for group in (params.posonly_params, params.params) for param in group[1:]}
+    parameters |= {param.name.value for param in params.kwonly_params}
+    found = set()
+    for part in parts:
+        for node in syntax.descendants(part):
+            parent = ctx.parent(node)
+            if isinstance(node, cst.Name) and node.value in parameters and not isinstance(parent, cst.Attribute):
+                found.add(node.value)
+    return sorted(found)
+
+
 def _counters_compared(ctx: ModuleContext, outermost: cst.CSTNode, parts: list[cst.BaseExpression]) -> list[str]:
     """Parameters of the function around ``outermost`` that ``parts`` compare with an integer
     (``epoch == 0``): counters of a function called again and again, not amp switches."""
@@ -1421,6 +1443,20 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         return
     home = _home(ctx, model, use.call, settings)
     if home is None:
+        return
+    switches = _per_call_switches(ctx, home, settings.enabled_parts[: settings.guard_parts])
+    if switches:
+        method = home[0].name.value  # type: ignore[union-attr]
+        ctx.report(
+            "AMP010",
+            use.call,
+            f"the `if` around this call reads {', '.join(f'`{name}`' for name in switches)}, a parameter of "
+            f"`{method}`: called with it true (training) and false (evaluation), the method ran amp.initialize on the "
+            "first call only, and Apex's set-up stayed for the others, while a GradScaler kept on `self` and made "
+            "above that `if` would be made again on every call, disabled (float32, no autocast, its scale lost) "
+            'where it is false: create the GradScaler once (`self.scaler = torch.amp.GradScaler("cuda", '
+            "enabled=...)` in `__init__` or where training starts), then run ampmigrate again",
+        )
         return
     if scale.runtime is not None:
         scale.o3 = settings.level == "O3"
