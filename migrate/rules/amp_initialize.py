@@ -709,13 +709,17 @@ def _inference_message(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> str | N
 
 def _float16_by_hand(ctx: ModuleContext, call: cst.Call) -> cst.CSTNode | None:
     """The first cast to float16 written out in the module, outside ``call`` (``x.half()``,
-    ``torch.float16``/``torch.half``, a ``HalfTensor``); None where there is none."""
+    ``torch.float16``/``torch.half``, a ``HalfTensor``); None where there is none. A cast
+    whose result leaves for the host (``x.half().numpy()``) does not count."""
     inside = {id(node) for node in ctx.walk(call)}
     for node in ctx.walk(ctx.module):
         if id(node) in inside:
             continue
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "half":
-            if not node.args:
+            after = ctx.parent(node)
+            # `scores.half().numpy()`: a result stored in float16, not a tensor for the model
+            stored = isinstance(after, cst.Attribute) and after.attr.value in ("numpy", "cpu", "tolist", "item")
+            if not node.args and not stored:
                 return node
         if isinstance(node, (cst.Attribute, cst.Name)):
             name = dotted_name(node)
