@@ -60,7 +60,10 @@ Not rewritten (reported instead)
     A call that is not a plain assignment or expression statement (AMP010);
     ``cast_model_outputs``, a ``loss_scale`` that is no number, or a run-time ``loss_scale``
     whose held value cannot reach every ``scaler.update`` (a scaler on ``self``, a step in a
-    closure) (AMP005; the setup stays as it was, AMP025); a factory like the one above
+    closure) (AMP005; the setup stays as it was, AMP025); an inference-only call (no
+    optimizers, opt level other than O0) in a module that casts to float16 by hand
+    (``x.half()``, ``torch.float16``, a ``HalfTensor``): without it those tensors would meet a
+    float32 model (AMP005, the call stays); a factory like the one above
     whose file has another amp.initialize, or that turns scaling off (O0, ``loss_scale=1``)
     while autocast stays on (AMP022).
 
@@ -701,6 +704,54 @@ def _inference_message(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> str | N
         "removed, so the model now runs in float32, and an input cast to float16 by hand (`x.half()`) would now "
         f'meet float32 weights: wrap the inference in `with torch.autocast("{ctx.options.device}", '
         "dtype=torch.float16):` for float16 speed"
+    )
+
+
+def _float16_by_hand(ctx: ModuleContext, call: cst.Call) -> cst.CSTNode | None:
+    """The first cast to float16 written out in the module, outside ``call`` (``x.half()``,
+    ``torch.float16``/``torch.half``, a ``HalfTensor``); None where there is none. A cast
+    whose result leaves for the host (``x.half().numpy()``) does not count."""
+    inside = {id(node) for node in ctx.walk(call)}
+    for node in ctx.walk(ctx.module):
+        if id(node) in inside:
+            continue
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "half":
+            after = ctx.parent(node)
+            # `scores.half().numpy()`: a result stored in float16, not a tensor for the model
+            stored = isinstance(after, cst.Attribute) and after.attr.value in ("numpy", "cpu", "tolist", "item")
+            if not node.args and not stored:
+                return node
+        if isinstance(node, (cst.Attribute, cst.Name)):
+            name = dotted_name(node)
+            if name in ("torch.float16", "torch.half") or (name or "").endswith("HalfTensor"):
+                return node
+    return None
+
+
+def _inference_cast_message(ctx: ModuleContext, bound: dict[str, cst.Arg], level: object, cast: cst.CSTNode) -> str:
+    """AMP005's message for an inference-only amp.initialize kept because the module casts to
+    float16 by hand: without the call, those tensors would meet a float32 model."""
+    model = ctx.code(bound["models"].value)
+    if level in ("O2", "O3"):
+        kept = "BatchNorm kept in float32" if level == "O2" else "BatchNorm included"
+        if "keep_batchnorm_fp32" in bound:
+            kept = "BatchNorm as keep_batchnorm_fp32 said"
+        how = (
+            f"Apex cast the model itself to float16 ({kept}), the floating inputs of its forward to float16 "
+            f"and its outputs to float32: to migrate by hand, cast `{model}` to float16 as Apex did "
+            f"(`{model}.half()` for O3) and cast what reaches its forward"
+        )
+    else:
+        if not isinstance(level, str):
+            level = ctx.code(bound["opt_level"].value)
+        how = (
+            "Apex O1 patched every op to cast its inputs: to migrate by hand, run the inference under "
+            f'`with torch.autocast("{ctx.options.device}", dtype=torch.float16):`'
+        )
+    return (
+        f"amp.initialize without optimizers (inference) at opt_level {level} left as it was: this module casts to "
+        f"float16 by hand (line {ctx.position(cast)[0]}: `{ctx.code(cast)}`), and without the call the model would "
+        f"run in float32 and meet those float16 tensors (a dtype mismatch where Apex ran); {how}"
     )
 
 
@@ -1435,6 +1486,12 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         _drop_call(ctx, found)
         return
     if found.inference_only:
+        cast = _float16_by_hand(ctx, use.call)
+        level = syntax.literal(bound["opt_level"].value) if "opt_level" in bound else "O1"
+        if cast is not None and level != "O0":
+            # the use is not consumed: the setup stays as it was
+            ctx.report("AMP005", use.call, _inference_cast_message(ctx, bound, level, cast))
+            return
         ctx.consumed.add(use.base)
         for note in scale.notes:
             ctx.report(*note)

@@ -42,7 +42,9 @@ After::
 
 Not rewritten (reported instead)
     ``scale_loss`` entered by hand or combined with other context managers (AMP021); a
-    file without ``amp.initialize`` (AMP023); a scaler out of reach (AMP022). A forward
+    file without ``amp.initialize`` (AMP023); a scaler out of reach (AMP022); a plain
+    ``x.backward()`` in the same step as the scaled one (AMP022: Apex added its gradients
+    unscaled, GradScaler would divide them by the scale; FGM adversarial training). A forward
     pass that cannot be found (AMP020) leaves the whole amp setup as it was (AMP025): a
     GradScaler over a float32 forward pass would not train like Apex's float16 one.
 
@@ -392,6 +394,106 @@ def _unscaled_sibling_branch(ctx: ModuleContext, with_node: cst.With) -> cst.If 
     return None
 
 
+def _if_arms(ctx: ModuleContext, node: cst.CSTNode, stop: cst.CSTNode | None) -> list[tuple[object, bool]]:
+    """The ``if``s around ``node`` below ``stop``, each as the ``if`` itself and as its test
+    (``not x`` spelled as ``x`` with the other arm), with True for its body."""
+    arms: list[tuple[object, bool]] = []
+    child: cst.CSTNode = node
+    for ancestor in ctx.ancestors(node):
+        if ancestor is stop:
+            break
+        if isinstance(ancestor, cst.If):
+            arm = child is ancestor.body
+            arms.append((id(ancestor), arm))
+            test, positive = ancestor.test, arm
+            while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+                test, positive = test.expression, not positive
+            arms.append((syntax.normalized(test), positive))
+        child = ancestor
+    return arms
+
+
+def _plain_backward_in_step(
+    ctx: ModuleContext, model: AmpModel, with_node: cst.With, call: cst.Call, keys: set[str]
+) -> tuple[cst.Call, bool] | None:
+    """A plain ``x.backward()`` that may run in the same step as this scaled backward (the same
+    iteration of its loop, or the same call of its function), and whether it runs after it.
+
+    Apex's block ended with the gradients unscaled, and its next block stashed the gradients
+    already there and added them back unscaled: every other backward pass added its gradients
+    unscaled to unscaled ones. GradScaler unscales once, at the step: a plain backward pass
+    beside ``scaler.scale(loss).backward()`` would have its gradients divided by the scale.
+    ``x.backward(<argument>)`` (a helper of that name, or an explicit gradient) is not counted."""
+    function = ctx.function_of(with_node)
+    scope: cst.CSTNode | None = _innermost_loop(ctx, with_node)
+    inside: set[int] = set()
+    for use in model.of("scale_loss"):  # scaled backward passes, this one's and the others'
+        block = ctx.parent(ctx.parent(use.call) or use.call)
+        if isinstance(ctx.parent(use.call), cst.WithItem) and isinstance(block, cst.With):
+            inside.update(id(node) for node in ctx.walk(block))
+    site_arms = _if_arms(ctx, with_node, scope)
+    calls = [
+        node
+        for node in ctx.walk(scope if scope is not None else ctx.module, into_definitions=False)
+        if isinstance(node, cst.Call) and id(node) not in inside and ctx.function_of(node) is function
+    ]
+    calls.sort(key=ctx.order)
+
+    def together(node: cst.CSTNode) -> bool:
+        arms = dict(_if_arms(ctx, node, scope))
+        return all(arms.get(key, arm) == arm for key, arm in site_arms)
+
+    def method(node: cst.Call) -> str | None:
+        return node.func.attr.value if isinstance(node.func, cst.Attribute) else None
+
+    for index, node in enumerate(calls):
+        if method(node) != "backward" or any(not arg.keyword for arg in node.args) or not together(node):
+            continue
+        receiver = node.func.value  # type: ignore[attr-defined]
+        if isinstance(receiver, cst.Call) and method(receiver) == "scale":
+            continue  # already native: scaler.scale(x).backward()
+        if ctx.order(node) < ctx.order(call):
+            # gradients cleared between this backward pass and the scaled one do not reach its step
+            if not any(method(later) == "zero_grad" and ctx.order(later) < ctx.order(call) for later in calls[index:]):
+                return node, False
+            continue
+        stepped = any(
+            method(earlier) == "step"
+            and ctx.order(call) < ctx.order(earlier)
+            and optimizer_key(ctx, earlier.func.value, earlier) in keys  # type: ignore[attr-defined]
+            for earlier in calls[:index]
+        )
+        if not stepped:
+            return node, True
+    return None
+
+
+def _report_plain_backward(ctx: ModuleContext, call: cst.Call, backward: cst.Call, after: bool) -> None:
+    """AMP022 for a plain backward pass in the step of a scaled one: the setup stays as it was."""
+    receiver = ctx.code(syntax.strip_parens(backward.func.value))  # type: ignore[attr-defined]
+    line = ctx.position(call)[0]
+    if after:
+        where = (
+            f"after the scale_loss block at line {line}, before the optimizer steps: Apex had unscaled the "
+            "gradients when that block ended and added these to them unscaled (and O1 kept the float16 weight "
+            "copies cast for a forward pass run there until the next scale_loss block ended, so the next "
+            "iteration's forward pass used the weights from before the step)"
+        )
+    else:
+        where = (
+            f"before the scale_loss block at line {line}, in the same step: Apex kept these gradients unscaled "
+            "and added the unscaled new ones to them"
+        )
+    ctx.report(
+        "AMP022",
+        backward,
+        f"`{ctx.code(backward)}` backpropagates without amp.scale_loss {where}; GradScaler unscales every "
+        "gradient once, at the step, so it would divide these by the loss scale (2**16 at first). The amp setup "
+        "stays as it was; to migrate by hand, scale this backward pass too "
+        f"(`scaler.scale({receiver}).backward()`, its forward pass under the same torch.autocast)",
+    )
+
+
 def _calls_backward(node: cst.CSTNode) -> bool:
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
         return True
@@ -462,6 +564,13 @@ def _plan_one(
             "`enabled=` to amp.initialize with the same condition, or scale both paths",
         )
         return
+    if scaler.access is None:  # a carrier's steps check their own backward passes
+        keys = _managed_optimizers(ctx, model, call, optimizers)
+        plain = _plain_backward_in_step(ctx, model, with_node, call, keys)
+        if plain is not None:
+            _report_plain_backward(ctx, call, *plain)
+            ctx.unfinished.append(use.base)  # the setup stays as it was (AMP025)
+            return
     if "loss_id" in arguments:
         ctx.report("AMP004", call)
 
