@@ -341,7 +341,12 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode, kept: bool = F
     if isinstance(owner, cst.Try) and owner.body is block and owner.finalbody is None:
         remaining = [s for s in block.body if s is not line and s not in ctx.plan.remove]
         if all(_is_simple(ctx, s) for s in remaining) and all(_catches_import_error(h) for h in owner.handlers):
+            # `print("Using apex FusedLayerNorm")` beside the import would announce Apex where it is gone
+            announced = [s for s in remaining if _announces_apex(s)]
+            remaining = [s for s in remaining if s not in announced]
             keep = [*remaining, *(owner.orelse.body.body if owner.orelse is not None else ())]  # type: ignore[union-attr]
+            if keep or kept:
+                ctx.plan.remove.update(announced)
             if keep or kept:
                 # the try gives way to its body and else, with the other rules' edits made in them
                 if not kept:
@@ -352,6 +357,25 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode, kept: bool = F
             return
     if not kept:
         _remove(ctx, line)
+
+
+_LOG_CALLS = frozenset({"print", "debug", "info", "warning", "warn", "log"})
+
+
+def _announces_apex(statement: cst.CSTNode) -> bool:
+    """``print("Using apex FusedLayerNorm")`` / ``logger.info("apex found")``: a message about
+    Apex, true only while the import it follows runs."""
+    small = syntax.sole_statement(statement)
+    if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+        return False
+    name = dotted_name(small.value.func)
+    if name is None or name.rpartition(".")[2] not in _LOG_CALLS:
+        return False
+    return any(
+        isinstance(arg.value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+        and _MENTIONS_APEX.search(syntax.code(arg.value)) is not None
+        for arg in small.value.args
+    )
 
 
 def _remove(ctx: ModuleContext, statement: cst.CSTNode) -> None:
