@@ -294,10 +294,17 @@ def apex_free(files: dict[str, str], fake_root: Path) -> dict[str, str]:
 # -- one repository --------------------------------------------------------------------
 
 
+def _apex_checkout(folder: str, name: str) -> bool:
+    """A vendored clone of NVIDIA/apex (openai/jukebox's ``apex/``): the library, not the
+    project's code, and left out by the tool's discovery too."""
+    inner = os.path.join(folder, name)
+    return all(os.path.exists(os.path.join(inner, part)) for part in ("apex/__init__.py", "csrc", "setup.py"))
+
+
 def python_files(root: Path) -> list[Path]:
     found: list[Path] = []
     for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not _apex_checkout(folder, d))
         found.extend(Path(folder, name) for name in sorted(files) if name.endswith(".py"))
     return found
 

@@ -41,6 +41,24 @@ _ANCHORED_LITERAL = re.compile(r"^/?[^/*?\[\\\s!#]+(?:/[^/*?\[\\\s]+)*$")
 _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
+APEX_CHECKOUT = (
+    "a copy of NVIDIA Apex's own sources (its apex/ package, csrc/ and setup.py), not migrated: it is the "
+    "library the project imports, not the project's code; delete it once nothing imports apex any more"
+)
+
+
+def _is_apex_checkout(folder: str, names: set[str]) -> bool:
+    """A vendored clone of NVIDIA/apex (openai/jukebox's ``apex/``): its ``apex`` package, CUDA
+    sources and build script. Rewriting Apex's own modules, tests and examples migrates nothing of
+    the project's (and changes what Apex's tests check)."""
+    return (
+        "apex" in names
+        and "csrc" in names
+        and "setup.py" in names
+        and os.path.isfile(os.path.join(folder, "apex", "__init__.py"))
+    )
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A file to migrate: where it is, and how to name it to the user."""
@@ -477,6 +495,11 @@ class _Walk:
                 self.listings[folder] = names
             if "pyvenv.cfg" in names and not top:
                 continue  # a virtual environment, whatever its name
+            if not top and _is_apex_checkout(folder, names):
+                from migrate.records import Notice  # rare: made where needed
+
+                yield Notice(display, APEX_CHECKOUT)
+                continue
             if self.respect_gitignore and ".gitignore" in names:
                 matcher = _load_gitignore(folder, self.translations)
                 if matcher is not None:

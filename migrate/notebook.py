@@ -27,6 +27,16 @@ _PLACEHOLDER_LINE = re.compile(r"^([ \t]*)pass  # __ampmigrate_magic_(\d+)__$", 
 # Line magics, shell escapes, help (`?obj`, `obj?`) and assignments from them.
 _MAGIC_LINE = re.compile(r"^[ \t]*(?:[%!?]|[\w.]+\?\??[ \t]*$|[\w., \t]+=[ \t]*[%!])")
 _RESERVED = "__ampmigrate_"
+# IPython runs a line that starts with a magic's or an alias's name without its `%` (automagic,
+# on by default): `cat metrics.json`, `ls data/`, `pip install x`. Such a line is taken for a magic
+# only where it is not Python (it does not compile alone), so `ls = []` or `cd(x)` stay code.
+_AUTOMAGIC_LINE = re.compile(
+    r"^[ \t]*(?:cat|cp|ldir|lf|lk|ll|ls|lx|mkdir|mv|rm|rmdir|clear|less|more|man|cd|pwd|pip|conda|mamba|env|"
+    r"set_env|load_ext|reload_ext|matplotlib|time|timeit|run|who|whos|history|bookmark|pushd|popd|dhist|sx|"
+    r"system|alias|reset|xdel|config|autoreload|aimport|tensorboard|load|writefile)[ \t]+"
+    # IPython's assignment check comes first: `ls = ...` and `cat, dog = ...` are Python
+    r"(?![=,])\S"
+)
 
 
 class NotebookError(Exception):
@@ -154,7 +164,7 @@ def _hide_magics(source: str, magics: list[str], continued: set[int]) -> str:
     while number < len(lines):
         text = lines[number]
         # `% 2)` continuing an open bracket is Python, not a magic.
-        if _MAGIC_LINE.match(text) and not _inside_statement("".join(lines[:number])):
+        if (_MAGIC_LINE.match(text) or _is_automagic(text)) and not _inside_statement("".join(lines[:number])):
             content = text.rstrip("\r\n")
             ending = text[len(content) :]
             indent = content[: len(content) - len(content.lstrip(" \t"))]
@@ -170,6 +180,19 @@ def _hide_magics(source: str, magics: list[str], continued: set[int]) -> str:
                 magics.append(content)
         number += 1
     return "".join(lines)
+
+
+def _is_automagic(line: str) -> bool:
+    """``cat /content/metrics.json``: a magic or alias called without its ``%``, not Python."""
+    if not _AUTOMAGIC_LINE.match(line) or _inside_statement(line):
+        return False
+    try:
+        compile(line.strip(), "<cell line>", "exec", dont_inherit=True)
+    except SyntaxError:
+        return True
+    except ValueError:  # a NUL byte
+        return False
+    return False
 
 
 def _inside_statement(text: str) -> bool:

@@ -223,3 +223,27 @@ def test_a_warm_walk_does_not_import_pathspec(tmp_path: Path) -> None:
     ]
     assert runs[0][0] == "True" and runs[1][0] == "False"  # translated once, then read back
     assert runs[0][1] == runs[1][1] and "neg/keep.py" in runs[1][1]
+
+
+def test_a_vendored_apex_checkout_is_left_out_with_a_notice(tmp_path: Path) -> None:
+    """openai/jukebox keeps a clone of NVIDIA/apex in ``apex/``: Apex's own package, tests and
+    examples are the library, not the project, and are not migrated; the project's code is. Run
+    on the checkout itself, the files are taken as usual."""
+    from migrate.discovery import APEX_CHECKOUT
+    from migrate.records import Notice
+
+    for name in ("apex/apex/__init__.py", "apex/apex/parallel/__init__.py", "apex/tests/test_x.py", "app/train.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("from apex import amp\n")
+    (tmp_path / "apex" / "setup.py").write_text("from setuptools import setup\n")
+    (tmp_path / "apex" / "csrc").mkdir()
+    (tmp_path / "lib" / "apex").mkdir(parents=True)  # a package named apex without Apex's build: taken
+    (tmp_path / "lib" / "apex" / "__init__.py").write_text("from apex import amp\n")
+    found = list(iter_discover([tmp_path], build_config([tmp_path])))
+    taken = sorted(item.display.rpartition(tmp_path.name + "/")[2] for item in found if isinstance(item, Candidate))
+    assert taken == ["app/train.py", "lib/apex/__init__.py"]
+    notices = [item for item in found if isinstance(item, Notice)]
+    assert [notice.message for notice in notices] == [APEX_CHECKOUT]
+    assert notices[0].display.endswith("apex")
+    on_itself = list(iter_discover([tmp_path / "apex"], build_config([tmp_path / "apex"])))
+    assert sum(isinstance(item, Candidate) for item in on_itself) == 4

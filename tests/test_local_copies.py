@@ -251,14 +251,19 @@ def test_other_dynamic_scalers_stay(tmp_path: Path, edit: tuple[str, str, str] |
     assert any(f.startswith("AMP040") and why in f for f in findings), findings
 
 
-def test_pre2019_dynamic_scale_chosen_at_run_time_names_its_schedule(tmp_path: Path) -> None:
+def test_pre2019_dynamic_scale_chosen_at_run_time_follows_the_test(tmp_path: Path) -> None:
+    """The copy's pre-2019 schedule where the run-time test holds (start 2**32, window 1000, a floor
+    of 1), its static default of 1.0 held where it fails."""
     script = SCRIPT.replace("def train(model, loader):", "def train(model, loader, dynamic):").replace(
         "static_loss_scale=128.0", "dynamic_loss_scale=dynamic"
     )
     root = _project(tmp_path, script)
     text, findings = _review(root)
-    assert text == script
-    assert any(
-        f.startswith("AMP040") and 'GradScaler("cuda", init_scale=4294967296.0, growth_interval=1000)' in f
-        for f in findings
-    ), findings
+    assert (
+        'scaler = torch.amp.GradScaler("cuda", init_scale=4294967296.0 if dynamic else 1.0, growth_interval=1000)'
+        in text
+    )
+    assert "scaler.update(new_scale=None if dynamic else 1.0)" in text
+    assert "if dynamic and scaler.get_scale() < 1.0:\n            scaler.update(new_scale=1.0)" in text
+    assert "FP16_Optimizer" not in text
+    assert any(f.startswith("AMP002") for f in findings), findings

@@ -227,3 +227,26 @@ def test_cell_whose_first_statement_goes_starts_at_the_next(tmp_path: Path, monk
     assert sources[0] == "import torch\n\nmodel = torch.nn.Linear(2, 2)"  # a blank line between statements stays
     assert sources[1] == "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"  # not "\nopt = ..."
     assert sources[2] == '\nscaler = torch.amp.GradScaler("cuda")'  # it started with a blank line before too
+
+
+def test_automagic_shell_lines_are_magics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ls /content/checkpoints/` in a cell of its own (facebookresearch/vissl's Colab tutorials)
+    is IPython's `%ls` called without its `%`: it is kept as it was, and the notebook migrates,
+    where the whole notebook failed to parse. Lines that are Python keep being Python."""
+    cells = [
+        code("import torch\nfrom apex import amp\nmodel = torch.nn.Linear(2, 2)"),
+        code("ls /content/checkpoints/"),
+        code("pip install -q timm\nls = [1]\ncat, dog = 1, 2\nls -l"),
+        code("with torch.cuda.amp.autocast():\n    y = model(torch.ones(2))"),
+    ]
+    notebook = nb.load(notebook_json(cells).encode())
+    program = nb.to_program(notebook)
+    assert program is not None
+    compile(program.text, "<notebook>", "exec")
+    assert program.magics == ("ls /content/checkpoints/", "pip install -q timm")
+    (tmp_path / "tutorial.ipynb").write_text(notebook_json(cells), encoding="utf-8")
+    result = run_cli(tmp_path, monkeypatch, "--write", "tutorial.ipynb")
+    assert result.exit_code == 0, result.output
+    written = ["".join(cell["source"]) for cell in json.loads((tmp_path / "tutorial.ipynb").read_text())["cells"]]
+    assert written[1:3] == [cells[1]["source"], cells[2]["source"]]
+    assert written[3] == 'with torch.autocast("cuda"):\n    y = model(torch.ones(2))'

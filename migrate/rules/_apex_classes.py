@@ -42,6 +42,9 @@ class Replacement:
     # parameters Apex has no default for (a call without one raised) where torch has one: a call
     # through a value that leaves one out must give it in each parameter group it builds
     no_default: frozenset[str] = frozenset()
+    # the Apex class (apex_name of another Replacement) whose instances the result holds: a
+    # class check on that class must change with this call (convert_syncbn_model: SyncBatchNorm)
+    builds: str = ""
 
 
 def _matches(path: str, replacement: Replacement) -> bool:
@@ -111,6 +114,51 @@ def _rewritten(updated: cst.CSTNode, replacement: Replacement) -> cst.CSTNode:
 def plan_replacements(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
     _plan_calls(ctx, replacements)
     _plan_values(ctx, replacements)
+
+
+def _builders(ctx: ModuleContext, check: _Value, replacements: tuple[Replacement, ...]) -> list[cst.Call]:
+    """The calls in the module that build instances of the class ``check`` tests: its own
+    constructions and the calls of a Replacement that ``builds`` it (convert_syncbn_model)."""
+    makers = [r for r in replacements if r.builds == check.replacement.apex_name]
+    calls: list[cst.Call] = []
+    for call in ctx.nodes_of(cst.Call):
+        found = ctx.apex_path(call.func)
+        if found is not None and (found[0] == check.path or any(_matches(found[0], r) for r in makers)):
+            calls.append(call)
+    return calls
+
+
+def _hold_builders(ctx: ModuleContext, checks: list[_Value], replacements: tuple[Replacement, ...]) -> bool:
+    """Keep Apex's every call that builds the layers a class check left as it was tests: with
+    torch's layers there, ``isinstance(m, apex.parallel.SyncBatchNorm)`` would silently stop
+    matching (a momentum or an init no longer applied). True when a call was held."""
+    held = False
+    for check in checks:
+        if not check.problem or check.check is None:
+            continue
+        for call in _builders(ctx, check, replacements):
+            if call not in ctx.plan.replace:
+                continue
+            found = ctx.apex_path(call.func)
+            assert found is not None
+            del ctx.plan.replace[call]
+            ctx.consumed.discard(found[1])
+            at = ctx.position(call)
+            ctx.findings[:] = [f for f in ctx.findings if not (f.code == "AMP041" and (f.line, f.column) == at)]
+            tested = " ".join(ctx.code(check.check).split())
+            torch_check = check.check.deep_replace(check.reference, syntax.dotted(check.torch_class))
+            result = _rewrite(call, next(r for r in replacements if _matches(found[0], r)))
+            assert not isinstance(result, str)
+            ctx.report(
+                "AMP042",
+                call,
+                f"{found[0]} left as it was: `{tested}` on line {ctx.position(check.check)[0]} tests the layers it "
+                f"builds for {check.path} and stays Apex's ({check.problem}), and torch's layers would silently stop "
+                f"matching it. Migrate the two together: `{' '.join(syntax.code(result).split())}` here and "
+                f"`{' '.join(syntax.code(torch_check).split())}` there",
+            )
+            held = True
+    return held
 
 
 def _plan_calls(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> None:
@@ -389,7 +437,7 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
             checks.append(_Value(reference, found[1], replacement, found[0], "", target, [], "", tested))
         # other uses (passed, subclassed): amp_import reports the import that stays
     for check in checks:
-        check.problem = _check_problem(ctx, check, decisions)
+        check.problem = _check_problem(ctx, check, decisions, replacements)
     while True:  # a use whose import keeps another Apex use fails, which may fail others in turn
         migrated = {id(value.root) for value in (*decisions, *checks) if not value.problem}
         failed = False
@@ -397,9 +445,10 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
             if not value.problem:
                 value.problem = _other_use(ctx, value, migrated)
                 failed |= bool(value.problem)
+        failed |= _hold_builders(ctx, checks, replacements)
         for check in checks:
             if not check.problem:
-                check.problem = _check_problem(ctx, check, decisions)
+                check.problem = _check_problem(ctx, check, decisions, replacements)
                 failed |= bool(check.problem)
         if not failed:
             break
@@ -462,18 +511,22 @@ def class_check(ctx: ModuleContext, reference: cst.BaseExpression) -> cst.Call |
     return None
 
 
-def _check_problem(ctx: ModuleContext, check: _Value, values: list[_Value]) -> str:
+def _check_problem(
+    ctx: ModuleContext, check: _Value, values: list[_Value], replacements: tuple[Replacement, ...]
+) -> str:
     """Why a class check on the Apex class cannot name the torch class ("" when it can): each
-    construction of the Apex class the module holds must become that very torch class."""
+    construction of the Apex class the module holds (``convert_syncbn_model`` builds
+    SyncBatchNorm layers too) must become that very torch class."""
     if not isinstance(check.replacement.target, str):
         return "the torch class depends on the arguments of each construction"
     built: list[str] = []
-    for call in ctx.nodes_of(cst.Call):
-        found = ctx.apex_path(call.func)
-        if found is not None and found[0] == check.path:
-            if call not in ctx.plan.replace:
-                return f"the {check.path} built on line {ctx.position(call)[0]} stays Apex's"
-            built.append(str(ctx.position(call)[0]))
+    for call in _builders(ctx, check, replacements):
+        if call not in ctx.plan.replace:
+            found = ctx.apex_path(call.func)
+            assert found is not None
+            what = "built" if found[0] == check.path else f"built by {found[0].rpartition('.')[2]}"
+            return f"the {check.path} {what} on line {ctx.position(call)[0]} stays Apex's"
+        built.append(str(ctx.position(call)[0]))
     for value in values:
         if value.path == check.path:
             if value.problem:
@@ -482,9 +535,19 @@ def _check_problem(ctx: ModuleContext, check: _Value, values: list[_Value]) -> s
     if not built:
         return "this module builds none: the layers it tests come from elsewhere, where they may stay Apex's"
     short = check.torch_class.rpartition(".")[2]
-    for node in ctx.nodes_of(cst.Attribute):
-        if node.attr.value == short and ctx.apex_path(node) is None and node is not check.reference:
-            return f"the module also uses {syntax.code(node).strip()} (line {ctx.position(node)[0]}), which the check would start to match"
+    # the index holds no Attribute nodes: find `nn.SyncBatchNorm` (or an imported `SyncBatchNorm`)
+    # through its last name
+    for name in ctx.nodes_of(cst.Name):
+        if name.value != short or any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
+            continue
+        parent = ctx.parent(name)
+        node: cst.BaseExpression = parent if isinstance(parent, cst.Attribute) and parent.attr is name else name
+        if isinstance(node, cst.Name) and isinstance(parent, cst.Attribute) and parent.value is not name:
+            continue
+        if node is check.reference or ctx.apex_path(node) is not None:
+            continue
+        spelled = syntax.code(node).strip()
+        return f"the module also uses {spelled} (line {ctx.position(node)[0]}), which the check would start to match"
     return ""
 
 

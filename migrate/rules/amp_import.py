@@ -103,11 +103,13 @@ _ZERO_ADAMW = (
 REPLACEMENTS = {
     "apex.parallel.DistributedDataParallel": "`torch.nn.parallel.DistributedDataParallel(module, "
     "broadcast_buffers=False, find_unused_parameters=True)` (Apex kept buffers per process and accepted "
-    "parameters without gradients)",
+    "parameters without gradients); as a type (`isinstance`, a tuple of wrapper classes) "
+    "`torch.nn.parallel.DistributedDataParallel`, once the models it tests are wrapped by torch",
     "apex.parallel.distributed.DistributedDataParallel": "`torch.nn.parallel.DistributedDataParallel(module, "
     "broadcast_buffers=False, find_unused_parameters=True)`",
     "apex.parallel.SyncBatchNorm": "`torch.nn.SyncBatchNorm(num_features, eps, momentum, affine, "
-    "track_running_stats, process_group)`",
+    "track_running_stats, process_group)`; as a type (`isinstance`, a tuple of BN classes) `torch.nn.SyncBatchNorm`, "
+    "once the layers it tests are built by torch (`torch.nn.SyncBatchNorm.convert_sync_batchnorm`)",
     "apex.parallel.convert_syncbn_model": "`torch.nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)`",
     "apex.parallel.ReduceOp": "`torch.distributed.ReduceOp`",
     "apex.parallel.LARC": "the plain-torch `class LARC` the apex_parallel rule writes into the module once no Apex "
@@ -121,6 +123,17 @@ REPLACEMENTS = {
     "apex.parallel.distributed.flat_dist_call": "`call(tensor, *extra_args)` for each tensor, followed by "
     "`tensor /= torch.distributed.get_world_size()` when call is `torch.distributed.all_reduce`",
     "apex.parallel.multiproc": "`torchrun --nproc_per_node=N script.py`",
+    # apex.reparameterization's only reparameterization is WeightNorm; torch's (pre-parametrizations)
+    # weight_norm names the parameters `<name>_g` and `<name>_v` as Apex did, so checkpoints load
+    "apex.reparameterization.apply_weight_norm": "`torch.nn.utils.weight_norm(m, name, dim)` on the module `m` "
+    "that holds the parameter (the parameters keep Apex's names `<name>_g`, `<name>_v`); the default name='' "
+    "meant every parameter of more than one dimension outside Embedding/EmbeddingBag layers: `for m in "
+    "list(module.modules()):` / `for n, p in list(m.named_parameters(recurse=False)):` / `if p.dim() > 1 and not "
+    "isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)): torch.nn.utils.weight_norm(m, n, dim)`",
+    "apex.reparameterization.remove_weight_norm": "`torch.nn.utils.remove_weight_norm(m, name)` on each module `m` "
+    "given weight norm (the default name='' meant all of them under `module`)",
+    "apex.reparameterization": "`torch.nn.utils.weight_norm(m, name, dim)` / `torch.nn.utils.remove_weight_norm(m, "
+    "name)` (WeightNorm is apex.reparameterization's only reparameterization)",
     "apex.parallel": "`torch.nn.parallel.DistributedDataParallel(module, broadcast_buffers=False, "
     "find_unused_parameters=True)` and `torch.nn.SyncBatchNorm`",
     "apex.optimizers.FusedAdam": "`torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, "
@@ -244,6 +257,8 @@ def _replacement(path: str) -> str:
     """What to write instead of ``path``, as a phrase."""
     # the classes are also imported from the module that defines them
     path = path.replace("apex.normalization.fused_layer_norm.", "apex.normalization.")
+    for module in ("optimized_sync_batchnorm", "sync_batchnorm"):
+        path = path.replace(f"apex.parallel.{module}.SyncBatchNorm", "apex.parallel.SyncBatchNorm")
     while path:
         if path in REPLACEMENTS:
             advice = REPLACEMENTS[path]
@@ -326,7 +341,12 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode, kept: bool = F
     if isinstance(owner, cst.Try) and owner.body is block and owner.finalbody is None:
         remaining = [s for s in block.body if s is not line and s not in ctx.plan.remove]
         if all(_is_simple(ctx, s) for s in remaining) and all(_catches_import_error(h) for h in owner.handlers):
+            # `print("Using apex FusedLayerNorm")` beside the import would announce Apex where it is gone
+            announced = [s for s in remaining if _announces_apex(s)]
+            remaining = [s for s in remaining if s not in announced]
             keep = [*remaining, *(owner.orelse.body.body if owner.orelse is not None else ())]  # type: ignore[union-attr]
+            if keep or kept:
+                ctx.plan.remove.update(announced)
             if keep or kept:
                 # the try gives way to its body and else, with the other rules' edits made in them
                 if not kept:
@@ -337,6 +357,25 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode, kept: bool = F
             return
     if not kept:
         _remove(ctx, line)
+
+
+_LOG_CALLS = frozenset({"print", "debug", "info", "warning", "warn", "log"})
+
+
+def _announces_apex(statement: cst.CSTNode) -> bool:
+    """``print("Using apex FusedLayerNorm")`` / ``logger.info("apex found")``: a message about
+    Apex, true only while the import it follows runs."""
+    small = syntax.sole_statement(statement)
+    if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+        return False
+    name = dotted_name(small.value.func)
+    if name is None or name.rpartition(".")[2] not in _LOG_CALLS:
+        return False
+    return any(
+        isinstance(arg.value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+        and _MENTIONS_APEX.search(syntax.code(arg.value)) is not None
+        for arg in small.value.args
+    )
 
 
 def _remove(ctx: ModuleContext, statement: cst.CSTNode) -> None:

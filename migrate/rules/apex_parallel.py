@@ -482,7 +482,14 @@ def _rewrite_ddp(ctx: ModuleContext, call: cst.Call, path: str, root: cst.Name) 
     if dropped:
         notes.append(f"{', '.join(dropped)} dropped (scheduling only: torch overlaps the all-reduce with backward)")
     if "allreduce_always_fp32" in bound:
-        notes.append("allreduce_always_fp32 dropped: gradients are all-reduced in their dtype (float32 under autocast)")
+        notes.append(
+            "allreduce_always_fp32 dropped: gradients are all-reduced in their dtype (float32 under autocast); where "
+            "the model stays float16 (a `.half()`, Apex O2/O3 or FP16_Optimizer left in place) they would be summed "
+            "in float16: register Apex's float32 all-reduce on the wrapped model, `ddp_model.register_comm_hook(None, "
+            "lambda _, bucket: torch.distributed.all_reduce(bucket.buffer().float().div_("
+            "torch.distributed.get_world_size()), async_op=True).get_future().then(lambda fut: "
+            "bucket.buffer().copy_(fut.value()[0])))`"
+        )
     args = [arg.with_changes(comma=cst.Comma(whitespace_after=syntax.ONE_SPACE)) for arg in args[:-1]] + [args[-1]]
     new = call.with_changes(func=syntax.dotted(TORCH_DDP), args=args, whitespace_before_args=syntax.NO_SPACE)
     ctx.plan.substitute(call, new)

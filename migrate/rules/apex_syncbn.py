@@ -7,8 +7,10 @@ What it rewrites
     arguments, same parameter and buffer names.
 
     ``isinstance``/``issubclass`` checks on the Apex class name torch's where every
-    SyncBatchNorm the module builds becomes torch's (and the module names no torch
-    SyncBatchNorm the check would start to match); the class stored in a variable becomes
+    SyncBatchNorm the module builds (``convert_syncbn_model`` builds them too) becomes
+    torch's (and the module names no torch SyncBatchNorm the check would start to match);
+    where such a check stays Apex's, the module's conversions stay with it, since torch's
+    layers would silently stop matching it; the class stored in a variable becomes
     torch's where every call through it is seen and passes only torch's arguments
     (apex_optimizers' rule for values).
 
@@ -62,6 +64,7 @@ REPLACEMENTS = (
         positional=2,
         required={"channel_last": False},
         advice={"channel_last": _CHANNEL_LAST},
+        builds="SyncBatchNorm",
     ),
     Replacement(
         apex_name="SyncBatchNorm",

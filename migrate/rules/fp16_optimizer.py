@@ -51,9 +51,12 @@ What it rewrites
     passed since the last overflow; no hysteresis) gives a GradScaler from that start with
     ``growth_interval=scale_window`` and the floor of 1 described below; its checkpoints and
     ``step(closure)`` (which raised) stay.
-    An ``if``/``else`` choosing dynamic or static at run time (``args.loss_scale == 0``) becomes
-    one scaler whose start and held scale follow the same test (a held scale is passed through
-    ``float()``: ``update(new_scale=)`` rejects an int, and configs often hold ``"loss_scale": 256``).
+    An ``if``/``else`` choosing dynamic or static at run time (``args.loss_scale == 0``), or a
+    ``dynamic_loss_scale=`` given a name or a test (``args.dynamic_loss_scale``), becomes one scaler
+    whose start and held scale follow the same test (a held scale is passed through ``float()``:
+    ``update(new_scale=)`` rejects an int, and configs often hold ``"loss_scale": 256``); the test is
+    read again at every step, so it must be a plain read of names that do not change after the
+    set-up.
 
     ``apex.optimizers.FP16_Optimizer`` (Dec 2018 to Aug 2019) wrapped only Apex's FusedAdam of that
     time, built in the same function (``X = FusedAdam(...)`` or inline); the two migrate together.
@@ -109,7 +112,7 @@ touches stays as it was)
     ``.overflow``, ``update_master_grads``, a closure passed to ``step`` that is not a function of
     the module calling ``optimizer.backward`` or that does not zero the gradients (the unscaled
     gradients of several calls would add up where Apex rebuilt the master gradients at each call),
-    a run-time ``dynamic_loss_scale`` or ``dynamic_loss_args``, a ``clip_master_grads`` with no
+    a run-time ``dynamic_loss_args``, a ``dynamic_loss_scale`` computed in the call, a ``clip_master_grads`` with no
     ``step()`` (without closure) after it in its block, a model still halved elsewhere in the
     function, or no ``.half()`` of the model in the set-up's function at all (a helper or another
     module halves it, or it stays float32, which autocast would not keep). A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
@@ -467,6 +470,9 @@ class _Construction:
     legacy: cst.Call | None = None
     # a dynamic scale that never went below 1 (apex.optimizers', a local copy's pre-2019 one)
     floor: bool = False
+    # ``dynamic_loss_scale=D`` chosen at run time: dynamic (the settings above) where D holds, else
+    # the static scale in ``static``
+    dynamic_test: cst.BaseExpression | None = None
 
 
 @dataclass
@@ -496,21 +502,9 @@ def _read_scale(construction: _Construction, bound: dict[str, cst.Arg]) -> None:
     dynamic_arg = bound.get("dynamic_loss_scale")
     dynamic = syntax.literal(dynamic_arg.value) if dynamic_arg is not None else False
     if dynamic not in (True, False):
-        raise _Blocked(
-            call,
-            'dynamic_loss_scale is chosen at run time: create `torch.amp.GradScaler("cuda")` for dynamic scaling, '
-            'or `torch.amp.GradScaler("cuda", init_scale=S)` with `scaler.update(new_scale=S)` for a static S',
-        )
-    if not dynamic:
-        static_arg = bound.get("static_loss_scale")
-        construction.static = static_arg.value if static_arg is not None else cst.Float("1.0")
-        value = syntax.literal(construction.static)
-        if value is ... and not isinstance(construction.static, (cst.Name, cst.Attribute)):
-            raise _Blocked(
-                call,
-                "static_loss_scale is an expression computed here: assign it to a name first, then "
-                '`torch.amp.GradScaler("cuda", init_scale=S)` with `scaler.update(new_scale=S)`',
-            )
+        _runtime_choice(construction, bound)  # the static scale where the test fails, the dynamic settings below
+    elif not dynamic:
+        _read_static(construction, bound)
         return
     args_arg = bound.get("dynamic_loss_args")
     if args_arg is None or syntax.literal(args_arg.value) is None:
@@ -537,6 +531,27 @@ def _read_scale(construction: _Construction, bound: dict[str, cst.Arg]) -> None:
         construction.growth_interval = int(window)
     if "min_loss_scale" in settings or "max_loss_scale" in settings:
         construction.notes.append(("AMP003", args_arg, None))
+
+
+def _read_static(construction: _Construction, bound: dict[str, cst.Arg]) -> None:
+    """``static_loss_scale`` (1.0 when left out): a literal or a name, read again at every step."""
+    static_arg = bound.get("static_loss_scale")
+    construction.static = static_arg.value if static_arg is not None else cst.Float("1.0")
+    value = syntax.literal(construction.static)
+    if value is ... and not isinstance(construction.static, (cst.Name, cst.Attribute)):
+        raise _Blocked(
+            construction.call,
+            "static_loss_scale is an expression computed here: assign it to a name first, then "
+            '`torch.amp.GradScaler("cuda", init_scale=S)` with `scaler.update(new_scale=S)`',
+        )
+
+
+def _runtime_choice(construction: _Construction, bound: dict[str, cst.Arg]) -> None:
+    """``dynamic_loss_scale=args.dynamic_loss_scale``: one scaler whose start and held scale follow
+    that test, as for an ``if``/``else`` of two set-ups (the test must not change after the set-up:
+    ``_Planner.plan_scaler`` checks it)."""
+    _read_static(construction, bound)
+    construction.dynamic_test = bound["dynamic_loss_scale"].value
 
 
 def _literal_dict(node: cst.BaseExpression) -> dict[str, float] | None:
@@ -629,19 +644,11 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
     pre2019 = pre2019_dynamic(problem)
     if problem and chosen is not False and pre2019 is None:
         raise _Blocked(call, problem)  # a local copy that scales otherwise
-    if pre2019 is not None and chosen is not True and chosen is not False:
-        start, window = pre2019
-        raise _Blocked(
-            call,
-            "dynamic_loss_scale is chosen at run time: for this copy's pre-2019 dynamic scaling create "
-            f'`torch.amp.GradScaler("cuda", init_scale={start}, growth_interval={window})` (dynamic_loss_args '
-            "override both) and, after each `scaler.update()`, `if scaler.get_scale() < 1.0: "
-            'scaler.update(new_scale=1.0)`; for a static S `torch.amp.GradScaler("cuda", init_scale=S)` with '
-            "`scaler.update(new_scale=S)`",
-        )
     if flavor == "optimizers":
         _read_legacy(ctx, construction, bound)
-    elif pre2019 is not None and chosen is True:
+    elif pre2019 is not None and chosen is not False:
+        if chosen is not True:
+            _runtime_choice(construction, bound)
         _read_pre2019(construction, bound, pre2019)
     else:
         _read_scale(construction, bound)
@@ -695,7 +702,7 @@ def _read_legacy(ctx: ModuleContext, construction: _Construction, bound: dict[st
             "growth_interval=1000)`)",
         )
     _read_scale(construction, {k: v for k, v in bound.items() if k != "dynamic_loss_args"})
-    if construction.static is None:
+    if construction.static is None or construction.dynamic_test is not None:
         construction.growth_interval = 1000
         construction.floor = True
     fused = _fused_adam_of(ctx, call)
@@ -831,6 +838,14 @@ class _Planner:
     def _scale_expression(self, pick: str) -> cst.BaseExpression | None:
         """``init_scale=`` (pick "init") or ``new_scale=`` (pick "hold") for the setup."""
         values: list[cst.BaseExpression | None] = []
+        runtime = self.setup.first
+        if runtime.dynamic_test is not None:
+            assert runtime.static is not None
+            dynamic: cst.BaseExpression = cst.Name("None")
+            if pick == "init":
+                dynamic = cst.Float(repr(runtime.init_scale if runtime.init_scale is not None else 2.0**16))
+            static = _as_float(runtime.static) if pick == "hold" else runtime.static.deep_clone()
+            return cst.IfExp(test=runtime.dynamic_test.deep_clone(), body=dynamic, orelse=static)
         for construction in self.setup.constructions:
             if construction.static is not None and pick == "hold":
                 values.append(_as_float(construction.static))
@@ -856,6 +871,7 @@ class _Planner:
             self.flavor == "fp16_utils"
             and len(self.setup.constructions) == 1
             and construction.static is not None
+            and construction.dynamic_test is None
             and syntax.literal(construction.static) == 1.0
         )
 
@@ -904,13 +920,17 @@ class _Planner:
         for construction in setup.constructions:
             if construction.static is not None:
                 self._check_stable(construction.static, "the static loss scale")
+            if construction.dynamic_test is not None:
+                self._check_stable(construction.dynamic_test, "dynamic_loss_scale")
         args = [cst.Arg(syntax.string(ctx.options.device))]
         disabled = self._disabled_scaler()
         if not disabled:
             init = self._scale_expression("init")
             if init is not None:
                 args.append(syntax.keyword("init_scale", init))
-            intervals = {c.growth_interval for c in setup.constructions if c.static is None}
+            intervals = {
+                c.growth_interval for c in setup.constructions if c.static is None or c.dynamic_test is not None
+            }
             if len(intervals) > 1:
                 raise _Blocked(setup.first.call, "the two clauses ask for different dynamic settings; write " + _RECIPE)
             interval = next(iter(intervals), None)
@@ -1299,6 +1319,12 @@ class _Planner:
         if not any(c.floor for c in self.setup.constructions):
             return None
         test = f"{self.scaler}.get_scale() < 1.0"
+        runtime = self.setup.first.dynamic_test
+        if runtime is not None:
+            condition = syntax.code(runtime).strip()
+            if not isinstance(syntax.strip_parens(runtime), (cst.Name, cst.Attribute, cst.Comparison)):
+                condition = f"({condition})"
+            return cst.parse_statement(f"if {condition} and {test}:\n    {self.scaler}.update(new_scale=1.0)\n")
         chain = self.setup.chain
         if chain is not None and not all(dynamic):
             condition = syntax.code(chain.test).strip()

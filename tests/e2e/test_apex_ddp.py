@@ -84,6 +84,8 @@ def test_fp32_runs_train_identically(workdir: Path, optimizer: str) -> None:
     assert migrated["ddp"].endswith("DistributedDataParallel") and "migrate.shim.parallel" not in migrated["ddp"]
     assert original["ddp"] == "migrate.shim.parallel.DistributedDataParallel"
     assert migrated["bn_type"] == original["bn_type"] == "SyncBatchNorm"
+    # the isinstance check on Apex's SyncBatchNorm still matches the converted layers
+    assert migrated["bn_momentum"] == original["bn_momentum"] == 0.3
     assert migrated["loss"] == pytest.approx(original["loss"], rel=FP32_REL_TOL)
     assert migrated["weight_norm"] == pytest.approx(original["weight_norm"], rel=FP32_REL_TOL)
     # buffers stay per process and are updated the same way (no broadcast from rank 0)
