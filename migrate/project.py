@@ -17,7 +17,7 @@ import functools
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -747,6 +747,9 @@ class ProjectPlan:
         parse), so that imports can be followed into it. ``searched``, when given, holds the
         folders discovery searched: a project file elsewhere was not given, and one that calls
         amp on a given module's setup keeps that setup as it was."""
+        _reads.clear()
+        # the files and folders read beyond the summarized modules, for a cached plan's probes
+        self.reads = _reads
         self.index = ProjectIndex(summaries)
         if context is not None:
             self._add_context(context)
@@ -891,8 +894,9 @@ class ProjectPlan:
         # an importer spells the module's name (or its package's, for `from . import x`)
         names = {os.path.basename(os.path.dirname(path)).encode() for path in setups}
         names |= {os.path.splitext(os.path.basename(path))[0].encode() for path in setups}
-        for other, data in _project_files(sorted(setups), given):
-            if os.path.dirname(other) in searched or not any(name in data for name in names):
+        # the folders discovery searched: what there uses amp was given (or excluded on purpose)
+        for other, data in _project_files(sorted(setups), given, unread=searched):
+            if not any(name in data for name in names):
                 continue
             if b"amp" not in data or not _AMP_USE.search(data) or _AMP_INITIALIZE.search(data):
                 continue
@@ -1202,10 +1206,7 @@ class ProjectPlan:
         # given to the index: read the modules there (only for the rare unused scaler)
         folder = os.path.commonpath([os.path.abspath(orphan), os.path.abspath(path)])
         if folder not in self._importers:
-            try:
-                names = sorted(name for name in os.listdir(folder) if name.endswith(".py"))
-            except OSError:
-                names = []
+            names = sorted(name for name in _listing(folder) if name.endswith(".py"))
             found: set[frozenset[str]] = set()
             for name in names[:_NEIGHBOURS_READ]:
                 other = os.path.join(folder, name)
@@ -1228,10 +1229,7 @@ class ProjectPlan:
         imports_it = re.compile(
             rf"^\s*(from\s+\S*\b{re.escape(stem)}\s+import\b|import\s+.*\b{re.escape(stem)}\b)", re.M
         )
-        try:
-            neighbours = sorted(name for name in os.listdir(folder) if name.endswith(".py"))
-        except OSError:
-            return False
+        neighbours = sorted(name for name in _listing(folder) if name.endswith(".py"))
         for name in neighbours[:_NEIGHBOURS_READ]:
             other = os.path.join(folder, name)
             if other == os.path.abspath(path):
@@ -1571,9 +1569,9 @@ def _carrier_users_outside(paths: list[str], attributes: set[str], given: set[st
     return None
 
 
-def _project_files(paths: list[str], skipped: set[str]) -> Iterator[tuple[str, bytes]]:
-    """The Python files of the project around ``paths`` (but ``skipped``), with their bytes; at
-    most ``_CARRIER_SCAN_FILES`` of them."""
+def _project_files(paths: list[str], skipped: set[str], unread: Collection[str] = ()) -> Iterator[tuple[str, bytes]]:
+    """The Python files of the project around ``paths`` (but ``skipped``, and those of the folders
+    ``unread``), with their bytes; at most ``_CARRIER_SCAN_FILES`` of them."""
     folders = [os.path.dirname(os.path.abspath(path)) for path in paths]
     common = os.path.commonpath(folders)
     root = project_root(paths[0])
@@ -1584,6 +1582,9 @@ def _project_files(paths: list[str], skipped: set[str]) -> Iterator[tuple[str, b
     read = 0
     for folder, subfolders, files in os.walk(root):
         subfolders[:] = sorted(f for f in subfolders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+        if folder in unread:
+            continue
+        _reads.add(folder)
         for name in sorted(files):
             if not name.endswith(".py"):
                 continue
@@ -1593,6 +1594,7 @@ def _project_files(paths: list[str], skipped: set[str]) -> Iterator[tuple[str, b
             read += 1
             if read > _CARRIER_SCAN_FILES:
                 return
+            _reads.add(path)
             try:
                 with open(path, "rb") as handle:
                     data = handle.read()
@@ -1612,8 +1614,23 @@ def _trains(path: str) -> bool:
     return _BACKWARD.search(_text(path)) is not None
 
 
+# The files and folders the plan read beyond the modules it summarized (see ProjectPlan.reads):
+# a cached plan holds only while they are as they were.
+_reads: set[str] = set()
+
+
+def _listing(folder: str) -> list[str]:
+    """The names in ``folder`` (none if it cannot be listed), noted as read."""
+    _reads.add(folder)
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
 def _text(path: str) -> str:
     """The module's text as far as it decodes ("" when it cannot be read)."""
+    _reads.add(path)
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return handle.read()

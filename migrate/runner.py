@@ -281,9 +281,27 @@ class _Project:
                 break
             self._pass(sorted(again), None)
         if record is not None and self.store is not None and not self.interrupt.requested:
-            if not self.summaries.racy and len(self.keys) == len(self.by_path):
-                self.store.record_plan(record, self.summaries.probes, self.keys)
+            probes, racy = self._probes()
+            if not racy and len(self.keys) == len(self.by_path):
+                self.store.record_plan(record, probes, self.keys)
         return list(self.results.values())
+
+    def _probes(self) -> tuple[dict[str, list[int] | None], bool]:
+        """What the plan depends on beyond the given files, each path with its stat signature (the
+        modules it looked for, and the files and folders it read to decide), and whether one of
+        them changed too recently for its stat to tell a later change."""
+        probes = dict(self.summaries.probes)
+        racy = self.summaries.racy
+        now = time.time()
+        for path in sorted(self.plan.reads - set(probes) - set(self.by_path)):
+            try:
+                info = os.stat(path)
+            except OSError:
+                probes[path] = None
+                continue
+            probes[path] = StatIndex.signature(info)
+            racy = racy or now - max(info.st_mtime, info.st_ctime) < cache_module._RACY_S
+        return probes, racy
 
     def _record_key(self) -> str | None:
         """The key of all the plan depends on, but for the modules it looks for; None without a cache."""
@@ -650,12 +668,12 @@ def _missing(path: str, listings: dict[str, set[str]], memo: dict[str, bool] | N
 
 
 def _signature(path: str) -> list[int] | None:
-    """The stat signature of the regular file ``path``; None if there is none."""
+    """The stat signature of the regular file (or folder: its entries) ``path``; None if there is none."""
     try:
         info = os.stat(path)
     except OSError:
         return None
-    return StatIndex.signature(info) if stat.S_ISREG(info.st_mode) else None
+    return StatIndex.signature(info) if stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode) else None
 
 
 def _write(results: list[FileResult], tasks: list[Task], write: bool) -> list[FileResult]:

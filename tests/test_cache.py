@@ -447,6 +447,56 @@ def test_a_module_that_appears_where_the_plan_looked_changes_the_results(
     assert after == _check_main(tmp_path, monkeypatch, "--no-cache")
 
 
+def test_a_file_out_of_the_run_that_the_plan_read_changes_the_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `ampmigrate trainer.py`: the plan reads the project files of folders the run did not search
+    # for one that calls amp on the setup (a trainer subclass); the recorded plan holds only while
+    # they are as they were, so an edit there reaches a warm run.
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    make(
+        tmp_path,
+        {
+            "setup.py": "",
+            "src/trainer.py": (
+                "import torch\nfrom apex import amp\n\n\nclass Trainer:\n"
+                "    def _forward(self, model, x):\n        loss = model(x).sum()\n"
+                "        with amp.scale_loss(loss, self.optimizer) as scaled_loss:\n"
+                "            scaled_loss.backward()\n\n"
+                "    def train(self, model, loader):\n"
+                "        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                '        model, self.optimizer = amp.initialize(model, self.optimizer, opt_level="O1")\n'
+                "        for x in loader:\n            self._forward(model, x)\n            self.optimizer.step()\n"
+            ),
+            "src/meta.py": "from trainer import Trainer\n\n\nclass MetaTrainer(Trainer):\n    pass\n",
+        },
+    )
+
+    def check() -> tuple[int, str]:
+        result = cli(tmp_path, monkeypatch, "--diff", "src/trainer.py")
+        return result.exit_code, result.stdout + result.stderr
+
+    before = check()
+    assert "GradScaler" in before[1]
+    assert check() == before  # warm
+    meta = tmp_path / "src" / "meta.py"
+    meta.write_text(
+        meta.read_text()
+        .replace(
+            "    pass\n",
+            "    def _forward(self, model, x):\n        loss = model(x).mean()\n"
+            "        with amp.scale_loss(loss, self.optimizer) as scaled_loss:\n"
+            "            scaled_loss.backward()\n",
+        )
+        .replace("from trainer", "from apex import amp\nfrom trainer")
+    )
+    after = check()
+    assert "AMP025" in after[1] and "meta.py (not given)" in after[1], after[1]
+    assert after == (lambda r: (r.exit_code, r.stdout + r.stderr))(
+        cli(tmp_path, monkeypatch, "--diff", "--no-cache", "src/trainer.py")
+    )
+
+
 def test_a_warm_project_run_plans_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from migrate import project
 
