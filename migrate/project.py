@@ -722,6 +722,15 @@ def _reaches(summary: ModuleSummary, start: str, targets: set[str]) -> bool:
     return False
 
 
+class _Reference(NamedTuple):
+    """A project file that spells some names defined in a module (see ``ProjectPlan._references``)."""
+
+    path: str
+    derives: bool  # a class there derives from one of them
+    indexed: bool  # the index holds it (its calls were read)
+    imports: set[str] | None  # those it imports from the module; None: any (a star import, the module as a value)
+
+
 class ProjectPlan:
     """The facts each module is migrated with, and how to settle a group after a first pass.
 
@@ -1307,29 +1316,48 @@ class ProjectPlan:
         (its ``super().__init__(...)`` passes no scaler); None where none is."""
         if not entries:
             return None
-        names = b"|".join(re.escape(name.encode()) for name in sorted(entries))
-        word = re.compile(rb"\b(?:" + names + rb")\b")
-        derived = re.compile(rb"^[ \t]*class[ \t]+\w+[ \t]*\([^)]*\b(?:" + names + rb")\b", re.M)
-        indexed = {os.path.abspath(module) for module in self.index.modules}
+        references, _ = self._references(path, entries, creators)
+        for reference in references:
+            if reference.derives:
+                return f"a class of {self.display(reference.path)} derives from it (its `super().__init__(...)` passes none)"
+            # an indexed module's calls were read (_called_without_scaler); `train` is a common word
+            if not reference.indexed and (reference.imports is None or reference.imports):
+                return (
+                    f"{self.display(reference.path)} (not in this run: it mentions no amp) imports it and calls it "
+                    "without one"
+                )
+        return None
+
+    def _references(self, path: str, names: set[str], creators: list[str]) -> tuple[list[_Reference], bool]:
+        """The project files around ``path`` (itself included) that spell one of ``names``, each
+        with what it does with them (see ``_Reference``), and whether the project was read whole."""
+        spelled = b"|".join(re.escape(name.encode()) for name in sorted(names))
+        word = re.compile(rb"\b(?:" + spelled + rb")\b")
+        derived = re.compile(rb"^[ \t]*class[ \t]+\w+[ \t]*\([^)]*\b(?:" + spelled + rb")\b", re.M)
+        indexed = {os.path.abspath(module): module for module in self.index.modules}
+        home = os.path.abspath(path)
+        found, read = [], 0
         for other, data in _project_files([path, *creators], set()):
+            read += 1
             if not word.search(data):
                 continue
-            if derived.search(data):
-                return f"a class of {self.display(other)} derives from it (its `super().__init__(...)` passes none)"
-            if other in indexed:
-                continue  # its calls were read (_called_without_scaler)
-            # a module out of the index that imports one of them from there (`train` is a common word)
-            for edge, target in self._imports_out_of_index(other, data.decode("utf-8", "replace")):
-                if os.path.abspath(target) != os.path.abspath(path):
+            module = indexed.get(other)
+            summary = self.index.modules[module] if module is not None else None
+            edges = (
+                self.index.imported(summary)
+                if summary is not None
+                else self._imports_out_of_index(other, data.decode("utf-8", "replace"))
+            )
+            imports: set[str] | None = set()
+            for edge, target in edges:
+                if os.path.abspath(target) != home or imports is None:
                     continue
-                if (
-                    ("*" in edge.names or entries & set(edge.names))
-                    if edge.names
-                    # `import module`, then `module.entry(...)` (or any other use of it)
-                    else (edge.attributes is None or entries & set(edge.attributes))
-                ):
-                    return f"{self.display(other)} (not in this run: it mentions no amp) imports it and calls it without one"
-        return None
+                if edge.names:
+                    imports = None if "*" in edge.names else imports | (names & set(edge.names))
+                else:  # `import module`: the attributes it reads there, or all (the module used as a value)
+                    imports = None if edge.attributes is None else imports | (names & set(edge.attributes))
+            found.append(_Reference(other, bool(derived.search(data)), module is not None, imports))
+        return found, read < _CARRIER_SCAN_FILES
 
     def _inherit(
         self, number: int, members: list[str], left: list[str], outcome: Mapping[str, Outcome]
@@ -1401,39 +1429,17 @@ class ProjectPlan:
         named = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
         named |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
         left = names - named
-        indexed = {os.path.abspath(module): module for module in self.index.modules}
-        word = re.compile(rb"\b(?:" + b"|".join(re.escape(name.encode()) for name in sorted(left)) + rb")\b")
-        read = 0
-        for other, data in _project_files([path, *creators], {os.path.abspath(path)}):
-            read += 1
-            if not left or read >= _CARRIER_SCAN_FILES:
-                return set()  # (a project too large to read whole: nothing counts as unreferenced)
-            if not word.search(data):
-                continue
-            if re.search(rb"^[ \t]*class[ \t]+\w+[ \t]*\(", data, re.M) and any(
-                re.search(rb"^[ \t]*class[ \t]+\w+[ \t]*\([^)]*\b" + re.escape(name.encode()) + rb"\b", data, re.M)
-                for name in left
-            ):
-                return set()  # a subclass: its names are looked up through the class
-            if other in indexed:
-                edges = [
-                    (edge, target)
-                    for edge in self.index.modules[indexed[other]].imports
-                    if (target := self.index.resolve(indexed[other], edge.module)) is not None
-                ]
-            else:
-                edges = self._imports_out_of_index(other, data.decode("utf-8", "replace"))
-            for edge, target in edges:
-                if os.path.abspath(target) != os.path.abspath(path):
-                    continue
-                if not edge.names:
-                    if edge.attributes is None:
-                        return set()  # `import module`, then the module used as a value
-                    left -= set(edge.attributes)
-                elif "*" in edge.names:
-                    return set()
-                else:
-                    left -= set(edge.names)
+        if not left:
+            return set()
+        references, whole = self._references(path, left, creators)
+        if not whole:
+            return set()
+        for reference in references:
+            if reference.path == os.path.abspath(path):
+                continue  # its own code was read above (a subclass there names its base)
+            if reference.derives or reference.imports is None:
+                return set()  # a subclass, a star import, the module used as a value
+            left -= reference.imports
         return left
 
     def _hand_off(
