@@ -1161,9 +1161,8 @@ class ProjectPlan:
         """The first call that hands what ``path``'s ``amp.initialize`` returned for its optimizer
         to a function imported from outside the project (not torch), with its line; None if none
         does (read only for the rare module whose GradScaler no backward uses)."""
-        try:
-            tree = ast.parse(_text(path))
-        except (SyntaxError, ValueError):
+        tree = _tree(path)
+        if tree is None:
             return None
         outside = self._imported_from_outside(path, tree)
         for scope in ast.walk(tree):
@@ -1422,9 +1421,8 @@ class ProjectPlan:
         a class deriving from them; none when the project is too large to read whole."""
         if not names:
             return set()
-        try:
-            tree = ast.parse(_text(path))
-        except (SyntaxError, ValueError):
+        tree = _tree(path)
+        if tree is None:
             return set()
         named = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
         named |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
@@ -1625,6 +1623,14 @@ def _trains(path: str) -> bool:
 _reads: set[str] = set()
 
 
+def _tree(path: str) -> ast.Module | None:
+    """The syntax tree of the module at ``path``; None if it does not parse (or cannot be read)."""
+    try:
+        return ast.parse(_text(path))
+    except (SyntaxError, ValueError):
+        return None
+
+
 def _listing(folder: str) -> list[str]:
     """The names in ``folder`` (none if it cannot be listed), noted as read."""
     _reads.add(folder)
@@ -1701,9 +1707,8 @@ def _walk_all(nodes: Iterable[ast.AST]) -> Iterator[ast.AST]:
 def _class_shapes(path: str) -> dict[str, tuple[tuple[str, ...], bool]]:
     """For each top-level class of ``path``: the names of its plain bases, and whether its
     ``__init__`` (if it has one) calls ``super().__init__(...)``."""
-    try:
-        tree = ast.parse(_text(path))
-    except (SyntaxError, ValueError):
+    tree = _tree(path)
+    if tree is None:
         return {}
     shapes = {}
     for statement in tree.body:
@@ -1728,9 +1733,8 @@ def _initialized_in_function(path: str) -> str | None:
     """The function (or method) of ``path`` that calls ``<amp>.initialize(...)``, if the call is
     in one (read again only for the rare module whose GradScaler no backward uses); None for a
     module-level call, which a fragment makes and is migrated as before."""
-    try:
-        tree = ast.parse(_text(path))
-    except (SyntaxError, ValueError):
+    tree = _tree(path)
+    if tree is None:
         return None
     for node in ast.walk(tree):  # breadth first: the outermost function comes first
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
