@@ -1384,14 +1384,11 @@ class ProjectPlan:
             ):
                 return {}
             classes = _class_shapes(path)
+            imported = {alias: (origin, name) for alias, origin, name in self._imported_functions(path)}
             inherited = []
             for name in sorted(summary.amp_classes):
                 bases, init_calls_super = classes.get(name, ((), False))
-                found = [
-                    held[origin]
-                    for base in bases
-                    if (origin := self._imported_class(path, base)) is not None and origin in held
-                ]
+                found = [held[imported[base]] for base in bases if imported.get(base) in held]
                 if len(found) != 1:
                     return {}
                 if not init_calls_super:  # the base's __init__ sets the stand-in scaler
@@ -1404,16 +1401,6 @@ class ProjectPlan:
                 inherited.append((name, found[0]))
             facts[path] = replace(self.facts.get(path, ModuleFacts()), inherited_scalers=tuple(inherited))
         return facts
-
-    def _imported_class(self, path: str, name: str) -> tuple[str, str] | None:
-        """(defining module, class name) of the amp-calling class ``name`` imported into ``path``."""
-        for edge in self.index.modules[path].imports:
-            if name in edge.aliases and edge.names:
-                target = self.index.resolve(path, edge.module)
-                origin = self._origin(target, edge.names[edge.aliases.index(name)]) if target else None
-                if origin is not None and origin[1] in self.index.modules[origin[0]].amp_classes:
-                    return origin
-        return None
 
     def _unreferenced(self, path: str, names: set[str], creators: list[str]) -> set[str]:
         """Those of the functions and classes ``names`` of ``path`` that no code of the project

@@ -40,7 +40,7 @@ def receive(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
         if not (isinstance(statement, cst.FunctionDef) and statement.name.value in facts.receives_scaler):
             continue
         params = statement.params
-        taken = {param.name.value for param in (*params.posonly_params, *params.params, *params.kwonly_params)}
+        taken = set(syntax.parameter_names(statement))
         if name in taken or isinstance(params.star_arg, cst.Param) or params.kwonly_params:
             ctx.report(
                 "AMP022",
@@ -80,7 +80,7 @@ def _receive_in_class(ctx: ModuleContext, model: AmpModel, klass: cst.ClassDef, 
         why = "the loss scale held beside the GradScaler cannot be kept with it"
     else:
         params = init.params
-        taken = {param.name.value for param in (*params.posonly_params, *params.params, *params.kwonly_params)}
+        taken = set(syntax.parameter_names(init))
         if name in taken or isinstance(params.star_arg, cst.Param) or params.kwonly_params or not params.params:
             why = "its __init__'s parameters do not allow a new one to be added"
         elif re.search(rf"\.\s*{re.escape(name)}\b", ctx.module.code_for_node(klass)):

@@ -104,6 +104,12 @@ def assign_statement(target: cst.BaseExpression, value: cst.BaseExpression) -> c
     return cst.SimpleStatementLine([cst.Assign(targets=[cst.AssignTarget(assignable)], value=value)])
 
 
+def parameter_names(function: cst.FunctionDef) -> list[str]:
+    """The names of ``function``'s named parameters, in order (positional-only, plain, keyword-only)."""
+    params = function.params
+    return [param.name.value for param in (*params.posonly_params, *params.params, *params.kwonly_params)]
+
+
 @overload
 def bind_arguments(call: cst.Call, parameters: Sequence[str]) -> dict[str, cst.Arg] | None: ...
 @overload

@@ -932,9 +932,7 @@ def _per_call_switches(
     method, klass = home
     if method is None or klass is None or method.name.value == "__init__":
         return []
-    params = method.params
-    parameters = {param.name.value for group in (params.posonly_params, params.params) for param in group[1:]}
-    parameters |= {param.name.value for param in params.kwonly_params}
+    parameters = set(syntax.parameter_names(method)[1:])  # not `self`
     found = set()
     for part in parts:
         for node in syntax.descendants(part):
@@ -950,10 +948,7 @@ def _counters_compared(ctx: ModuleContext, outermost: cst.CSTNode, parts: list[c
     function = ctx.function_of(outermost)
     if function is None:
         return []
-    params = function.params
-    parameters = {
-        param.name.value for group in (params.posonly_params, params.params, params.kwonly_params) for param in group
-    }
+    parameters = set(syntax.parameter_names(function))
     found: set[str] = set()
     for part in parts:
         for node in syntax.descendants(part):
