@@ -220,6 +220,17 @@ class AmpModel:
             current = ctx.function_of(current)
         return None
 
+    def access_in(self, scaler: Scaler, node: cst.CSTNode) -> cst.BaseExpression | None:
+        """How the code at ``node`` reaches ``scaler``: directly, or through the parameter threaded
+        into its function; None where neither (nothing is planned here)."""
+        function = self.ctx.function_of(node)
+        direct = self._direct_access(scaler, function)
+        if direct is not None:
+            return direct
+        if function is not None and self._threaded.get((id(scaler), function)) is True:
+            return cst.Name(scaler.name)
+        return None
+
     def _in_home(
         self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, function: cst.FunctionDef | None
     ) -> bool:
