@@ -481,7 +481,7 @@ def _flags_stay_here(ctx: ModuleContext, owner: cst.Try, probe: Binding) -> bool
         return False
     if not all(_catches_import_error(handler) for handler in owner.handlers):
         return False
-    flags = set()
+    flags: set[str] = set()
     for node in ctx.walk(owner):
         if isinstance(node, cst.Assign):
             names = [target.target for target in node.targets]
