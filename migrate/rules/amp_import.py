@@ -458,18 +458,32 @@ def _bare_probe_of_migrated_code(ctx: ModuleContext, binding: Binding) -> bool:
     AMP043). Its ``try`` may set a flag (``has_apex = True``) that only this module reads, once
     no other Apex import of the module stays: the flag then says True, as it did where Apex
     was installed, and the code it chose there is the migrated code."""
-    if not ctx.consumed or ctx.function_of(binding.statement) is not None:
+    if ctx.function_of(binding.statement) is not None:
         return False
     line = ctx.statement_of(binding.statement)
     if ctx.skipped(line):
         return False
+    guarded_imports = False
     for ancestor in ctx.ancestors(line):
         if isinstance(ancestor, cst.Try):
             if ctx.skipped(ancestor):
                 return False
             if not _flags_stay_here(ctx, ancestor, binding):
                 return False  # code elsewhere reads what it found
-    return True
+            guarded_imports = guarded_imports or _imports_other_apex_names(ctx, ancestor, binding)
+    # with nothing migrated, the probe still goes with the other Apex imports of its `try`,
+    # which go too (nothing used them): it only checked they would import
+    return bool(ctx.consumed) or guarded_imports
+
+
+def _imports_other_apex_names(ctx: ModuleContext, owner: cst.Try, probe: Binding) -> bool:
+    return any(
+        binding.alias is not probe.alias
+        and binding.kind in ("amp", "apex", "amp_function", "other_apex")
+        and any(ancestor is owner for ancestor in ctx.ancestors(binding.statement))
+        for bindings in ctx.imports.get(ctx.module, {}).values()
+        for binding in bindings
+    )
 
 
 def _flags_stay_here(ctx: ModuleContext, owner: cst.Try, probe: Binding) -> bool:
