@@ -1259,9 +1259,13 @@ class ProjectPlan:
         if any(self.facts.get(path, ModuleFacts()).carriers for path in members):
             return {}  # the scaler travels on the object that carried the amp module (``_carriers``)
         creators = [path for path in members if _free_scalers(outcome[path])]
-        if not creators or any(len(outcome[path].scalers) != 1 or path in left for path in creators):
+        # a creator may make a scaler in each of several functions (wetectron's train and
+        # train_cdb, each calling its own loop of the trainer module): each call passes its own
+        if not creators or any(
+            len(outcome[path].scalers) != len(_free_scalers(outcome[path])) or path in left for path in creators
+        ):
             return {}
-        infos = [outcome[path].scalers[0] for path in creators]
+        infos = [info for path in creators for info in _free_scalers(outcome[path])]
         if len({(info.static_scale, info.follows, info.held_scale) for info in infos}) != 1:
             return {}
         models = tuple(sorted({name for info in infos for name in info.models}))

@@ -1232,14 +1232,43 @@ def _join_local_scaler(
     elif settings.in_branch:
         # another clause of the same if/else: it builds the same scaler its own way
         ctx.plan.replace_statement[found.statement] = [*found.replacement(), *held, creation]
+    elif _same_settings(first.initialize, call):
+        # Apex's second call replaced the loss scaler of the first: both optimizers then
+        # shared one, as they share this GradScaler
+        _drop_call(ctx, found)
     else:
         ctx.report(
             "AMP010",
             call,
-            "a second amp.initialize in the same function: it shares the first one's GradScaler "
-            '(`scaler`); create another `torch.amp.GradScaler("cuda")` if its optimizer needs its own scale',
+            "a second amp.initialize in the same function, with other settings than the first: Apex replaced "
+            "the first call's loss scaler with this call's, so both optimizers shared one scaler set up as "
+            f"asked here, and the amp setup stays as it was: give both calls this call's settings "
+            f"(`{_settings_code(call)}`), as Apex ran them, then run ampmigrate again",
         )
-        _drop_call(ctx, found)
+        ctx.consumed.discard(found.use.base)
+
+
+def _settings_code(call: cst.Call) -> str:
+    """The call's arguments but its models and optimizers, as written (``opt_level="O1", ...``)."""
+    bound = _arguments(call) or {}
+    return ", ".join(
+        " ".join(f"{name}={syntax.code(arg.value)}".split())
+        for name, arg in bound.items()
+        if name not in ("models", "optimizers")
+    )
+
+
+def _same_settings(first: cst.Call | None, second: cst.Call) -> bool:
+    """Whether two amp.initialize calls ask for the same (all but their models and optimizers)."""
+    if first is None:
+        return False
+    bound = [_arguments(first), _arguments(second)]
+    spelled = [
+        {name: syntax.normalized(arg.value) for name, arg in each.items() if name not in ("models", "optimizers")}
+        for each in bound
+        if each is not None
+    ]
+    return len(spelled) == 2 and spelled[0] == spelled[1]
 
 
 def _hold_beside(ctx: ModuleContext, first: Scaler, settings: _Settings) -> str | None:
