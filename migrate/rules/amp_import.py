@@ -490,33 +490,56 @@ def _flags_stay_here(ctx: ModuleContext, owner: cst.Try, probe: Binding) -> bool
     """Whether what the ``try`` around an Apex probe records is only read in this module, with
     no Apex import left for it to guard: plain ``NAME = <literal>`` flags, caught ImportError,
     names no other module imports from here, and every other Apex import of the module goes."""
+    return _why_its_flags_matter(ctx, owner, probe) is None
+
+
+def _why_its_flags_matter(ctx: ModuleContext, owner: cst.Try, probe: Binding) -> str | None:
+    """What the ``try`` around an Apex probe records that code may still need; None: nothing."""
     recorders = (cst.AugAssign, cst.AnnAssign, cst.Return, cst.Global, cst.FunctionDef, cst.ClassDef)
     if any(isinstance(node, recorders) for node in ctx.walk(owner)):
-        return False
+        return "its `try` also defines or hands on what it found"
     if not all(_catches_import_error(handler) for handler in owner.handlers):
-        return False
+        return "its `try` catches more than ImportError"
     flags: set[str] = set()
     for node in ctx.walk(owner):
         if isinstance(node, cst.Assign):
             names = [target.target for target in node.targets]
             if syntax.literal(node.value) is ... or not all(isinstance(name, cst.Name) for name in names):
-                return False
+                return f"its `try` sets `{syntax.code(node).strip()}`"
             flags.update(name.value for name in names)  # type: ignore[attr-defined]
     if not flags:
-        return True
+        return None
+    spelled = " and ".join(f"`{flag}`" for flag in sorted(flags))
     exported = ctx.options.facts.exported
     if flags & exported or "*" in exported:
-        return False
+        return f"other modules import the flag it sets ({spelled}) from here"
     references = _references(ctx)
     for scope_imports in ctx.imports.values():
         for bindings in scope_imports.values():
             for binding in bindings:
                 if binding.alias is probe.alias or binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
                     continue
-                uses = references.get(binding.alias, [])
-                if any(name not in ctx.consumed and not is_import_fallback(ctx, name) for name in uses):
-                    return False  # Apex code stays that the flag may still have to guard
-    return True
+                left = [
+                    name
+                    for name in references.get(binding.alias, [])
+                    if name not in ctx.consumed and not is_import_fallback(ctx, name)
+                ]
+                if left:
+                    return (
+                        f"the flag it sets ({spelled}) may still guard the Apex code left here ({binding.target} "
+                        f"at line {ctx.position(left[0])[0]}), which needs it False where Apex is missing"
+                    )
+    return None
+
+
+def _probe_kept_because(ctx: ModuleContext, binding: Binding) -> str | None:
+    """Why an unused module-level ``import apex`` in a ``try`` stays, for AMP043's message."""
+    for ancestor in ctx.ancestors(ctx.statement_of(binding.statement)):
+        if isinstance(ancestor, cst.Try):
+            why = _why_its_flags_matter(ctx, ancestor, binding)
+            if why is not None:
+                return why
+    return None
 
 
 def _rebind(ctx: ModuleContext, binding: Binding, torch_name: str) -> None:
@@ -791,7 +814,17 @@ def _report_leftovers(
                     if references.get(binding.alias) or ctx.skipped(ctx.statement_of(binding.statement)):
                         _report_apex_package_uses(ctx, binding, references)
                     elif not _bare_probe_of_migrated_code(ctx, binding):
-                        ctx.report("AMP043", binding.alias)
+                        why = _probe_kept_because(ctx, binding) if ctx.function_of(binding.statement) is None else None
+                        ctx.report(
+                            "AMP043",
+                            binding.alias,
+                            (
+                                None
+                                if why is None
+                                else f"`import apex` is only a check that Apex is installed: nothing "
+                                f"in this module uses the name, and it stays: {why}"
+                            ),
+                        )
 
 
 def _report_handle_leftovers(ctx: ModuleContext) -> None:
