@@ -9,6 +9,11 @@ What it rewrites
     later ``model.half()`` of that model after the set-up under the same guard and more tests (a
     float32 checkpoint saved in the loop: ``model.float()``, save, ``if fp16: model.half()``): it
     only re-halved the model FP16_Optimizer trains, and ``model.float()`` is a no-op on the float32 model.
+    So does a ``model.half()`` before the set-up under a part of its guards (``if args.fp16:`` for a
+    set-up under ``if args.cuda and args.fp16:``) when the optimizer was a torch.optim one and every
+    ``.backward()`` of the module is ``optimizer.backward(loss)`` under the half's test (or
+    ``loss.backward()`` in its ``else``): where the half's test held alone, Apex's first
+    ``optimizer.backward`` raised AttributeError, so only the set-up's path trained.
     ``optimizer.backward(loss)`` becomes ``scaler.scale(loss).backward()`` (and
     ``if fp16: optimizer.backward(loss) else: loss.backward()`` one such line),
     ``optimizer.step()`` ``scaler.step(optimizer)`` then ``scaler.update()``,
@@ -173,7 +178,7 @@ import libcst as cst
 from migrate.apex_copies import pre2019_dynamic
 from migrate.rules import _local_copies as local_copies
 from migrate.rules import _syntax as syntax
-from migrate.rules._bindings import dotted_name
+from migrate.rules._bindings import bound_name, dotted_name
 from migrate.rules._context import ModuleContext, Statement
 from migrate.rules._forward import forward_span
 from migrate.rules.amp_initialize import _conjunction, _guards, bool_flags
@@ -1572,13 +1577,111 @@ class _Planner:
                 "then keeps it float32 under torch.autocast) and run ampmigrate again",
             )
         for call, halving, statement, codes in later:
-            if not self._halved_again(call, halving, statement, codes, guard_codes, halved_before):
-                raise _Blocked(
-                    call,
-                    f"`{syntax.code(call).strip()}` makes the model float16 here, apart from the FP16_Optimizer set-up: "
-                    "remove it (the model stays float32 under torch.autocast) and run ampmigrate again",
-                )
+            if self._halved_again(call, halving, statement, codes, guard_codes, halved_before):
+                self._drop_half(call, statement)
+                continue
+            reason = self._halved_on_wider_guard(call, statement)
+            if isinstance(reason, str):
+                raise _Blocked(call, reason)
             self._drop_half(call, statement)
+            self.edits.notes.append(("AMP041", call, reason[0]))
+
+    def _halved_on_wider_guard(self, call: cst.Call, statement: cst.CSTNode) -> str | tuple[str]:
+        """Whether ``model.half()`` before the set-up, under a part of its guards (transformer-xl:
+        ``if args.fp16: model = model.half()``, then ``if args.cuda and args.fp16:`` around the
+        FP16_Optimizer), only made float16 the model that FP16_Optimizer trains: where the half's guard
+        holds without the set-up's, the model was float16 under the plain torch optimizer, and the
+        first ``optimizer.backward(loss)`` raised AttributeError (every ``.backward()`` of the
+        module is that call under the half's test, or ``loss.backward()`` in its ``else``), so that
+        path never trained. Returns the note for the dropped half, or the reason it must stay."""
+        ctx = self.ctx
+        code = syntax.code(call).strip()
+        move = (
+            "remove it, or put it under the very `if` of the set-up (the model stays float32 under torch.autocast), "
+            "and run ampmigrate again"
+        )
+        conditions, _ = _guards(ctx, statement)
+        halving = {c for condition in conditions for c in _conjuncts(condition)}
+        setup = {c for guard in self.guards for c in _conjuncts(guard)}
+        tests = " and ".join(f"`{c}`" for c in sorted(halving)) or "always"
+        if not (halving < setup) or ctx.position(statement)[0] >= self.start_line:
+            return f"`{code}` makes the model float16 under other tests than the FP16_Optimizer set-up's: " + move
+        wider = f"`{code}` makes the model float16 where {tests} holds, also without the set-up's other tests"
+        plain = self._plain_torch_optimizer()
+        if isinstance(plain, cst.CSTNode):
+            return (
+                f"{wider}, and `{self.name}` there is what line {ctx.position(plain)[0]} builds, not a torch.optim "
+                "class: if it has no `backward`, that path stopped at the first "
+                f"`{self.name}.backward(loss)` and the half can go; {move}"
+            )
+        backward_calls = [
+            node
+            for use in self.uses()
+            if isinstance(attribute := ctx.parent(use), cst.Attribute)
+            and attribute.attr.value == "backward"
+            and isinstance(node := ctx.parent(attribute), cst.Call)
+        ]
+        # every backward of the module: another function's plain `loss.backward()` could train the float16 model
+        offending: list[cst.Call] = []
+        for node in ctx.nodes_of(cst.Call):
+            func = node.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value == "backward"):
+                continue
+            branch = self._backward_branch(ctx.statement_of(node))
+            own = node in backward_calls
+            if branch is None or own != branch[1] or not set(_conjuncts(branch[0])) <= halving:
+                offending.append(node)
+        if offending or not backward_calls:
+            # name a backward of the plain optimizer's path first: it is what trained the float16 model
+            node = next((n for n in offending if n not in backward_calls), offending[0] if offending else call)
+            if node is not call:
+                return (
+                    f"{wider}, where `{self.name}` is the plain optimizer and `{syntax.code(node).strip()}` (line "
+                    f"{ctx.position(node)[0]}) may train that float16 model, which the float32 model would not "
+                    f"reproduce: {move}"
+                )
+            return f"{wider}, and no `{self.name}.backward(loss)` is in sight to show that path never trained: {move}"
+        return (
+            f"`{code}` went too (the model stays float32 under torch.autocast): where {tests} holds without the "
+            f"set-up's tests, Apex's model was float16 under the plain torch optimizer and the first "
+            f"`{self.name}.backward(loss)` raised AttributeError, so only the set-up's path trained under Apex",
+        )
+
+    def _backward_branch(self, statement: cst.CSTNode) -> tuple[cst.BaseExpression, bool] | None:
+        """For a statement alone in the body or the ``else`` of an ``if`` without ``elif``: the
+        test, and whether it is in the body."""
+        ctx = self.ctx
+        block = ctx.parent(statement)
+        if not isinstance(block, cst.IndentedBlock) or len(block.body) != 1:
+            return None
+        owner = ctx.parent(block)
+        if isinstance(owner, cst.If) and owner.body is block and isinstance(owner.orelse, cst.Else):
+            return owner.test, True
+        if isinstance(owner, cst.Else):
+            branch = ctx.parent(owner)
+            if isinstance(branch, cst.If):
+                return branch.test, False
+        return None
+
+    def _plain_torch_optimizer(self) -> bool | cst.CSTNode:
+        """Whether every value the optimizer name holds before the set-up (in its scope) is built by a
+        ``torch.optim`` class, which has no ``backward``; else the assignment that is not, if any."""
+        ctx = self.ctx
+        built = False
+        for node in ctx.nodes_of(cst.Name):
+            if node.value != self.name or ctx.scope_of(node) is not self.setup.scope or not _is_store(ctx, node):
+                continue
+            if ctx.position(node)[0] >= self.start_line:
+                continue
+            small = syntax.sole_statement(ctx.statement_of(node))
+            if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and small.targets[0].target is node):
+                return node
+            value = small.value
+            callee = dotted_name(value.func) if isinstance(value, cst.Call) else None
+            if callee is None or not _torch_optim_path(ctx, callee, node):
+                return node
+            built = True
+        return built
 
     def _halved_again(
         self,
@@ -1847,6 +1950,46 @@ def _rebinds(statement: cst.CSTNode, name: str) -> bool:
     if not (isinstance(target, cst.Name) and target.value == name):
         return False
     return not any(isinstance(node, cst.Name) and node.value == name for node in syntax.descendants(small.value))
+
+
+def _conjuncts(expression: cst.BaseExpression) -> list[str]:
+    """The normalized parts of ``a and b and ...`` (the expression itself when it is no ``and``)."""
+    expression = syntax.strip_parens(expression)
+    if isinstance(expression, cst.BooleanOperation) and isinstance(expression.operator, cst.And):
+        return _conjuncts(expression.left) + _conjuncts(expression.right)
+    return [syntax.normalized(expression)]
+
+
+def _torch_optim_path(ctx: ModuleContext, callee: str, at: cst.CSTNode) -> bool:
+    """Whether ``callee`` (``optim.SGD``, ``torch.optim.Adam``, ``Adam``) names a class of
+    ``torch.optim``, through the module's imports."""
+    root, _, rest = callee.partition(".")
+    imports = [
+        statement
+        for scope in (ctx.scope_of(at), ctx.module)
+        for statement in ctx.other_imports.get(scope, {}).get(root, [])  # type: ignore[call-overload]
+    ]
+    binding = ctx.resolve(root, at)
+    if binding is not None and binding.kind == "torch":
+        return rest.startswith("optim.") and rest.count(".") == 1
+    for statement in imports:
+        if isinstance(statement.names, cst.ImportStar):
+            continue
+        for alias in statement.names:
+            if bound_name(alias) != root:
+                continue
+            imported = dotted_name(alias.name) or ""
+            if isinstance(statement, cst.Import):
+                full = f"{imported}.{rest}" if alias.asname is not None else callee
+            elif statement.relative:
+                continue
+            else:
+                module = dotted_name(statement.module) if statement.module is not None else ""
+                full = f"{module}.{imported}" + (f".{rest}" if rest else "")
+            parts = full.split(".")
+            if len(parts) == 3 and parts[:2] == ["torch", "optim"]:
+                return True
+    return False
 
 
 def _exclusive(ctx: ModuleContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
