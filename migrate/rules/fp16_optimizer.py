@@ -1038,8 +1038,23 @@ class _Planner:
         return None
 
     def plan_uses(self) -> None:
+        # every use that cannot migrate, so the finding lists them all rather than the first alone
+        blocked: list[_Blocked] = []
         for node in self.uses():
-            self._plan_use(node)
+            try:
+                self._plan_use(node)
+            except _Blocked as error:
+                if not any(b.message == error.message for b in blocked):
+                    blocked.append(error)
+        if len(blocked) == 1:
+            raise blocked[0]
+        if blocked:
+            raise _Blocked(
+                blocked[0].node,
+                "; ".join(
+                    (f"line {self.ctx.position(b.node)[0]}: " if i else "") + b.message for i, b in enumerate(blocked)
+                ),
+            )
         if not self.stepped:
             raise _Blocked(
                 self.setup.first.call,
@@ -1050,12 +1065,24 @@ class _Planner:
     def _plan_use(self, node: cst.Name) -> None:
         ctx, name = self.ctx, self.name
         if _is_store(ctx, node):
-            if self.flavor == "optimizers" and all(
-                _exclusive(ctx, node, c.statement) for c in self.setup.constructions
-            ):
+            exclusive = all(_exclusive(ctx, node, c.statement) for c in self.setup.constructions)
+            if self.flavor == "optimizers" and exclusive:
                 # `if fp16: ...FP16_Optimizer... else: optimizer = BertAdam(...)`: the other path's optimizer
                 # (its zero_grad() is left as written, so any optimizer class takes the migrated calls)
                 return
+            if exclusive:
+                # the float32 path's optimizer meets `zero_grad(set_to_none=...)` and a disabled scaler's step
+                small = syntax.sole_statement(ctx.statement_of(node))
+                value = small.value if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+                callee = dotted_name(value.func) if isinstance(value, cst.Call) else None
+                if callee is not None and _torch_optim_path(ctx, callee, node):
+                    return
+                raise _Blocked(
+                    node,
+                    f"`{name}` is built here on the path without FP16_Optimizer by something other than a torch.optim "
+                    f"class, which the migrated `{name}.zero_grad(set_to_none=...)` and `{self.scaler}.step({name})` "
+                    f"would reach too: build it with `torch.optim.<Class>(...)`, or write {_RECIPE}",
+                )
             raise _Blocked(node, f"`{name}` is assigned again after FP16_Optimizer wrapped it")
         parent = ctx.parent(node)
         scheduler = self._torch_scheduler(node)
@@ -1107,8 +1134,16 @@ class _Planner:
             )
         if attribute == "overflow":
             return (
-                f"`{name}.overflow`: GradScaler has no public flag; a skipped step shows as "
-                f"`{scaler}.get_scale()` dropping after `{scaler}.update()`"
+                f"`{name}.overflow`: GradScaler has no public flag; under a dynamic scale a skipped step is the scale "
+                f"dropping: `scale_before = {scaler}.get_scale()` before `{scaler}.update()`, then "
+                f"`{scaler}.get_scale() < scale_before` for the flag"
+            )
+        if attribute == "update_master_grads":
+            return (
+                f"`{name}.update_master_grads()` copied the float16 gradients, unscaled, into the float32 masters; "
+                f"GradScaler keeps the gradients scaled until `{scaler}.unscale_({name})` or `{scaler}.step({name})`: "
+                f"drop it with `update_master_grads=False`, write `{scaler}.scale(loss).backward()`, and clip after "
+                f"`{scaler}.unscale_({name})`"
             )
         known = _APEX_ATTRIBUTES.get(self.flavor)
         binding = self.ctx.resolve(self.setup.first.root.value, self.setup.first.root)
