@@ -600,7 +600,7 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
         and isinstance(statement.body[0].targets[0].target, cst.Name)
     )
     if not shape:
-        raise _Blocked(call, "not a plain `optimizer = FP16_Optimizer(optimizer, ...)` assignment")
+        raise _Blocked(call, _shape_problem(ctx, call, statement, flavor))
     assert isinstance(statement, cst.SimpleStatementLine)
     assign = statement.body[0]
     assert isinstance(assign, cst.Assign) and isinstance(assign.targets[0].target, cst.Name)
@@ -658,6 +658,49 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
     else:
         _read_scale(construction, bound)
     return construction
+
+
+def _shape_problem(ctx: ModuleContext, call: cst.Call, statement: cst.CSTNode, flavor: str) -> str:
+    """Why the construction is not ``name = FP16_Optimizer(...)``: for ``self.optimizer = ...`` (a
+    trainer class keeping it between methods), the methods that use it and the code to write."""
+    small = syntax.sole_statement(statement)
+    target = (
+        small.targets[0].target
+        if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1
+        else None
+    )
+    attribute = dotted_name(target) if isinstance(target, cst.Attribute) else None
+    if attribute is None or attribute.count(".") != 1:
+        return "not a plain `optimizer = FP16_Optimizer(optimizer, ...)` assignment"
+    owner = attribute.split(".")[0]
+    here = ctx.function_of(call)
+    methods: dict[str, int] = {}
+    for name in ctx.nodes_of(cst.Name):
+        node = ctx.parent(name)
+        if name.value != owner or not isinstance(node, cst.Attribute) or node.value is not name:
+            continue
+        function = ctx.function_of(node)
+        if function is here or function is None or dotted_name(node) != attribute:
+            continue
+        methods.setdefault(function.name.value, ctx.position(node)[0])
+    used = ", ".join(f"`{name}` (line {line})" for name, line in sorted(methods.items(), key=lambda item: item[1]))
+    scaler = f"{owner}.{ctx.options.scaler_name}"
+    return (
+        f"FP16_Optimizer is kept in the attribute `{attribute}`"
+        + (f", which other methods use: {used}" if used else "")
+        + "; the rule migrates an optimizer held in a local or module name only. Write instead: "
+        f'`{attribute} = <the wrapped optimizer>` with `{scaler} = torch.amp.GradScaler("cuda", enabled=...)` '
+        f"beside it, the float32 model (no .half()), the forward pass and loss under "
+        f'`with torch.autocast("cuda", dtype=torch.float16):`, `{scaler}.scale(loss).backward()` for '
+        f"`{attribute}.backward(loss)`, `{scaler}.step({attribute})` then `{scaler}.update()` for its step, and "
+        f'`{{"optimizer": {attribute}.state_dict(), "scaler": {scaler}.state_dict()}}` in checkpoints'
+        + (
+            "; the pre-2019 FusedAdam it wraps goes with it, its update written in plain torch (ampmigrate writes "
+            "it as `LegacyFusedAdam` for an optimizer held in a local name)"
+            if flavor == "optimizers"
+            else ""
+        )
+    )
 
 
 def _read_pre2019(construction: _Construction, bound: dict[str, cst.Arg], defaults: tuple[float, int]) -> None:
