@@ -120,7 +120,11 @@ touches stays as it was)
     a run-time ``dynamic_loss_args``, a ``dynamic_loss_scale`` computed in the call, a ``clip_master_grads`` with no
     ``step()`` (without closure) after it in its block, a model still halved elsewhere in the
     function, or no ``.half()`` of the model in the set-up's function at all (a helper or another
-    module halves it, or it stays float32, which autocast would not keep). A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
+    module halves it, or it stays float32, which autocast would not keep), except a project function
+    proven to halve it under one of the set-up's tests (``ModuleFacts.halving_helpers``: ``model =
+    load_model(model, ckpt, args)`` ending ``if args.fp16: model.half()``), called on every path to the
+    set-up: the function stays (other callers share it) and ``if <set-up test>: model.float()`` follows
+    each call. A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
     torch raised TypeError on Apex's FP16_Optimizer, a plain object, so that path never trained.
     ``apex.contrib.optimizers.FP16_Optimizer`` (around ``apex.optimizers.FusedAdam(max_grad_norm=...)``,
     a pair no Apex had, the finding says to import the pre-2019 one). For ``apex.optimizers.FP16_Optimizer`` also:
@@ -1646,9 +1650,12 @@ class _Planner:
                 halved_before.add(halving)
             self._drop_half(call, statement)
         if not halved:
+            halved = self._halved_by_helpers()
+        if not halved:
             raise _Blocked(
                 self.setup.first.call,
-                "no `.half()` of the model it trains is in sight where it is set up: that model is made float16 "
+                self._source_of_models()
+                + "no `.half()` of the model it trains is in sight where it is set up: that model is made float16 "
                 "elsewhere (a helper such as `load_model(model, args)`, another module), and a GradScaler cannot "
                 "unscale float16 gradients, or it stays float32, and autocast would compute in float16 what Apex "
                 "computed in float32: make the model float16 with `.half()` beside the FP16_Optimizer (the rule "
@@ -1663,6 +1670,193 @@ class _Planner:
                 raise _Blocked(call, reason)
             self._drop_half(call, statement)
             self.edits.notes.append(("AMP041", call, reason[0]))
+
+    def _trained_models(self) -> dict[str, cst.Call]:
+        """The names whose ``.parameters()`` / ``.named_parameters()`` feed the optimizer (in the
+        set-up's scope, before it), with the first such call."""
+        ctx = self.ctx
+        found: dict[str, cst.Call] = {}
+        for call in ctx.nodes_of(cst.Call):
+            func = call.func
+            if ctx.scope_of(call) is not self.setup.scope or ctx.position(call)[0] > self.start_line:
+                continue
+            if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
+                name = dotted_name(func.value)
+                if name is not None:
+                    found.setdefault(name, call)
+        return found
+
+    def _source_of_models(self) -> str:
+        """``(line N: `model` comes from `load_model(...)`, imported from `utils`) `` where a trained
+        model is assigned from a call of an imported function before the set-up, else ""."""
+        ctx = self.ctx
+        for name in self._trained_models():
+            for node in ctx.nodes_of(cst.Call):
+                statement = ctx.statement_of(node)
+                small = syntax.sole_statement(statement)
+                if not (isinstance(small, cst.Assign) and small.value is node and len(small.targets) == 1):
+                    continue
+                if dotted_name(small.targets[0].target) != name or ctx.scope_of(node) is not self.setup.scope:
+                    continue
+                callee = dotted_name(node.func)
+                root = callee.split(".")[0] if callee else None
+                imports = ctx.other_imports.get(ctx.module, {}).get(root or "", [])  # type: ignore[call-overload]
+                if not imports or ctx.position(node)[0] > self.start_line:
+                    continue
+                statement_of_import = imports[-1]
+                module = root or ""
+                if isinstance(statement_of_import, cst.ImportFrom):
+                    spelled = statement_of_import.module
+                    module = "." * len(statement_of_import.relative) + (dotted_name(spelled) or "" if spelled else "")
+                return (
+                    f"`{name}` comes from `{callee}(...)` (line {ctx.position(node)[0]}, imported from `{module}`), "
+                    f"which ampmigrate could not prove halves it under the set-up's test (project mode reads a "
+                    "function that ends `if args.fp16: model.half()` and returns the model); "
+                )
+        return ""
+
+    def _halved_by_helpers(self) -> bool:
+        """Project mode: every model the optimizer trains comes from an imported function that halves
+        it under one of the set-up's tests (``ModuleFacts.halving_helpers``: DialoGPT's and PKD's
+        ``model = load_model(model, checkpoint, args)``, shared with inference scripts, so its
+        ``.half()`` stays). ``model.float()`` after each call, under the set-up's test, keeps the
+        model float32 (raises _Blocked where the calls do not reach every path to the set-up)."""
+        ctx = self.ctx
+        facts = {fact[0]: fact for fact in ctx.options.facts.halving_helpers}
+        trained = self._trained_models()
+        if not facts or not trained or self.switch is None:
+            return False
+        setup = {c for guard in self.guards for c in _conjuncts(guard)}
+        covered: set[str] = set()
+        insertions: list[tuple[cst.CSTNode, str, str, cst.Call]] = []
+        for call in ctx.nodes_of(cst.Call):
+            callee = dotted_name(call.func)
+            fact = facts.get(callee or "")
+            if fact is None or ctx.scope_of(call) is not self.setup.scope:
+                continue
+            _, model_index, model, flag_index, flag, attribute, where = fact
+            statement = ctx.statement_of(call)
+            small = syntax.sole_statement(statement)
+            if not (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1):
+                continue
+            target = dotted_name(small.targets[0].target)
+            if target not in trained:
+                continue
+            names = [f"_{i}" for i in range(max(model_index, flag_index) + 1)]
+            names[model_index], names[flag_index] = model, flag
+            bound = syntax.bind_arguments(call, names, partial=True)
+            flag_value = dotted_name(bound[flag].value) if flag in bound else None
+            test = f"{flag_value}.{attribute}"
+            if flag_value is None or model not in bound or test not in setup:
+                shown = test if flag_value is not None else f"{flag}.{attribute}"
+                raise _Blocked(
+                    call,
+                    f"`{callee}(...)` ({where}) halves `{target}` when `{shown}` holds, which is not "
+                    f"one of the set-up's tests here: pass the flag the set-up tests, or halve `{target}` with "
+                    "`.half()` under the set-up's `if`, and run ampmigrate again",
+                )
+            if ctx.position(call)[0] >= self.start_line or not self._on_every_path(statement, target, callee):
+                raise _Blocked(
+                    call,
+                    f"`{target} = {callee}(...)` ({where} halves it under `{test}`) does not run on every path to the "
+                    f"FP16_Optimizer set-up: halve `{target}` with `.half()` beside the set-up and run ampmigrate again",
+                )
+            covered.add(target)
+            insertions.append((statement, target, test, call))
+        missing = sorted(set(trained) - covered)
+        if not insertions:
+            return False
+        if missing:
+            raise _Blocked(
+                self.setup.first.call,
+                f"`{missing[0]}` is trained by it and not made float16 in sight (the others come from helpers that "
+                "halve them): make it float16 with `.half()` beside the FP16_Optimizer and run ampmigrate again",
+            )
+        self._check_unchanged_between(min(ctx.position(s)[0] for s, *_ in insertions))
+        switch = syntax.code(self.switch).strip()
+        for statement, target, test, call in insertions:
+            self.edits.after.setdefault(statement, []).append(
+                cst.parse_statement(f"if {switch}:\n    {target}.float()\n")
+            )
+            self.edits.notes.append(
+                (
+                    "AMP041",
+                    call,
+                    f"`{syntax.code(call.func).strip()}(...)` halves `{target}` under `{test}` (its `.half()` stays for "
+                    f"its other callers): `if {switch}: {target}.float()` after it keeps the model FP16_Optimizer "
+                    "trained float32, from the float16-rounded weights Apex's float32 masters started from",
+                )
+            )
+        return True
+
+    def _on_every_path(self, statement: cst.CSTNode, target: str, callee: str | None) -> bool:
+        """Whether ``statement`` (``target = callee(...)``) runs on every path to the set-up: it sits
+        in a block around the set-up, or in a branch of an ``if``/``elif``/``else`` chain each of
+        whose branches assigns ``target = callee(...)`` or ends with ``raise``, and so on up."""
+        ctx = self.ctx
+        around = set(ctx.ancestors(self.outermost))
+        current = statement
+        while True:
+            block = ctx.parent(current)
+            if block in around:
+                return True
+            if not isinstance(block, cst.IndentedBlock):
+                return False
+            owner = ctx.parent(block)
+            if isinstance(owner, cst.Else):
+                owner = ctx.parent(owner)
+            while isinstance(owner, cst.If) and isinstance(ctx.parent(owner), cst.If):
+                owner = ctx.parent(owner)  # an elif: up to its first if
+            if not isinstance(owner, cst.If):
+                return False
+            clause: cst.If | cst.Else | None = owner
+            while isinstance(clause, cst.If):
+                if not self._clause_assigns(clause.body, target, callee):
+                    return False
+                clause = clause.orelse
+            if not isinstance(clause, cst.Else) or not self._clause_assigns(clause.body, target, callee):
+                return False
+            current = owner
+
+    def _clause_assigns(self, body: cst.BaseSuite, target: str, callee: str | None) -> bool:
+        statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
+        if statements and isinstance(syntax.sole_statement(statements[-1]), cst.Raise):
+            return True
+        for statement in statements:
+            small = syntax.sole_statement(statement)
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and dotted_name(small.targets[0].target) == target
+                and isinstance(small.value, cst.Call)
+                and dotted_name(small.value.func) == callee
+            ):
+                return True
+        return False
+
+    def _check_unchanged_between(self, first_line: int) -> None:
+        """The names the set-up's switch reads are not assigned between ``first_line`` and the set-up."""
+        ctx = self.ctx
+        assert self.switch is not None
+        read = {
+            dotted_name(node)
+            for node in syntax.descendants(self.switch)
+            if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) is not None
+        }
+        for node in ctx.nodes_of(cst.Name):
+            if ctx.scope_of(node) is not self.setup.scope or not first_line < ctx.position(node)[0] < self.start_line:
+                continue
+            target = ctx.parent(node)
+            while isinstance(target, cst.Attribute) and target.value is node:
+                node, target = target, ctx.parent(target)  # type: ignore[assignment]
+            dotted = dotted_name(node)
+            if dotted is not None and any(dotted == r or (r or "").startswith(dotted + ".") for r in read):
+                if _is_store(ctx, node):
+                    raise _Blocked(
+                        node,
+                        f"`{dotted}` changes between the helper that halves the model and the FP16_Optimizer set-up, "
+                        f"whose test `{syntax.code(self.switch).strip()}` keeps the model float32 after that helper",
+                    )
 
     def _halved_on_wider_guard(self, call: cst.Call, statement: cst.CSTNode) -> str | tuple[str]:
         """Whether ``model.half()`` before the set-up, under a part of its guards (transformer-xl:
