@@ -168,3 +168,60 @@ def _to_device(call: ast.Call) -> bool:
         argument.attr if isinstance(argument, ast.Attribute) else argument.id if isinstance(argument, ast.Name) else ""
     )
     return "device" in name.lower()
+
+
+class GroupReader(NamedTuple):
+    """A function that uses its ``optimizer`` parameter only through ``optimizer.param_groups``."""
+
+    position: int
+    name: str
+
+
+def param_group_readers_in(source: str) -> dict[str, GroupReader]:
+    """The top-level functions of ``source`` (each defined once) that use one parameter only as
+    ``P.param_groups`` (DialoGPT's ``set_lr(optimizer, ...)``: ``for g in optimizer.param_groups:
+    g["lr"] = ...``): given an FP16_Optimizer, they read and set the wrapped optimizer's groups
+    (Apex's ``param_groups`` was the wrapped optimizer's), so the migrated optimizer can be passed."""
+    if ".param_groups" not in source:
+        return {}
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    definitions = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    names = [d.name for d in definitions]
+    found: dict[str, GroupReader] = {}
+    for definition in definitions:
+        if names.count(definition.name) != 1 or not isinstance(definition, ast.FunctionDef):
+            continue
+        if definition.args.posonlyargs or definition.decorator_list:
+            continue
+        parameters = [a.arg for a in definition.args.args]
+        for index, parameter in enumerate(parameters):
+            if _only_param_groups(definition, parameter):
+                found[definition.name] = GroupReader(index, parameter)
+                break
+    return found
+
+
+def _only_param_groups(definition: ast.FunctionDef, parameter: str) -> bool:
+    parents = {id(child): node for node in ast.walk(definition) for child in ast.iter_child_nodes(node)}
+    used = False
+    for node in ast.walk(definition):
+        if (
+            isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node is not definition
+        ):
+            return False
+        if not (isinstance(node, ast.Name) and node.id == parameter):
+            continue
+        parent = parents.get(id(node))
+        if not (
+            isinstance(node.ctx, ast.Load)
+            and isinstance(parent, ast.Attribute)
+            and parent.attr == "param_groups"
+            and isinstance(parent.ctx, ast.Load)
+        ):
+            return False
+        used = True
+    return used

@@ -878,18 +878,28 @@ class ProjectPlan:
         they are given under a flag (``load_model(model, checkpoint, args)`` with ``if args.fp16:
         model.half()`` in a train_utils.py): the set-up may keep that model float32 itself."""
         proven: dict[str, dict[str, halving_helpers.HalvingHelper]] = {}
+        readers: dict[str, dict[str, halving_helpers.GroupReader]] = {}
         for path, summary in self.index.modules.items():
             if not (summary.fp16_optimizer and summary.given):
                 continue
-            found = []
+            found, reading = [], []
             for alias, origin, name in self._imported_functions(path):
                 if origin not in proven:
-                    proven[origin] = halving_helpers.halving_helpers_in(_text(origin))
+                    text = _text(origin)
+                    proven[origin] = halving_helpers.halving_helpers_in(text)
+                    readers[origin] = halving_helpers.param_group_readers_in(text)
                 helper = proven[origin].get(name)
                 if helper is not None:
                     found.append((alias, *helper, self.display(origin)))
-            if found:
-                self.facts[path] = replace(self.facts.get(path, ModuleFacts()), halving_helpers=tuple(sorted(found)))
+                reader = readers[origin].get(name)
+                if reader is not None:
+                    reading.append((alias, *reader))
+            if found or reading:
+                self.facts[path] = replace(
+                    self.facts.get(path, ModuleFacts()),
+                    halving_helpers=tuple(sorted(found)),
+                    param_group_readers=tuple(sorted(reading)),
+                )
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""

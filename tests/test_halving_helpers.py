@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from migrate.halving_helpers import HalvingHelper, halving_helpers_in
+from migrate.halving_helpers import GroupReader, HalvingHelper, halving_helpers_in, param_group_readers_in
 
 LOAD_MODEL = """
 def load_model(model, checkpoint, args, verbose=False):
@@ -62,3 +62,23 @@ def test_dialogpts_load_model_is_proven() -> None:
 )
 def test_shapes_that_are_not_proven(source: str) -> None:
     assert halving_helpers_in(textwrap.dedent(source)) == {}
+
+
+SET_LR = """
+def set_lr(optimizer, step, lr):
+    for group in optimizer.param_groups:
+        group["lr"] = lr * step
+"""
+
+
+def test_a_function_touching_only_param_groups_reads_them() -> None:
+    assert param_group_readers_in(SET_LR) == {"set_lr": GroupReader(0, "optimizer")}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    ["    optimizer.step()\n", "    keep(optimizer)\n", "    optimizer.param_groups = []\n", "    optimizer = None\n"],
+    ids=["steps_it", "passes_it_on", "sets_the_groups", "rebinds_it"],
+)
+def test_a_function_doing_more_with_the_optimizer_does_not(extra: str) -> None:
+    assert param_group_readers_in(SET_LR + extra) == {}

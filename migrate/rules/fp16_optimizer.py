@@ -1141,6 +1141,8 @@ class _Planner:
                 "path stopped here, so there is no Apex run to reproduce. To train it in fp16, build the scheduler on "
                 "the wrapped optimizer and write " + _RECIPE,
             )
+        if self._passed_to_group_reader(node):
+            return
         if not (isinstance(parent, cst.Attribute) and parent.value is node):
             raise _Blocked(
                 node,
@@ -1170,6 +1172,25 @@ class _Planner:
         if handler is None:
             raise _Blocked(outer, self._advice(attribute))
         handler(outer)
+
+    def _passed_to_group_reader(self, node: cst.Name) -> bool:
+        """Project mode: ``set_lr(optimizer, ...)`` where the imported ``set_lr`` uses that parameter only
+        as ``optimizer.param_groups`` (``ModuleFacts.param_group_readers``), the same groups on the
+        wrapped optimizer as on Apex's FP16_Optimizer."""
+        ctx = self.ctx
+        arg = ctx.parent(node)
+        call = ctx.parent(arg) if isinstance(arg, cst.Arg) else None
+        if not isinstance(call, cst.Call) or not isinstance(arg, cst.Arg) or arg.star:
+            return False
+        callee = dotted_name(call.func)
+        for alias, index, parameter in ctx.options.facts.param_group_readers:
+            if alias != callee:
+                continue
+            if arg.keyword is not None:
+                return arg.keyword.value == parameter
+            position = list(call.args).index(arg)
+            return position == index and not any(a.star for a in call.args[:position])
+        return False
 
     def _advice(self, attribute: str) -> str:
         name, scaler = self.name, self.scaler

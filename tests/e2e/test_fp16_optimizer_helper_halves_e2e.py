@@ -2,7 +2,8 @@
 (``load_model(model, checkpoint, args)`` with ``if args.fp16: model.half()`` in helpers.py, as in
 microsoft/DialoGPT and PKD-for-BERT). It was left as it was (no ``.half()`` in sight); the project
 run now reads the helper, leaves it as it is (inference shares it) and writes ``model.float()``
-after the call under the set-up's test. The original runs under the Apex shim (float16 model,
+after the call under the set-up's test; ``set_lr(optimizer, ...)`` (helpers.py), which only touches
+``optimizer.param_groups``, takes the wrapped optimizer. The original runs under the Apex shim (float16 model,
 float32 masters), the migration natively beside an ``apex`` that raises: losses and clipped norms
 match up to float16 rounding under a dynamic and a static scale, and the float32 runs match.
 """
