@@ -1143,6 +1143,14 @@ class _Planner:
             )
         if self._passed_to_group_reader(node):
             return
+        if isinstance(parent, cst.Return):
+            raise _Blocked(
+                node,
+                f"`return {name}` hands the optimizer to the callers, which call its backward and step: they would "
+                f"need the GradScaler too; return "
+                f"it with the optimizer (`return {name}, {self.scaler}`) and write `{self.scaler}.scale(loss).backward()`, "
+                f"`{self.scaler}.step({name})`, `{self.scaler}.update()` where they use it",
+            )
         if not (isinstance(parent, cst.Attribute) and parent.value is node):
             raise _Blocked(
                 node,
@@ -2604,7 +2612,16 @@ def plan(ctx: ModuleContext) -> None:
                 )
             planner.model_names_from_setup()
             planner.plan_scaler()
-            planner.plan_model()
+            try:
+                planner.plan_model()
+            except _Blocked as model_error:
+                # the uses that keep it too, so one run of the finding names them all
+                try:
+                    planner.plan_uses()
+                except _Blocked as use_error:
+                    line = ctx.position(use_error.node)[0]
+                    raise _Blocked(model_error.node, f"{model_error.message}; line {line}: {use_error.message}")
+                raise
             planner.plan_uses()
         except _Blocked as error:
             _report_blocked(ctx, error, setup.first.call)
