@@ -2620,7 +2620,9 @@ def plan(ctx: ModuleContext) -> None:
                     planner.plan_uses()
                 except _Blocked as use_error:
                     line = ctx.position(use_error.node)[0]
-                    raise _Blocked(model_error.node, f"{model_error.message}; line {line}: {use_error.message}")
+                    raise _Blocked(
+                        model_error.node, f"{model_error.message}; line {line}: {use_error.message}"
+                    ) from None
                 raise
             planner.plan_uses()
         except _Blocked as error:
