@@ -1678,8 +1678,9 @@ class _Planner:
             if ctx.position(statement)[0] < self.start_line:
                 halved_before.add(halving)
             self._drop_half(call, statement)
-        if not halved:
-            halved = self._halved_by_helpers()
+        # a helper that halves the model is kept float32 after too where a `.half()` is in sight (else the
+        # model would stay float16 under the GradScaler)
+        halved = self._halved_by_helpers(every_model=not halved) or halved
         if not halved:
             raise _Blocked(
                 self.setup.first.call,
@@ -1744,12 +1745,13 @@ class _Planner:
                 )
         return ""
 
-    def _halved_by_helpers(self) -> bool:
+    def _halved_by_helpers(self, every_model: bool = True) -> bool:
         """Project mode: every model the optimizer trains comes from an imported function that halves
         it under one of the set-up's tests (``ModuleFacts.halving_helpers``: DialoGPT's and PKD's
         ``model = load_model(model, checkpoint, args)``, shared with inference scripts, so its
         ``.half()`` stays). ``model.float()`` after each call, under the set-up's test, keeps the
-        model float32 (raises _Blocked where the calls do not reach every path to the set-up)."""
+        model float32 (raises _Blocked where the calls do not reach every path to the set-up, or, with
+        ``every_model``, where a trained model comes from no such call)."""
         ctx = self.ctx
         facts = {fact[0]: fact for fact in ctx.options.facts.halving_helpers}
         trained = self._trained_models()
@@ -1795,7 +1797,7 @@ class _Planner:
         missing = sorted(set(trained) - covered)
         if not insertions:
             return False
-        if missing:
+        if missing and every_model:
             raise _Blocked(
                 self.setup.first.call,
                 f"`{missing[0]}` is trained by it and not made float16 in sight (the others come from helpers that "
