@@ -48,6 +48,13 @@ class ModuleFacts:
     # imported project functions (as this module calls them) that compute a norm of the gradients
     # they are given (``migrate.gradient_norms``): on scaled gradients, divided by the scale
     gradient_norms: tuple[str, ...] = ()
+    # imported project functions (as this module calls them) that return the model they are given
+    # halved under a flag (``migrate.halving_helpers``): (name as called, the model's parameter
+    # index, its name, the flag's parameter index, its name, the flag's attribute, the defining module)
+    halving_helpers: tuple[tuple[str, int, str, int, str, str, str], ...] = ()
+    # imported project functions that use one parameter only as ``P.param_groups`` (name as called,
+    # the parameter's index, its name): an FP16_Optimizer passed there may be the wrapped optimizer
+    param_group_readers: tuple[tuple[str, int, str], ...] = ()
     # project functions defined here whose amp.initialize moves to their callers (``FactorySetup``):
     # it goes without a GradScaler of its own, each with what its callers out of the run do (""
     # or where they call it without an optimizer, for inference)...

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from migrate import apex_copies, factories, gradient_norms
+from migrate import apex_copies, factories, gradient_norms, halving_helpers
 from migrate.amp_api_names import CASTING as _CAST_FUNCTION_APIS
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
@@ -113,6 +113,8 @@ class ModuleSummary:
     # (each test spelled without layout, ``<obj>`` for the object it is stored on, with True for the
     # body and False for the else); None where something other than an ``if`` lies on the way
     store_conditions: list[tuple[str, tuple[tuple[str, bool], ...] | None]] = field(default_factory=list)
+    # the module names FP16_Optimizer (it may set one up on a model an imported helper halves)
+    fp16_optimizer: bool = False
 
 
 def summarize(path: str, source: str) -> ModuleSummary | None:
@@ -247,6 +249,7 @@ def _summarize(path: str, source: str) -> ModuleSummary | None:
         summary.store_conditions = _store_conditions(tree, summary.amp_stores)
     _summarize_functions(tree, summary, called, called_on, named)
     summary.apex_defs = apex_copies.scan(tree)
+    summary.fp16_optimizer = "FP16_Optimizer" in source
     return summary
 
 
@@ -392,6 +395,7 @@ def summary_to_json(summary: ModuleSummary) -> dict[str, Any]:
             [attribute, None if path is None else [[test, arm] for test, arm in path]]
             for attribute, path in summary.store_conditions
         ],
+        "fp16_optimizer": summary.fp16_optimizer,
     }
 
 
@@ -431,6 +435,7 @@ def summary_from_json(path: str, data: dict[str, Any]) -> ModuleSummary:
             (str(attribute), None if path is None else tuple((str(test), bool(arm)) for test, arm in path))
             for attribute, path in data["store_conditions"]
         ],
+        fp16_optimizer=bool(data["fp16_optimizer"]),
     )
 
 
@@ -776,6 +781,7 @@ class ProjectPlan:
         if searched is not None:
             self._freeze_for_amp_users_out_of_the_run({os.path.abspath(folder) for folder in searched})
         self._find_gradient_norms()
+        self._find_halving_helpers()
         # per folder, the project modules each module there imports (see _may_run_together)
         self._importers: dict[str, set[frozenset[str]]] = {}
 
@@ -867,6 +873,34 @@ class ProjectPlan:
                     norms.append(alias)
             if norms:
                 self.facts[path] = replace(self.facts.get(path, ModuleFacts()), gradient_norms=tuple(sorted(norms)))
+
+    def _find_halving_helpers(self) -> None:
+        """Tell the modules that name FP16_Optimizer which functions they import halve the model
+        they are given under a flag (``load_model(model, checkpoint, args)`` with ``if args.fp16:
+        model.half()`` in a train_utils.py): the set-up may keep that model float32 itself."""
+        proven: dict[str, dict[str, halving_helpers.HalvingHelper]] = {}
+        readers: dict[str, dict[str, halving_helpers.GroupReader]] = {}
+        for path, summary in self.index.modules.items():
+            if not (summary.fp16_optimizer and summary.given):
+                continue
+            found, reading = [], []
+            for alias, origin, name in self._imported_functions(path):
+                if origin not in proven:
+                    text = _text(origin)
+                    proven[origin] = halving_helpers.halving_helpers_in(text)
+                    readers[origin] = halving_helpers.param_group_readers_in(text)
+                helper = proven[origin].get(name)
+                if helper is not None:
+                    found.append((alias, *helper, self.display(origin)))
+                reader = readers[origin].get(name)
+                if reader is not None:
+                    reading.append((alias, *reader))
+            if found or reading:
+                self.facts[path] = replace(
+                    self.facts.get(path, ModuleFacts()),
+                    halving_helpers=tuple(sorted(found)),
+                    param_group_readers=tuple(sorted(reading)),
+                )
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""

@@ -9,6 +9,11 @@ What it rewrites
     later ``model.half()`` of that model after the set-up under the same guard and more tests (a
     float32 checkpoint saved in the loop: ``model.float()``, save, ``if fp16: model.half()``): it
     only re-halved the model FP16_Optimizer trains, and ``model.float()`` is a no-op on the float32 model.
+    So does a ``model.half()`` before the set-up under a part of its guards (``if args.fp16:`` for a
+    set-up under ``if args.cuda and args.fp16:``) when the optimizer was a torch.optim one and every
+    ``.backward()`` of the module is ``optimizer.backward(loss)`` under the half's test (or
+    ``loss.backward()`` in its ``else``): where the half's test held alone, Apex's first
+    ``optimizer.backward`` raised AttributeError, so only the set-up's path trained.
     ``optimizer.backward(loss)`` becomes ``scaler.scale(loss).backward()`` (and
     ``if fp16: optimizer.backward(loss) else: loss.backward()`` one such line),
     ``optimizer.step()`` ``scaler.step(optimizer)`` then ``scaler.update()``,
@@ -115,7 +120,11 @@ touches stays as it was)
     a run-time ``dynamic_loss_args``, a ``dynamic_loss_scale`` computed in the call, a ``clip_master_grads`` with no
     ``step()`` (without closure) after it in its block, a model still halved elsewhere in the
     function, or no ``.half()`` of the model in the set-up's function at all (a helper or another
-    module halves it, or it stays float32, which autocast would not keep). A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
+    module halves it, or it stays float32, which autocast would not keep), except a project function
+    proven to halve it under one of the set-up's tests (``ModuleFacts.halving_helpers``: ``model =
+    load_model(model, ckpt, args)`` ending ``if args.fp16: model.half()``), called on every path to the
+    set-up: the function stays (other callers share it) and ``if <set-up test>: model.float()`` follows
+    each call. A torch LR scheduler built on the wrapper (``WarmupLinearSchedule(optimizer, ...)``):
     torch raised TypeError on Apex's FP16_Optimizer, a plain object, so that path never trained.
     ``apex.contrib.optimizers.FP16_Optimizer`` (around ``apex.optimizers.FusedAdam(max_grad_norm=...)``,
     a pair no Apex had, the finding says to import the pre-2019 one). For ``apex.optimizers.FP16_Optimizer`` also:
@@ -173,7 +182,7 @@ import libcst as cst
 from migrate.apex_copies import pre2019_dynamic
 from migrate.rules import _local_copies as local_copies
 from migrate.rules import _syntax as syntax
-from migrate.rules._bindings import dotted_name
+from migrate.rules._bindings import bound_name, dotted_name
 from migrate.rules._context import ModuleContext, Statement
 from migrate.rules._forward import forward_span
 from migrate.rules.amp_initialize import _conjunction, _guards, bool_flags
@@ -595,7 +604,7 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
         and isinstance(statement.body[0].targets[0].target, cst.Name)
     )
     if not shape:
-        raise _Blocked(call, "not a plain `optimizer = FP16_Optimizer(optimizer, ...)` assignment")
+        raise _Blocked(call, _shape_problem(ctx, call, statement, flavor))
     assert isinstance(statement, cst.SimpleStatementLine)
     assign = statement.body[0]
     assert isinstance(assign, cst.Assign) and isinstance(assign.targets[0].target, cst.Name)
@@ -653,6 +662,49 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
     else:
         _read_scale(construction, bound)
     return construction
+
+
+def _shape_problem(ctx: ModuleContext, call: cst.Call, statement: cst.CSTNode, flavor: str) -> str:
+    """Why the construction is not ``name = FP16_Optimizer(...)``: for ``self.optimizer = ...`` (a
+    trainer class keeping it between methods), the methods that use it and the code to write."""
+    small = syntax.sole_statement(statement)
+    target = (
+        small.targets[0].target
+        if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1
+        else None
+    )
+    attribute = dotted_name(target) if isinstance(target, cst.Attribute) else None
+    if attribute is None or attribute.count(".") != 1:
+        return "not a plain `optimizer = FP16_Optimizer(optimizer, ...)` assignment"
+    owner = attribute.split(".")[0]
+    here = ctx.function_of(call)
+    methods: dict[str, int] = {}
+    for name in ctx.nodes_of(cst.Name):
+        node = ctx.parent(name)
+        if name.value != owner or not isinstance(node, cst.Attribute) or node.value is not name:
+            continue
+        function = ctx.function_of(node)
+        if function is here or function is None or dotted_name(node) != attribute:
+            continue
+        methods.setdefault(function.name.value, ctx.position(node)[0])
+    used = ", ".join(f"`{name}` (line {line})" for name, line in sorted(methods.items(), key=lambda item: item[1]))
+    scaler = f"{owner}.{ctx.options.scaler_name}"
+    return (
+        f"FP16_Optimizer is kept in the attribute `{attribute}`"
+        + (f", which other methods use: {used}" if used else "")
+        + "; the rule migrates an optimizer held in a local or module name only. Write instead: "
+        f'`{attribute} = <the wrapped optimizer>` with `{scaler} = torch.amp.GradScaler("cuda", enabled=...)` '
+        f"beside it, the float32 model (no .half()), the forward pass and loss under "
+        f'`with torch.autocast("cuda", dtype=torch.float16):`, `{scaler}.scale(loss).backward()` for '
+        f"`{attribute}.backward(loss)`, `{scaler}.step({attribute})` then `{scaler}.update()` for its step, and "
+        f'`{{"optimizer": {attribute}.state_dict(), "scaler": {scaler}.state_dict()}}` in checkpoints'
+        + (
+            "; the pre-2019 FusedAdam it wraps goes with it, its update written in plain torch (ampmigrate writes "
+            "it as `LegacyFusedAdam` for an optimizer held in a local name)"
+            if flavor == "optimizers"
+            else ""
+        )
+    )
 
 
 def _read_pre2019(construction: _Construction, bound: dict[str, cst.Arg], defaults: tuple[float, int]) -> None:
@@ -1033,8 +1085,23 @@ class _Planner:
         return None
 
     def plan_uses(self) -> None:
+        # every use that cannot migrate, so the finding lists them all rather than the first alone
+        blocked: list[_Blocked] = []
         for node in self.uses():
-            self._plan_use(node)
+            try:
+                self._plan_use(node)
+            except _Blocked as error:
+                if not any(b.message == error.message for b in blocked):
+                    blocked.append(error)
+        if len(blocked) == 1:
+            raise blocked[0]
+        if blocked:
+            raise _Blocked(
+                blocked[0].node,
+                "; ".join(
+                    (f"line {self.ctx.position(b.node)[0]}: " if i else "") + b.message for i, b in enumerate(blocked)
+                ),
+            )
         if not self.stepped:
             raise _Blocked(
                 self.setup.first.call,
@@ -1045,12 +1112,24 @@ class _Planner:
     def _plan_use(self, node: cst.Name) -> None:
         ctx, name = self.ctx, self.name
         if _is_store(ctx, node):
-            if self.flavor == "optimizers" and all(
-                _exclusive(ctx, node, c.statement) for c in self.setup.constructions
-            ):
+            exclusive = all(_exclusive(ctx, node, c.statement) for c in self.setup.constructions)
+            if self.flavor == "optimizers" and exclusive:
                 # `if fp16: ...FP16_Optimizer... else: optimizer = BertAdam(...)`: the other path's optimizer
                 # (its zero_grad() is left as written, so any optimizer class takes the migrated calls)
                 return
+            if exclusive:
+                # the float32 path's optimizer meets `zero_grad(set_to_none=...)` and a disabled scaler's step
+                small = syntax.sole_statement(ctx.statement_of(node))
+                value = small.value if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+                callee = dotted_name(value.func) if isinstance(value, cst.Call) else None
+                if callee is not None and _torch_optim_path(ctx, callee, node):
+                    return
+                raise _Blocked(
+                    node,
+                    f"`{name}` is built here on the path without FP16_Optimizer by something other than a torch.optim "
+                    f"class, which the migrated `{name}.zero_grad(set_to_none=...)` and `{self.scaler}.step({name})` "
+                    f"would reach too: build it with `torch.optim.<Class>(...)`, or write {_RECIPE}",
+                )
             raise _Blocked(node, f"`{name}` is assigned again after FP16_Optimizer wrapped it")
         parent = ctx.parent(node)
         scheduler = self._torch_scheduler(node)
@@ -1061,6 +1140,16 @@ class _Planner:
                 "TypeError ('FP16_Optimizer is not an Optimizer') for Apex's FP16_Optimizer, a plain object: the fp16 "
                 "path stopped here, so there is no Apex run to reproduce. To train it in fp16, build the scheduler on "
                 "the wrapped optimizer and write " + _RECIPE,
+            )
+        if self._passed_to_group_reader(node):
+            return
+        if isinstance(parent, cst.Return):
+            raise _Blocked(
+                node,
+                f"`return {name}` hands the optimizer to the callers, which call its backward and step: they would "
+                f"need the GradScaler too; return "
+                f"it with the optimizer (`return {name}, {self.scaler}`) and write `{self.scaler}.scale(loss).backward()`, "
+                f"`{self.scaler}.step({name})`, `{self.scaler}.update()` where they use it",
             )
         if not (isinstance(parent, cst.Attribute) and parent.value is node):
             raise _Blocked(
@@ -1092,6 +1181,25 @@ class _Planner:
             raise _Blocked(outer, self._advice(attribute))
         handler(outer)
 
+    def _passed_to_group_reader(self, node: cst.Name) -> bool:
+        """Project mode: ``set_lr(optimizer, ...)`` where the imported ``set_lr`` uses that parameter only
+        as ``optimizer.param_groups`` (``ModuleFacts.param_group_readers``), the same groups on the
+        wrapped optimizer as on Apex's FP16_Optimizer."""
+        ctx = self.ctx
+        arg = ctx.parent(node)
+        call = ctx.parent(arg) if isinstance(arg, cst.Arg) else None
+        if not isinstance(call, cst.Call) or not isinstance(arg, cst.Arg) or arg.star:
+            return False
+        callee = dotted_name(call.func)
+        for alias, index, parameter in ctx.options.facts.param_group_readers:
+            if alias != callee:
+                continue
+            if arg.keyword is not None:
+                return arg.keyword.value == parameter
+            position = list(call.args).index(arg)
+            return position == index and not any(a.star for a in call.args[:position])
+        return False
+
     def _advice(self, attribute: str) -> str:
         name, scaler = self.name, self.scaler
         if attribute in ("state_dict", "load_state_dict"):
@@ -1102,8 +1210,16 @@ class _Planner:
             )
         if attribute == "overflow":
             return (
-                f"`{name}.overflow`: GradScaler has no public flag; a skipped step shows as "
-                f"`{scaler}.get_scale()` dropping after `{scaler}.update()`"
+                f"`{name}.overflow`: GradScaler has no public flag; under a dynamic scale a skipped step is the scale "
+                f"dropping: `scale_before = {scaler}.get_scale()` before `{scaler}.update()`, then "
+                f"`{scaler}.get_scale() < scale_before` for the flag"
+            )
+        if attribute == "update_master_grads":
+            return (
+                f"`{name}.update_master_grads()` copied the float16 gradients, unscaled, into the float32 masters; "
+                f"GradScaler keeps the gradients scaled until `{scaler}.unscale_({name})` or `{scaler}.step({name})`: "
+                f"drop it with `update_master_grads=False`, write `{scaler}.scale(loss).backward()`, and clip after "
+                f"`{scaler}.unscale_({name})`"
             )
         known = _APEX_ATTRIBUTES.get(self.flavor)
         binding = self.ctx.resolve(self.setup.first.root.value, self.setup.first.root)
@@ -1562,23 +1678,313 @@ class _Planner:
             if ctx.position(statement)[0] < self.start_line:
                 halved_before.add(halving)
             self._drop_half(call, statement)
+        # a helper that halves the model is kept float32 after too where a `.half()` is in sight (else the
+        # model would stay float16 under the GradScaler)
+        halved = self._halved_by_helpers(every_model=not halved) or halved
         if not halved:
             raise _Blocked(
                 self.setup.first.call,
-                "no `.half()` of the model it trains is in sight where it is set up: that model is made float16 "
+                self._source_of_models()
+                + "no `.half()` of the model it trains is in sight where it is set up: that model is made float16 "
                 "elsewhere (a helper such as `load_model(model, args)`, another module), and a GradScaler cannot "
                 "unscale float16 gradients, or it stays float32, and autocast would compute in float16 what Apex "
                 "computed in float32: make the model float16 with `.half()` beside the FP16_Optimizer (the rule "
                 "then keeps it float32 under torch.autocast) and run ampmigrate again",
             )
         for call, halving, statement, codes in later:
-            if not self._halved_again(call, halving, statement, codes, guard_codes, halved_before):
+            if self._halved_again(call, halving, statement, codes, guard_codes, halved_before):
+                self._drop_half(call, statement)
+                continue
+            reason = self._halved_on_wider_guard(call, statement)
+            if isinstance(reason, str):
+                raise _Blocked(call, reason)
+            self._drop_half(call, statement)
+            self.edits.notes.append(("AMP041", call, reason[0]))
+
+    def _trained_models(self) -> dict[str, cst.Call]:
+        """The names whose ``.parameters()`` / ``.named_parameters()`` feed the optimizer (in the
+        set-up's scope, before it), with the first such call."""
+        ctx = self.ctx
+        found: dict[str, cst.Call] = {}
+        for call in ctx.nodes_of(cst.Call):
+            func = call.func
+            if ctx.scope_of(call) is not self.setup.scope or ctx.position(call)[0] > self.start_line:
+                continue
+            if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
+                name = dotted_name(func.value)
+                if name is not None:
+                    found.setdefault(name, call)
+        return found
+
+    def _source_of_models(self) -> str:
+        """``(line N: `model` comes from `load_model(...)`, imported from `utils`) `` where a trained
+        model is assigned from a call of an imported function before the set-up, else ""."""
+        ctx = self.ctx
+        for name in self._trained_models():
+            for node in ctx.nodes_of(cst.Call):
+                statement = ctx.statement_of(node)
+                small = syntax.sole_statement(statement)
+                if not (isinstance(small, cst.Assign) and small.value is node and len(small.targets) == 1):
+                    continue
+                if dotted_name(small.targets[0].target) != name or ctx.scope_of(node) is not self.setup.scope:
+                    continue
+                callee = dotted_name(node.func)
+                root = callee.split(".")[0] if callee else None
+                imports = ctx.other_imports.get(ctx.module, {}).get(root or "", [])  # type: ignore[call-overload]
+                if not imports or ctx.position(node)[0] > self.start_line:
+                    continue
+                statement_of_import = imports[-1]
+                module = root or ""
+                if isinstance(statement_of_import, cst.ImportFrom):
+                    spelled = statement_of_import.module
+                    module = "." * len(statement_of_import.relative) + (dotted_name(spelled) or "" if spelled else "")
+                return (
+                    f"`{name}` comes from `{callee}(...)` (line {ctx.position(node)[0]}, imported from `{module}`), "
+                    f"which ampmigrate could not prove halves it under the set-up's test (project mode reads a "
+                    "function that ends `if args.fp16: model.half()` and returns the model); "
+                )
+        return ""
+
+    def _halved_by_helpers(self, every_model: bool = True) -> bool:
+        """Project mode: every model the optimizer trains comes from an imported function that halves
+        it under one of the set-up's tests (``ModuleFacts.halving_helpers``: DialoGPT's and PKD's
+        ``model = load_model(model, checkpoint, args)``, shared with inference scripts, so its
+        ``.half()`` stays). ``model.float()`` after each call, under the set-up's test, keeps the
+        model float32 (raises _Blocked where the calls do not reach every path to the set-up, or, with
+        ``every_model``, where a trained model comes from no such call)."""
+        ctx = self.ctx
+        facts = {fact[0]: fact for fact in ctx.options.facts.halving_helpers}
+        trained = self._trained_models()
+        if not facts or not trained or self.switch is None:
+            return False
+        setup = {c for guard in self.guards for c in _conjuncts(guard)}
+        covered: set[str] = set()
+        insertions: list[tuple[cst.CSTNode, str, str, cst.Call]] = []
+        for call in ctx.nodes_of(cst.Call):
+            callee = dotted_name(call.func)
+            fact = facts.get(callee or "")
+            if fact is None or ctx.scope_of(call) is not self.setup.scope:
+                continue
+            _, model_index, model, flag_index, flag, attribute, where = fact
+            statement = ctx.statement_of(call)
+            small = syntax.sole_statement(statement)
+            if not (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1):
+                continue
+            target = dotted_name(small.targets[0].target)
+            if target not in trained:
+                continue
+            names = [f"_{i}" for i in range(max(model_index, flag_index) + 1)]
+            names[model_index], names[flag_index] = model, flag
+            bound = syntax.bind_arguments(call, names, partial=True)
+            flag_value = dotted_name(bound[flag].value) if flag in bound else None
+            test = f"{flag_value}.{attribute}"
+            if flag_value is None or model not in bound or test not in setup:
+                shown = test if flag_value is not None else f"{flag}.{attribute}"
                 raise _Blocked(
                     call,
-                    f"`{syntax.code(call).strip()}` makes the model float16 here, apart from the FP16_Optimizer set-up: "
-                    "remove it (the model stays float32 under torch.autocast) and run ampmigrate again",
+                    f"`{callee}(...)` ({where}) halves `{target}` when `{shown}` holds, which is not "
+                    f"one of the set-up's tests here: pass the flag the set-up tests, or halve `{target}` with "
+                    "`.half()` under the set-up's `if`, and run ampmigrate again",
                 )
-            self._drop_half(call, statement)
+            if ctx.position(call)[0] >= self.start_line or not self._on_every_path(statement, target, callee):
+                raise _Blocked(
+                    call,
+                    f"`{target} = {callee}(...)` ({where} halves it under `{test}`) does not run on every path to the "
+                    f"FP16_Optimizer set-up: halve `{target}` with `.half()` beside the set-up and run ampmigrate again",
+                )
+            covered.add(target)
+            insertions.append((statement, target, test, call))
+        missing = sorted(set(trained) - covered)
+        if not insertions:
+            return False
+        if missing and every_model:
+            raise _Blocked(
+                self.setup.first.call,
+                f"`{missing[0]}` is trained by it and not made float16 in sight (the others come from helpers that "
+                "halve them): make it float16 with `.half()` beside the FP16_Optimizer and run ampmigrate again",
+            )
+        self._check_unchanged_between(min(ctx.position(s)[0] for s, *_ in insertions))
+        switch = syntax.code(self.switch).strip()
+        for statement, target, test, call in insertions:
+            self.edits.after.setdefault(statement, []).append(
+                cst.parse_statement(f"if {switch}:\n    {target}.float()\n")
+            )
+            self.edits.notes.append(
+                (
+                    "AMP041",
+                    call,
+                    f"`{syntax.code(call.func).strip()}(...)` halves `{target}` under `{test}` (its `.half()` stays for "
+                    f"its other callers): `if {switch}: {target}.float()` after it keeps the model FP16_Optimizer "
+                    "trained float32, from the float16-rounded weights Apex's float32 masters started from",
+                )
+            )
+        return True
+
+    def _on_every_path(self, statement: cst.CSTNode, target: str, callee: str | None) -> bool:
+        """Whether ``statement`` (``target = callee(...)``) runs on every path to the set-up: it sits
+        in a block around the set-up, or in a branch of an ``if``/``elif``/``else`` chain each of
+        whose branches assigns ``target = callee(...)`` or ends with ``raise``, and so on up."""
+        ctx = self.ctx
+        around = set(ctx.ancestors(self.outermost))
+        current = statement
+        while True:
+            block = ctx.parent(current)
+            if block in around:
+                return True
+            if not isinstance(block, cst.IndentedBlock):
+                return False
+            owner = ctx.parent(block)
+            if isinstance(owner, cst.Else):
+                owner = ctx.parent(owner)
+            while isinstance(owner, cst.If) and isinstance(ctx.parent(owner), cst.If):
+                owner = ctx.parent(owner)  # an elif: up to its first if
+            if not isinstance(owner, cst.If):
+                return False
+            clause: cst.If | cst.Else | None = owner
+            while isinstance(clause, cst.If):
+                if not self._clause_assigns(clause.body, target, callee):
+                    return False
+                clause = clause.orelse
+            if not isinstance(clause, cst.Else) or not self._clause_assigns(clause.body, target, callee):
+                return False
+            current = owner
+
+    def _clause_assigns(self, body: cst.BaseSuite, target: str, callee: str | None) -> bool:
+        statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
+        if statements and isinstance(syntax.sole_statement(statements[-1]), cst.Raise):
+            return True
+        for statement in statements:
+            small = syntax.sole_statement(statement)
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and dotted_name(small.targets[0].target) == target
+                and isinstance(small.value, cst.Call)
+                and dotted_name(small.value.func) == callee
+            ):
+                return True
+        return False
+
+    def _check_unchanged_between(self, first_line: int) -> None:
+        """The names the set-up's switch reads are not assigned between ``first_line`` and the set-up."""
+        ctx = self.ctx
+        assert self.switch is not None
+        read = {
+            dotted_name(node)
+            for node in syntax.descendants(self.switch)
+            if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) is not None
+        }
+        for node in ctx.nodes_of(cst.Name):
+            if ctx.scope_of(node) is not self.setup.scope or not first_line < ctx.position(node)[0] < self.start_line:
+                continue
+            target = ctx.parent(node)
+            while isinstance(target, cst.Attribute) and target.value is node:
+                node, target = target, ctx.parent(target)  # type: ignore[assignment]
+            dotted = dotted_name(node)
+            if dotted is not None and any(dotted == r or (r or "").startswith(dotted + ".") for r in read):
+                if _is_store(ctx, node):
+                    raise _Blocked(
+                        node,
+                        f"`{dotted}` changes between the helper that halves the model and the FP16_Optimizer set-up, "
+                        f"whose test `{syntax.code(self.switch).strip()}` keeps the model float32 after that helper",
+                    )
+
+    def _halved_on_wider_guard(self, call: cst.Call, statement: cst.CSTNode) -> str | tuple[str]:
+        """Whether ``model.half()`` before the set-up, under a part of its guards (transformer-xl:
+        ``if args.fp16: model = model.half()``, then ``if args.cuda and args.fp16:`` around the
+        FP16_Optimizer), only made float16 the model that FP16_Optimizer trains: where the half's guard
+        holds without the set-up's, the model was float16 under the plain torch optimizer, and the
+        first ``optimizer.backward(loss)`` raised AttributeError (every ``.backward()`` of the
+        module is that call under the half's test, or ``loss.backward()`` in its ``else``), so that
+        path never trained. Returns the note for the dropped half, or the reason it must stay."""
+        ctx = self.ctx
+        code = syntax.code(call).strip()
+        move = (
+            "remove it, or put it under the very `if` of the set-up (the model stays float32 under torch.autocast), "
+            "and run ampmigrate again"
+        )
+        conditions, _ = _guards(ctx, statement)
+        halving = {c for condition in conditions for c in _conjuncts(condition)}
+        setup = {c for guard in self.guards for c in _conjuncts(guard)}
+        tests = " and ".join(f"`{c}`" for c in sorted(halving)) or "always"
+        if not (halving < setup) or ctx.position(statement)[0] >= self.start_line:
+            return f"`{code}` makes the model float16 under other tests than the FP16_Optimizer set-up's: " + move
+        wider = f"`{code}` makes the model float16 where {tests} holds, also without the set-up's other tests"
+        plain = self._plain_torch_optimizer()
+        if isinstance(plain, cst.CSTNode):
+            return (
+                f"{wider}, and `{self.name}` there is what line {ctx.position(plain)[0]} builds, not a torch.optim "
+                "class: if it has no `backward`, that path stopped at the first "
+                f"`{self.name}.backward(loss)` and the half can go; {move}"
+            )
+        backward_calls = [
+            node
+            for use in self.uses()
+            if isinstance(attribute := ctx.parent(use), cst.Attribute)
+            and attribute.attr.value == "backward"
+            and isinstance(node := ctx.parent(attribute), cst.Call)
+        ]
+        # every backward of the module: another function's plain `loss.backward()` could train the float16 model
+        offending: list[cst.Call] = []
+        for node in ctx.nodes_of(cst.Call):
+            func = node.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value == "backward"):
+                continue
+            branch = self._backward_branch(ctx.statement_of(node))
+            own = node in backward_calls
+            if branch is None or own != branch[1] or not set(_conjuncts(branch[0])) <= halving:
+                offending.append(node)
+        if offending or not backward_calls:
+            # name a backward of the plain optimizer's path first: it is what trained the float16 model
+            node = next((n for n in offending if n not in backward_calls), offending[0] if offending else call)
+            if node is not call:
+                return (
+                    f"{wider}, where `{self.name}` is the plain optimizer and `{syntax.code(node).strip()}` (line "
+                    f"{ctx.position(node)[0]}) may train that float16 model, which the float32 model would not "
+                    f"reproduce: {move}"
+                )
+            return f"{wider}, and no `{self.name}.backward(loss)` is in sight to show that path never trained: {move}"
+        return (
+            f"`{code}` went too (the model stays float32 under torch.autocast): where {tests} holds without the "
+            f"set-up's tests, Apex's model was float16 under the plain torch optimizer and the first "
+            f"`{self.name}.backward(loss)` raised AttributeError, so only the set-up's path trained under Apex",
+        )
+
+    def _backward_branch(self, statement: cst.CSTNode) -> tuple[cst.BaseExpression, bool] | None:
+        """For a statement alone in the body or the ``else`` of an ``if`` without ``elif``: the
+        test, and whether it is in the body."""
+        ctx = self.ctx
+        block = ctx.parent(statement)
+        if not isinstance(block, cst.IndentedBlock) or len(block.body) != 1:
+            return None
+        owner = ctx.parent(block)
+        if isinstance(owner, cst.If) and owner.body is block and isinstance(owner.orelse, cst.Else):
+            return owner.test, True
+        if isinstance(owner, cst.Else):
+            branch = ctx.parent(owner)
+            if isinstance(branch, cst.If):
+                return branch.test, False
+        return None
+
+    def _plain_torch_optimizer(self) -> bool | cst.CSTNode:
+        """Whether every value the optimizer name holds before the set-up (in its scope) is built by a
+        ``torch.optim`` class, which has no ``backward``; else the assignment that is not, if any."""
+        ctx = self.ctx
+        built = False
+        for node in ctx.nodes_of(cst.Name):
+            if node.value != self.name or ctx.scope_of(node) is not self.setup.scope or not _is_store(ctx, node):
+                continue
+            if ctx.position(node)[0] >= self.start_line:
+                continue
+            small = syntax.sole_statement(ctx.statement_of(node))
+            if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and small.targets[0].target is node):
+                return node
+            value = small.value
+            callee = dotted_name(value.func) if isinstance(value, cst.Call) else None
+            if callee is None or not _torch_optim_path(ctx, callee, node):
+                return node
+            built = True
+        return built
 
     def _halved_again(
         self,
@@ -1847,6 +2253,46 @@ def _rebinds(statement: cst.CSTNode, name: str) -> bool:
     if not (isinstance(target, cst.Name) and target.value == name):
         return False
     return not any(isinstance(node, cst.Name) and node.value == name for node in syntax.descendants(small.value))
+
+
+def _conjuncts(expression: cst.BaseExpression) -> list[str]:
+    """The normalized parts of ``a and b and ...`` (the expression itself when it is no ``and``)."""
+    expression = syntax.strip_parens(expression)
+    if isinstance(expression, cst.BooleanOperation) and isinstance(expression.operator, cst.And):
+        return _conjuncts(expression.left) + _conjuncts(expression.right)
+    return [syntax.normalized(expression)]
+
+
+def _torch_optim_path(ctx: ModuleContext, callee: str, at: cst.CSTNode) -> bool:
+    """Whether ``callee`` (``optim.SGD``, ``torch.optim.Adam``, ``Adam``) names a class of
+    ``torch.optim``, through the module's imports."""
+    root, _, rest = callee.partition(".")
+    imports = [
+        statement
+        for scope in (ctx.scope_of(at), ctx.module)
+        for statement in ctx.other_imports.get(scope, {}).get(root, [])  # type: ignore[call-overload]
+    ]
+    binding = ctx.resolve(root, at)
+    if binding is not None and binding.kind == "torch":
+        return rest.startswith("optim.") and rest.count(".") == 1
+    for statement in imports:
+        if isinstance(statement.names, cst.ImportStar):
+            continue
+        for alias in statement.names:
+            if bound_name(alias) != root:
+                continue
+            imported = dotted_name(alias.name) or ""
+            if isinstance(statement, cst.Import):
+                full = f"{imported}.{rest}" if alias.asname is not None else callee
+            elif statement.relative:
+                continue
+            else:
+                module = dotted_name(statement.module) if statement.module is not None else ""
+                full = f"{module}.{imported}" + (f".{rest}" if rest else "")
+            parts = full.split(".")
+            if len(parts) == 3 and parts[:2] == ["torch", "optim"]:
+                return True
+    return False
 
 
 def _exclusive(ctx: ModuleContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
@@ -2168,7 +2614,18 @@ def plan(ctx: ModuleContext) -> None:
                 )
             planner.model_names_from_setup()
             planner.plan_scaler()
-            planner.plan_model()
+            try:
+                planner.plan_model()
+            except _Blocked as model_error:
+                # the uses that keep it too, so one run of the finding names them all
+                try:
+                    planner.plan_uses()
+                except _Blocked as use_error:
+                    line = ctx.position(use_error.node)[0]
+                    raise _Blocked(
+                        model_error.node, f"{model_error.message}; line {line}: {use_error.message}"
+                    ) from None
+                raise
             planner.plan_uses()
         except _Blocked as error:
             _report_blocked(ctx, error, setup.first.call)
