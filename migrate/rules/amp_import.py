@@ -13,7 +13,8 @@ What it rewrites
     kept only in case) go too, as ruff's F401 fix would remove them from a script: importing
     them has no effect other than failing where Apex is missing. Unless the name may be
     reached from outside the module: other given modules import it from this one (project
-    mode's facts; all of them for a star import), ``__all__`` lists it, or the module may look
+    mode's facts, which also find the project files that import the name without naming Apex;
+    all of them for a star import), ``__all__`` lists it, or the module may look
     it up by its spelling (the name as a whole string, ``globals()``, ``eval``; not for an
     Apex-optional import, ``try: ... except ImportError: pass``, whose name no string spells:
     without Apex such a lookup never found it), or it opens a ``try`` whose other code runs
@@ -40,7 +41,9 @@ Not rewritten (reported instead)
     Whatever still uses Apex after the other rules ran: the amp module stored or passed
     as a value (AMP030), private Apex state the amp_private_state rule could not rewrite
     (AMP031), amp functions without a rewrite (AMP032), other Apex modules (AMP040; also an
-    unused name that stays for one of the reasons above, and the message says which), an
+    unused name that stays for one of the reasons above, and the message says which; also a
+    name whose uses here were migrated but that other modules import from this one, or that
+    ``__all__`` lists: its import stays and the message names them), an
     ``import apex`` that only checks that Apex is installed (AMP043). Their imports stay so
     the code keeps running where Apex is installed.
 
@@ -65,7 +68,7 @@ from migrate.rules._bindings import (
     presence_check,
 )
 from migrate.rules._context import ModuleContext
-from migrate.rules._exports import reached_from_outside
+from migrate.rules._exports import module_all, reached_from_outside
 from migrate.rules.amp_cast_functions import APIS as CAST_APIS
 
 RULE = "amp_import"
@@ -514,7 +517,9 @@ def _plan_imports(
                 if id(binding.alias) in unused:
                     removable.setdefault(binding.statement, set()).add(binding.alias)
                     continue
-                if scope is ctx.module and (bound in exported or "*" in exported):
+                if scope is ctx.module and (
+                    bound in exported or "*" in exported or (binding.kind == "other_apex" and bound in module_all(ctx))
+                ):
                     kept_by = ctx.options.facts.amp_kept_by
                     if binding.kind == "amp" and kept_by:
                         ctx.report(
@@ -703,8 +708,8 @@ def _report_leftovers(
     if ctx.handles.any:
         _report_handle_leftovers(ctx)
     reported: set[int] = set()
-    for scope_imports in ctx.imports.values():
-        for bindings in scope_imports.values():
+    for scope, scope_imports in ctx.imports.items():
+        for bound, bindings in scope_imports.items():
             for binding in bindings:
                 if binding.kind == "other_apex" and binding.target in amp_private_state.STATE_TARGETS:
                     continue  # each use is reported (AMP031) with the code to write
@@ -738,12 +743,36 @@ def _report_leftovers(
                             binding.statement if isinstance(binding.statement.names, cst.ImportStar) else binding.alias
                         )
                         ctx.report("AMP040", anchor, f"{binding.target}: {_replacement(binding.target)}")
+                    elif scope is ctx.module and not isinstance(binding.statement.names, cst.ImportStar):
+                        _report_exported(ctx, binding, bound)
                 elif binding.kind == "apex" and id(binding.alias) not in reported:
                     reported.add(id(binding.alias))
                     if references.get(binding.alias) or ctx.skipped(ctx.statement_of(binding.statement)):
                         _report_apex_package_uses(ctx, binding, references)
                     elif not _bare_probe_of_migrated_code(ctx, binding):
                         ctx.report("AMP043", binding.alias)
+
+
+def _report_exported(ctx: ModuleContext, binding: Binding, bound: str) -> None:
+    """An Apex name whose uses here were all migrated, kept for the project modules that import
+    it from this one (``_plan_imports``): they still get Apex's class, and need Apex."""
+    facts = ctx.options.facts
+    importers = sorted({shown for name, shown in facts.apex_importers if name == bound})
+    if importers:
+        who = f"{', '.join(importers)} import{'s' if len(importers) == 1 else ''} `{bound}` from this module"
+    elif bound in facts.exported or "*" in facts.exported:
+        who = f"other modules of the project import `{bound}` from this one"
+    elif bound in module_all(ctx):
+        who = f"`__all__` lists `{bound}` (a star import of this module gets it)"
+    else:
+        return
+    ctx.report(
+        "AMP040",
+        binding.alias,
+        f"{binding.target} is no longer used in this module (its uses here were migrated), but its import stays, "
+        f"since {who}; code that gets `{bound}` from here still gets Apex's: {_replacement(binding.target)} there, "
+        "then run ampmigrate again",
+    )
 
 
 def _report_handle_leftovers(ctx: ModuleContext) -> None:
