@@ -767,6 +767,7 @@ class ProjectPlan:
         self.facts = module_facts(self.index)
         self._display = dict(displays or {})
         self._name_importers()
+        self._scan_apex_options()
         self._stage: dict[int | None, str] = {}
         self._blocked: dict[int, str] = {}  # group -> why its setup could not be threaded or handed off
         self._threaded: dict[int, set[str]] = {}  # group -> the modules given new facts to thread a scaler
@@ -874,6 +875,35 @@ class ProjectPlan:
                     importers.setdefault(target, set()).add((name, shown))
         for path, found in importers.items():
             self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_importers=tuple(sorted(found)))
+
+    _APEX_OPTIONS = (b"channel_last", b"fuse_relu")
+
+    def _scan_apex_options(self) -> None:
+        """Tell the given modules that import Apex's SyncBatchNorm which of its Apex-only options
+        the project's Python files spell (a vendored copy of Apex, in a folder named ``apex``,
+        aside): a SyncBatchNorm class handed to the project's code (``norm_layer=BatchNorm2d``)
+        can only be called there with an option some file spells."""
+        paths = [
+            path
+            for path, summary in self.index.modules.items()
+            if summary.given
+            and any(
+                edge.module.startswith("apex.parallel") and "SyncBatchNorm" in edge.names for edge in summary.imports
+            )
+        ]
+        if not paths:
+            return
+        spelled: set[bytes] = set()
+        read = 0
+        for path, data in _project_files(paths, set()):
+            read += 1
+            if "apex" not in os.path.relpath(path, os.path.dirname(paths[0])).split(os.sep)[:-1]:
+                spelled.update(option for option in self._APEX_OPTIONS if option in data)
+        if not _reads & set(paths) or read >= _CARRIER_SCAN_FILES:
+            return  # no project around them was read (no root found), or not all of it: nothing is known
+        found = tuple(sorted(option.decode() for option in spelled))
+        for path in paths:
+            self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_options_spelled=found)
 
     def _plan_carriers(self) -> None:
         """Tell the modules of each group which attributes carry the amp module between them:
