@@ -767,7 +767,7 @@ class ProjectPlan:
         self.facts = module_facts(self.index)
         self._display = dict(displays or {})
         self._name_importers()
-        self._scan_apex_options()
+        self._scan_apex_options({os.path.abspath(folder) for folder in searched or ()})
         self._stage: dict[int | None, str] = {}
         self._blocked: dict[int, str] = {}  # group -> why its setup could not be threaded or handed off
         self._threaded: dict[int, set[str]] = {}  # group -> the modules given new facts to thread a scaler
@@ -878,11 +878,13 @@ class ProjectPlan:
 
     _APEX_OPTIONS = (b"channel_last", b"fuse_relu")
 
-    def _scan_apex_options(self) -> None:
+    def _scan_apex_options(self, searched: set[str]) -> None:
         """Tell the given modules that import Apex's SyncBatchNorm which of its Apex-only options
-        the project's Python files spell (a vendored copy of Apex, in a folder named ``apex``,
-        aside): a SyncBatchNorm class handed to the project's code (``norm_layer=BatchNorm2d``)
-        can only be called there with an option some file spells."""
+        the Python files of their project spell (a vendored copy of Apex, in a folder named
+        ``apex``, aside): a SyncBatchNorm class handed to the project's code (``norm_layer=
+        BatchNorm2d``) can only be called there with an option some file spells. The project is
+        the folder a marker (setup.py, .git, ...) makes its root, else the topmost folder discovery
+        searched around the module; with neither, or more files than are read, nothing is known."""
         paths = [
             path
             for path, summary in self.index.modules.items()
@@ -891,16 +893,39 @@ class ProjectPlan:
                 edge.module.startswith("apex.parallel") and "SyncBatchNorm" in edge.names for edge in summary.imports
             )
         ]
-        if not paths:
-            return
+        roots: set[str] = set()
+        for path in paths:
+            root = project_root(path)
+            if os.path.dirname(root) == root:  # no marker up to the file system's root
+                around = [
+                    folder for folder in searched if os.path.commonpath([folder, os.path.abspath(path)]) == folder
+                ]
+                if not around:
+                    return
+                root = min(around, key=len)
+            roots.add(root)
         spelled: set[bytes] = set()
         read = 0
-        for path, data in _project_files(paths, set()):
-            read += 1
-            if "apex" not in os.path.relpath(path, os.path.dirname(paths[0])).split(os.sep)[:-1]:
-                spelled.update(option for option in self._APEX_OPTIONS if option in data)
-        if not _reads & set(paths) or read >= _CARRIER_SCAN_FILES:
-            return  # no project around them was read (no root found), or not all of it: nothing is known
+        for root in sorted(roots):
+            for folder, subfolders, files in os.walk(root):
+                subfolders[:] = sorted(
+                    f for f in subfolders if f not in _SKIPPED_FOLDERS and not f.startswith(".") and f != "apex"
+                )
+                _reads.add(folder)
+                for name in sorted(files):
+                    if not name.endswith(".py"):
+                        continue
+                    read += 1
+                    if read > _CARRIER_SCAN_FILES:
+                        return
+                    path = os.path.join(folder, name)
+                    _reads.add(path)
+                    try:
+                        with open(path, "rb") as handle:
+                            data = handle.read()
+                    except OSError:
+                        return
+                    spelled.update(option for option in self._APEX_OPTIONS if option in data)
         found = tuple(sorted(option.decode() for option in spelled))
         for path in paths:
             self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_options_spelled=found)
