@@ -44,7 +44,8 @@ Not rewritten (reported instead)
     unused name that stays for one of the reasons above, and the message says which; also a
     name whose uses here were migrated but that other modules import from this one, or that
     ``__all__`` lists: its import stays and the message names them), an
-    ``import apex`` that only checks that Apex is installed (AMP043). Their imports stay so
+    ``import apex`` that only checks that Apex is installed (AMP043; one whose ``try`` only
+    imports Apex and ignores its failure, ``except ImportError: pass``, goes). Their imports stay so
     the code keeps running where Apex is installed.
 
 References
@@ -458,11 +459,16 @@ def _probe_for_code(ctx: ModuleContext, statement: cst.CSTNode) -> str | None:
 def _bare_probe_of_migrated_code(ctx: ModuleContext, binding: Binding) -> bool:
     """An unused ``import apex`` in a module whose Apex code this run migrated, that sets no flag
     (no assignment, ``return`` or ``global`` in its ``try``, not in a function): it only checked
-    that Apex was installed for that code, and goes with it (else AMP043)."""
-    if not ctx.consumed or ctx.function_of(binding.statement) is not None:
+    that Apex was installed for that code, and goes with it (else AMP043). So does one whose
+    ``try`` ignores its failure (``except ImportError: pass`` and nothing else), whatever this run
+    migrated: it neither uses Apex nor stops where Apex is missing, so deleting it changes nothing."""
+    if ctx.function_of(binding.statement) is not None:
         return False
     line = ctx.statement_of(binding.statement)
     if ctx.skipped(line):
+        return False
+    owner = ctx.try_around(binding.statement)
+    if not ctx.consumed and not (owner is not None and _failure_ignored(owner)):
         return False
     for ancestor in ctx.ancestors(line):
         if isinstance(ancestor, cst.Try):
@@ -471,6 +477,45 @@ def _bare_probe_of_migrated_code(ctx: ModuleContext, binding: Binding) -> bool:
             flags = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return, cst.Global, cst.FunctionDef, cst.ClassDef)
             if any(isinstance(node, flags) for node in ctx.walk(ancestor)):
                 return False  # `APEX_AVAILABLE = True`: code elsewhere reads what it found
+    return True
+
+
+def _failure_ignored(owner: cst.Try) -> bool:
+    """A ``try`` whose every handler catches ImportError and only passes, without ``else`` or
+    ``finally``: what its body imports is optional and nothing marks whether it was found."""
+    if owner.orelse is not None or owner.finalbody is not None or not owner.handlers:
+        return False
+    # its body only imports Apex: deleting one import lets no other code run where it did not
+    for statement in owner.body.body:
+        smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [None]
+        for small in smalls:
+            if isinstance(small, cst.Import):
+                modules = [dotted_name(alias.name) or "" for alias in small.names]
+            elif isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None:
+                modules = [dotted_name(small.module) or ""]
+            else:
+                return False
+            if not all(module == "apex" or module.startswith("apex.") for module in modules):
+                return False
+    for handler in owner.handlers:
+        caught = handler.type
+        names = [element.value for element in caught.elements] if isinstance(caught, cst.Tuple) else [caught]
+        if not all(
+            isinstance(name, cst.Name) and name.value in ("ImportError", "ModuleNotFoundError") for name in names
+        ):
+            return False
+        block = handler.body
+        passes: list[cst.CSTNode] = (
+            [small for line in block.body if isinstance(line, cst.SimpleStatementLine) for small in line.body]
+            if isinstance(block, cst.IndentedBlock)
+            else list(block.body)
+        )
+        if isinstance(block, cst.IndentedBlock) and not all(
+            isinstance(line, cst.SimpleStatementLine) for line in block.body
+        ):
+            return False
+        if not all(isinstance(small, cst.Pass) for small in passes):
+            return False
     return True
 
 
