@@ -29,6 +29,13 @@ class ModuleFacts:
     # the given modules (as displayed) that import the amp module from here and keep using Apex
     # amp: the import stays for them, and says so (AMP025)
     amp_kept_by: tuple[str, ...] = ()
+    # (name, module as displayed): the project modules that import this module's Apex names
+    # (``from norms import SyncBN2d``), for which its Apex import stays (AMP040 says so)
+    apex_importers: tuple[tuple[str, str], ...] = ()
+    # which Apex-only SyncBatchNorm options (channel_last, fuse_relu) some Python file of the project
+    # (a vendored copy of Apex aside) spells; None when the project was not scanned: a SyncBatchNorm
+    # class stored in a variable may be handed to the project's code only where it spells none
+    apex_options_spelled: tuple[str, ...] | None = None
     # the GradScaler shared across modules: the module that creates it passes it (as a
     # keyword named ``Options.scaler_name``) to these imported functions ("f" or "mod.f")...
     passes_scaler: tuple[str, ...] = ()

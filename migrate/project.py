@@ -768,9 +768,12 @@ class ProjectPlan:
         self.index = ProjectIndex(summaries)
         if context is not None:
             self._add_context(context)
+            self._add_apex_name_importers(context)
         self.groups = amp_groups(self.index)
         self.facts = module_facts(self.index)
         self._display = dict(displays or {})
+        self._name_importers()
+        self._scan_apex_options({os.path.abspath(folder) for folder in searched or ()})
         self._stage: dict[int | None, str] = {}
         self._blocked: dict[int, str] = {}  # group -> why its setup could not be threaded or handed off
         self._threaded: dict[int, set[str]] = {}  # group -> the modules given new facts to thread a scaler
@@ -821,6 +824,118 @@ class ProjectPlan:
                             return {}
                         break
         return found
+
+    def _apex_names(self) -> dict[str, set[str]]:
+        """For each given module, the names its ``from apex.X import Y [as Z]`` imports bind
+        (amp aside: the amp setup has facts of its own)."""
+        names: dict[str, set[str]] = {}
+        for path, summary in self.index.modules.items():
+            if not summary.given:
+                continue
+            for edge in summary.imports:
+                if edge.module.split(".")[0] != "apex" or edge.module == "apex.amp" or edge.names in ((), ("*",)):
+                    continue
+                bound = {
+                    alias for name, alias in zip(edge.names, edge.aliases) if (edge.module, name) != ("apex", "amp")
+                }
+                if bound:
+                    names.setdefault(path, set()).update(bound)
+        return names
+
+    def _add_apex_name_importers(self, context: Callable[[str], ModuleSummary | None]) -> None:
+        """Summarize the project files that import an Apex class from a given module
+        (``from norms import SyncBN2d`` where norms.py has ``from apex.parallel import
+        SyncBatchNorm as SyncBN2d``): they name no Apex, so neither the pre-filter nor the imports
+        of the given modules lead to them, yet the import they rely on must stay (``exported``)."""
+        names = self._apex_names()
+        wanted = set().union(*names.values()) if names else set()
+        if not wanted:
+            return
+        spelled = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(wanted)) + rb")\b")
+        found: dict[str, ModuleSummary] = {}
+        for path, data in _project_files(sorted(names), set(self.index.modules)):
+            if b"import" not in data or spelled.search(data) is None:
+                continue
+            summary = context(path)
+            if summary is None:
+                continue
+            for edge in summary.imports:
+                target = self.index.resolve(path, edge.module)
+                if target in names and ("*" in edge.names or names[target] & set(edge.names)):
+                    summary.given = False
+                    found[path] = summary
+                    break
+        if found:
+            self.index = ProjectIndex([*self.index.modules.values(), *found.values()])
+
+    def _name_importers(self) -> None:
+        """Tell each given module which project modules import its Apex names from it."""
+        names = self._apex_names()
+        importers: dict[str, set[tuple[str, str]]] = {}
+        for path, summary in self.index.modules.items():
+            for edge, target in self.index.imported(summary):
+                if target not in names:
+                    continue
+                # one read only to find it (not given) is named from the module it imports
+                shown = self.display(path) if summary.given else os.path.relpath(path, os.path.dirname(target))
+                for name in names[target] if "*" in edge.names else names[target] & set(edge.names):
+                    importers.setdefault(target, set()).add((name, shown))
+        for path, found in importers.items():
+            self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_importers=tuple(sorted(found)))
+
+    _APEX_OPTIONS = (b"channel_last", b"fuse_relu")
+
+    def _scan_apex_options(self, searched: set[str]) -> None:
+        """Tell the given modules that import Apex's SyncBatchNorm which of its Apex-only options
+        the Python files of their project spell (a vendored copy of Apex, in a folder named
+        ``apex``, aside): a SyncBatchNorm class handed to the project's code (``norm_layer=
+        BatchNorm2d``) can only be called there with an option some file spells. The project is
+        the folder a marker (setup.py, .git, ...) makes its root, else the topmost folder discovery
+        searched around the module; with neither, or more files than are read, nothing is known."""
+        paths = [
+            path
+            for path, summary in self.index.modules.items()
+            if summary.given
+            and any(
+                edge.module.startswith("apex.parallel") and "SyncBatchNorm" in edge.names for edge in summary.imports
+            )
+        ]
+        roots: set[str] = set()
+        for path in paths:
+            root = project_root(path)
+            if os.path.dirname(root) == root:  # no marker up to the file system's root
+                around = [
+                    folder for folder in searched if os.path.commonpath([folder, os.path.abspath(path)]) == folder
+                ]
+                if not around:
+                    return
+                root = min(around, key=len)
+            roots.add(root)
+        spelled: set[bytes] = set()
+        read = 0
+        for root in sorted(roots):
+            for folder, subfolders, files in os.walk(root):
+                subfolders[:] = sorted(
+                    f for f in subfolders if f not in _SKIPPED_FOLDERS and not f.startswith(".") and f != "apex"
+                )
+                _reads.add(folder)
+                for name in sorted(files):
+                    if not name.endswith(".py"):
+                        continue
+                    read += 1
+                    if read > _CARRIER_SCAN_FILES:
+                        return
+                    path = os.path.join(folder, name)
+                    _reads.add(path)
+                    try:
+                        with open(path, "rb") as handle:
+                            data = handle.read()
+                    except OSError:
+                        return
+                    spelled.update(option for option in self._APEX_OPTIONS if option in data)
+        found = tuple(sorted(option.decode() for option in spelled))
+        for path in paths:
+            self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_options_spelled=found)
 
     def _plan_carriers(self) -> None:
         """Tell the modules of each group which attributes carry the amp module between them:

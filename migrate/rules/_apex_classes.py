@@ -45,6 +45,11 @@ class Replacement:
     # the Apex class (apex_name of another Replacement) whose instances the result holds: a
     # class check on that class must change with this call (convert_syncbn_model: SyncBatchNorm)
     builds: str = ""
+    # a class that may be handed to the project's own code when stored in a variable
+    # (``norm_layer=BatchNorm2d``), where the project spells none of these Apex-only options
+    # (project facts: ``ModuleFacts.apex_options_spelled``): code there can only call it with the
+    # arguments the torch class takes the same way, and test instances with it
+    passable_unless: tuple[str, ...] = ()
 
 
 def _matches(path: str, replacement: Replacement) -> bool:
@@ -363,10 +368,12 @@ def stored_in(ctx: ModuleContext, reference: cst.BaseExpression) -> cst.Assign |
     return None
 
 
-def _calls_through(ctx: ModuleContext, variable: str) -> list[cst.Call] | str:
+def _calls_through(ctx: ModuleContext, variable: str, passable: bool = False) -> list[cst.Call] | str:
     """Every call made through the plain variable ``variable``, or why some use of it is not a
     call (then the value may flow where it is not seen). Every name spelled so in the module
-    counts, whatever scope it is in: a name elsewhere only adds calls to check."""
+    counts, whatever scope it is in: a name elsewhere only adds calls to check. ``passable``:
+    the variable may also be the class tested by ``isinstance``/``issubclass`` and an argument
+    of a call to code other than Apex's (that call is in the list, its func not the variable)."""
     calls: list[cst.Call] = []
     for name in ctx.nodes_of(cst.Name):
         if name.value != variable:
@@ -376,6 +383,12 @@ def _calls_through(ctx: ModuleContext, variable: str) -> list[cst.Call] | str:
         parent = ctx.parent(name)
         if isinstance(parent, cst.Call) and parent.func is name:
             calls.append(parent)
+            continue
+        if passable and class_check(ctx, name) is not None:
+            continue
+        holder = ctx.parent(parent) if isinstance(parent, cst.Arg) and parent.value is name else None
+        if passable and isinstance(holder, cst.Call) and ctx.apex_path(holder.func) is None:
+            calls.append(holder)
             continue
         return f"`{variable}` is used other than by a call on line {ctx.position(name)[0]}"
     return calls
@@ -460,12 +473,22 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
         ctx.plan.needs_torch_import = True
         ctx.consumed.add(value.root)
         lines = ", ".join(str(ctx.position(call)[0]) for call in value.calls)
+        said = (
+            f"every call through it (line{'s' if len(value.calls) > 1 else ''} {lines}) passes arguments "
+            f"{value.torch_class} takes with the same meaning and defaults"
+            if value.calls
+            else ""
+        )
+        if value.passed:
+            handed = ", ".join(sorted({str(ctx.position(call)[0]) for call in value.passed}, key=int))
+            options = " or ".join(value.replacement.passable_unless)
+            said += (
+                f"{'; ' if said else ''}the code it is handed to (line{'s' if ',' in handed else ''} {handed}) can "
+                f"only build layers with it from arguments {value.torch_class} takes the same way, and test layers "
+                f"with it: no file of the project spells {options}"
+            )
         ctx.report(
-            "AMP041",
-            value.reference,
-            f"{value.path} stored in `{value.spelled}` became {value.torch_class}: every call through it "
-            f"(line{'s' if len(value.calls) > 1 else ''} {lines}) passes arguments {value.torch_class} takes with "
-            "the same meaning and defaults",
+            "AMP041", value.reference, f"{value.path} stored in `{value.spelled}` became {value.torch_class}: {said}"
         )
     for check in checks:
         assert check.check is not None
@@ -564,6 +587,7 @@ class _Value:
     calls: list[cst.Call]
     problem: str  # why not ("" when it may)
     check: cst.Call | None = None  # the isinstance/issubclass call, for a class check
+    passed: list[cst.Call] = field(default_factory=list)  # the calls it is handed to (``passable_unless``)
 
 
 def _decide(
@@ -584,12 +608,23 @@ def _decide(
     if reached is not None:
         value.problem = f"`{spelled}` may be used outside this module ({reached})"
         return value
-    calls = _calls_through(ctx, target.value)
+    calls = _calls_through(ctx, target.value, _passable(ctx, replacement))
     if isinstance(calls, str):
         value.problem = calls
+        options = sorted(set(ctx.options.facts.apex_options_spelled or ()) & set(replacement.passable_unless))
+        if options:
+            value.problem += (
+                f" (a file of the project spells {' and '.join(options)}: code it is handed to may pass "
+                f"{'them' if len(options) > 1 else 'it'})"
+            )
         return value
     if not calls:
         value.problem = f"`{spelled}` is never called in this module"
+        return value
+    value.passed = [call for call in calls if not (isinstance(call.func, cst.Name) and call.func.value == target.value)]
+    calls = [call for call in calls if call not in value.passed]
+    if not calls:
+        value.torch_class = _default_target(replacement)
         return value
     targets: set[str] = set()
     for call in calls:
@@ -603,6 +638,17 @@ def _decide(
         return value
     value.torch_class, value.calls = next(iter(targets)), calls
     return value
+
+
+def _passable(ctx: ModuleContext, replacement: Replacement) -> bool:
+    """Whether a variable holding the class may be handed to other code: the project (as
+    project mode scanned it) spells none of the Apex-only options such code could pass."""
+    spelled = ctx.options.facts.apex_options_spelled
+    return (
+        bool(replacement.passable_unless)
+        and spelled is not None
+        and not set(spelled) & set(replacement.passable_unless)
+    )
 
 
 def _other_use(ctx: ModuleContext, value: _Value, migrated: set[int]) -> str:

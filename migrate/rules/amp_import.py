@@ -13,7 +13,8 @@ What it rewrites
     kept only in case) go too, as ruff's F401 fix would remove them from a script: importing
     them has no effect other than failing where Apex is missing. Unless the name may be
     reached from outside the module: other given modules import it from this one (project
-    mode's facts; all of them for a star import), ``__all__`` lists it, or the module may look
+    mode's facts, which also find the project files that import the name without naming Apex;
+    all of them for a star import), ``__all__`` lists it, or the module may look
     it up by its spelling (the name as a whole string, ``globals()``, ``eval``; not for an
     Apex-optional import, ``try: ... except ImportError: pass``, whose name no string spells:
     without Apex such a lookup never found it), or it opens a ``try`` whose other code runs
@@ -40,8 +41,11 @@ Not rewritten (reported instead)
     Whatever still uses Apex after the other rules ran: the amp module stored or passed
     as a value (AMP030), private Apex state the amp_private_state rule could not rewrite
     (AMP031), amp functions without a rewrite (AMP032), other Apex modules (AMP040; also an
-    unused name that stays for one of the reasons above, and the message says which), an
-    ``import apex`` that only checks that Apex is installed (AMP043). Their imports stay so
+    unused name that stays for one of the reasons above, and the message says which; also a
+    name whose uses here were migrated but that other modules import from this one, or that
+    ``__all__`` lists: its import stays and the message names them), an
+    ``import apex`` that only checks that Apex is installed (AMP043; one whose ``try`` only
+    imports Apex and ignores its failure, ``except ImportError: pass``, goes). Their imports stay so
     the code keeps running where Apex is installed.
 
 References
@@ -65,7 +69,7 @@ from migrate.rules._bindings import (
     presence_check,
 )
 from migrate.rules._context import ModuleContext
-from migrate.rules._exports import reached_from_outside
+from migrate.rules._exports import module_all, reached_from_outside
 from migrate.rules.amp_cast_functions import APIS as CAST_APIS
 
 RULE = "amp_import"
@@ -457,12 +461,16 @@ def _bare_probe_of_migrated_code(ctx: ModuleContext, binding: Binding) -> bool:
     function: it only checked that Apex was installed for that code, and goes with it (else
     AMP043). Its ``try`` may set a flag (``has_apex = True``) that only this module reads, once
     no other Apex import of the module stays: the flag then says True, as it did where Apex
-    was installed, and the code it chose there is the migrated code."""
+    was installed, and the code it chose there is the migrated code. So does one whose ``try``
+    ignores its failure (``except ImportError: pass`` and nothing else), whatever this run
+    migrated: it neither uses Apex nor stops where Apex is missing, so deleting it changes nothing."""
     if ctx.function_of(binding.statement) is not None:
         return False
     line = ctx.statement_of(binding.statement)
     if ctx.skipped(line):
         return False
+    owner = ctx.try_around(binding.statement)
+    ignored = owner is not None and _failure_ignored(owner)
     guarded_imports = False
     for ancestor in ctx.ancestors(line):
         if isinstance(ancestor, cst.Try):
@@ -473,7 +481,7 @@ def _bare_probe_of_migrated_code(ctx: ModuleContext, binding: Binding) -> bool:
             guarded_imports = guarded_imports or _imports_other_apex_names(ctx, ancestor, binding)
     # with nothing migrated, the probe still goes with the other Apex imports of its `try`,
     # which go too (nothing used them): it only checked they would import
-    return bool(ctx.consumed) or guarded_imports
+    return bool(ctx.consumed) or guarded_imports or ignored
 
 
 def _imports_other_apex_names(ctx: ModuleContext, owner: cst.Try, probe: Binding) -> bool:
@@ -542,6 +550,45 @@ def _probe_kept_because(ctx: ModuleContext, binding: Binding) -> str | None:
     return None
 
 
+def _failure_ignored(owner: cst.Try) -> bool:
+    """A ``try`` whose every handler catches ImportError and only passes, without ``else`` or
+    ``finally``: what its body imports is optional and nothing marks whether it was found."""
+    if owner.orelse is not None or owner.finalbody is not None or not owner.handlers:
+        return False
+    # its body only imports Apex: deleting one import lets no other code run where it did not
+    for statement in owner.body.body:
+        smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [None]
+        for small in smalls:
+            if isinstance(small, cst.Import):
+                modules = [dotted_name(alias.name) or "" for alias in small.names]
+            elif isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None:
+                modules = [dotted_name(small.module) or ""]
+            else:
+                return False
+            if not all(module == "apex" or module.startswith("apex.") for module in modules):
+                return False
+    for handler in owner.handlers:
+        caught = handler.type
+        names = [element.value for element in caught.elements] if isinstance(caught, cst.Tuple) else [caught]
+        if not all(
+            isinstance(name, cst.Name) and name.value in ("ImportError", "ModuleNotFoundError") for name in names
+        ):
+            return False
+        block = handler.body
+        passes: list[cst.CSTNode] = (
+            [small for line in block.body if isinstance(line, cst.SimpleStatementLine) for small in line.body]
+            if isinstance(block, cst.IndentedBlock)
+            else list(block.body)
+        )
+        if isinstance(block, cst.IndentedBlock) and not all(
+            isinstance(line, cst.SimpleStatementLine) for line in block.body
+        ):
+            return False
+        if not all(isinstance(small, cst.Pass) for small in passes):
+            return False
+    return True
+
+
 def _rebind(ctx: ModuleContext, binding: Binding, torch_name: str) -> None:
     """``from apex.normalization import FusedLayerNorm as X`` -> ``from torch.nn import LayerNorm as X``."""
     module, _, name = torch_name.rpartition(".")
@@ -585,7 +632,9 @@ def _plan_imports(
                 if id(binding.alias) in unused:
                     removable.setdefault(binding.statement, set()).add(binding.alias)
                     continue
-                if scope is ctx.module and (bound in exported or "*" in exported):
+                if scope is ctx.module and (
+                    bound in exported or "*" in exported or (binding.kind == "other_apex" and bound in module_all(ctx))
+                ):
                     kept_by = ctx.options.facts.amp_kept_by
                     if binding.kind == "amp" and kept_by:
                         ctx.report(
@@ -774,8 +823,8 @@ def _report_leftovers(
     if ctx.handles.any:
         _report_handle_leftovers(ctx)
     reported: set[int] = set()
-    for scope_imports in ctx.imports.values():
-        for bindings in scope_imports.values():
+    for scope, scope_imports in ctx.imports.items():
+        for bound, bindings in scope_imports.items():
             for binding in bindings:
                 if binding.kind == "other_apex" and binding.target in amp_private_state.STATE_TARGETS:
                     continue  # each use is reported (AMP031) with the code to write
@@ -809,6 +858,8 @@ def _report_leftovers(
                             binding.statement if isinstance(binding.statement.names, cst.ImportStar) else binding.alias
                         )
                         ctx.report("AMP040", anchor, f"{binding.target}: {_replacement(binding.target)}")
+                    elif scope is ctx.module and not isinstance(binding.statement.names, cst.ImportStar):
+                        _report_exported(ctx, binding, bound)
                 elif binding.kind == "apex" and id(binding.alias) not in reported:
                     reported.add(id(binding.alias))
                     if references.get(binding.alias) or ctx.skipped(ctx.statement_of(binding.statement)):
@@ -825,6 +876,28 @@ def _report_leftovers(
                                 f"in this module uses the name, and it stays: {why}"
                             ),
                         )
+
+
+def _report_exported(ctx: ModuleContext, binding: Binding, bound: str) -> None:
+    """An Apex name whose uses here were all migrated, kept for the project modules that import
+    it from this one (``_plan_imports``): they still get Apex's class, and need Apex."""
+    facts = ctx.options.facts
+    importers = sorted({shown for name, shown in facts.apex_importers if name == bound})
+    if importers:
+        who = f"{', '.join(importers)} import{'s' if len(importers) == 1 else ''} `{bound}` from this module"
+    elif bound in facts.exported or "*" in facts.exported:
+        who = f"other modules of the project import `{bound}` from this one"
+    elif bound in module_all(ctx):
+        who = f"`__all__` lists `{bound}` (a star import of this module gets it)"
+    else:
+        return
+    ctx.report(
+        "AMP040",
+        binding.alias,
+        f"{binding.target} is no longer used in this module (its uses here were migrated), but its import stays, "
+        f"since {who}; code that gets `{bound}` from here still gets Apex's: {_replacement(binding.target)} there, "
+        "then run ampmigrate again",
+    )
 
 
 def _report_handle_leftovers(ctx: ModuleContext) -> None:

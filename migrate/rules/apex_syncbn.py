@@ -12,7 +12,11 @@ What it rewrites
     where such a check stays Apex's, the module's conversions stay with it, since torch's
     layers would silently stop matching it; the class stored in a variable becomes
     torch's where every call through it is seen and passes only torch's arguments
-    (apex_optimizers' rule for values).
+    (apex_optimizers' rule for values). In project mode it may also be handed to other
+    code (``norm_layer=BatchNorm2d``, ``init_weight(model, BatchNorm2d)``) and be the class of
+    an ``isinstance`` check, where no Python file of the project (a vendored copy of Apex aside)
+    spells ``channel_last`` or ``fuse_relu``: that code can then only build layers from
+    arguments torch's class takes the same way.
 
 Before::
 
@@ -87,6 +91,7 @@ REPLACEMENTS = (
             "fuse_relu": "drop fuse_relu=True and apply the ReLU after the layer: `torch.relu(bn(x))` "
             "(Apex's z input: `torch.relu(bn(x) + z)`)",
         },
+        passable_unless=("channel_last", "fuse_relu"),
     ),
 )
 
