@@ -1691,6 +1691,7 @@ class _Planner:
                 "computed in float32: make the model float16 with `.half()` beside the FP16_Optimizer (the rule "
                 "then keeps it float32 under torch.autocast) and run ampmigrate again",
             )
+        self._float_whatever_is_loaded(guard_codes)
         for call, halving, statement, codes in later:
             if self._halved_again(call, halving, statement, codes, guard_codes, halved_before):
                 self._drop_half(call, statement)
@@ -1700,6 +1701,60 @@ class _Planner:
                 raise _Blocked(call, reason)
             self._drop_half(call, statement)
             self.edits.notes.append(("AMP041", call, reason[0]))
+
+    def _float_whatever_is_loaded(self, guard_codes: list[str]) -> None:
+        """``if not args.fp16: model = model.float()`` after a model is loaded whole (transformer-xl's
+        restart, ``model = torch.load(f)``): under Apex the fp16 path kept a checkpoint's float16
+        model for FP16_Optimizer, whose float32 masters were its weights made float; the migrated
+        model must be float32 on that path too (a GradScaler cannot unscale float16 gradients), so
+        the cast runs on every path. Only for a test of the set-up's guard (or a part of it), a trained
+        model, no ``else``."""
+        ctx = self.ctx
+        models = set(self._trained_models())
+        if len(self.guards) != 1 or not models:
+            return
+        # `if not args.fp16:` beside a set-up under `if args.cuda and args.fp16:` too: the model
+        # stays float32 wherever its `.half()` went
+        switches = {guard_codes[0], *_conjuncts(self.guards[0])}
+        for test in ctx.walk(ctx.module):
+            if not isinstance(test, cst.If) or test.orelse is not None or ctx.scope_of(test) is not self.setup.scope:
+                continue
+            negated = test.test
+            if not (
+                isinstance(negated, cst.UnaryOperation)
+                and isinstance(negated.operator, cst.Not)
+                and syntax.normalized(negated.expression) in switches
+            ):
+                continue
+            body = [
+                line
+                for line in (test.body.body if isinstance(test.body, cst.IndentedBlock) else ())
+                if isinstance(line, cst.SimpleStatementLine)
+            ]
+            if body and len(body) == len(test.body.body) and all(self._casts_a_model_to_float(b, models) for b in body):
+                first = body[0].with_changes(leading_lines=[*test.leading_lines, *body[0].leading_lines])
+                self.edits.replace_statement[test] = [first, *body[1:]]
+
+    @staticmethod
+    def _casts_a_model_to_float(line: cst.BaseStatement, models: set[str]) -> bool:
+        """``model = model.float()`` or ``model.float()`` for one of ``models``."""
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            return False
+        small = line.body[0]
+        value = small.value if isinstance(small, (cst.Assign, cst.Expr)) else None
+        if not (
+            isinstance(value, cst.Call)
+            and not value.args
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value == "float"
+        ):
+            return False
+        name = dotted_name(value.func.value)
+        if name not in models:
+            return False
+        if isinstance(small, cst.Assign):
+            return len(small.targets) == 1 and dotted_name(small.targets[0].target) == name
+        return True
 
     def _trained_models(self) -> dict[str, cst.Call]:
         """The names whose ``.parameters()`` / ``.named_parameters()`` feed the optimizer (in the
