@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from migrate import apex_copies, factories, gradient_norms
+from migrate import apex_copies, factories, gradient_norms, runner_hooks
 from migrate.amp_api_names import CASTING as _CAST_FUNCTION_APIS
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
@@ -1100,6 +1100,24 @@ class ProjectPlan:
             # an orphan import-linked to an amp.initialize belongs to that setup, not to this one
             # (and once its scaler is threaded to it, it is no orphan at all)
             related = [orphan for orphan in unowned if self._may_run_together(orphan, path)]
+            # with the modules import-linked to them or beside them (the checkpoint function a runner
+            # subclass imports, relatively in a namespace package: whai362/PVT detection/mmcv_custom)
+            folders = {os.path.dirname(os.path.abspath(orphan)) for orphan in related}
+            linked = [
+                orphan
+                for orphan in unowned
+                if orphan not in related
+                and (
+                    os.path.dirname(os.path.abspath(orphan)) in folders
+                    or any(orphan in group.paths and set(related) & set(group.paths) for group in self.groups)
+                )
+            ]
+            by_hand = self._runner_by_hand(path, [*related, *linked]) if related else None
+            if by_hand is not None:
+                # an mmcv-style runner: each module gets the code to write in it, and stays whole
+                for orphan, why in by_hand.items():
+                    again[orphan] = replace(self.facts.get(orphan, ModuleFacts()), frozen=why)
+                continue
             if related:
                 reason = (
                     f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "
@@ -1156,6 +1174,39 @@ class ProjectPlan:
                 continue
             again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
+
+    def _runner_by_hand(self, path: str, related: list[str]) -> dict[str, str] | None:
+        """Why ``path``'s setup and the modules in ``related`` (amp code without an initialize, reached
+        at run time) stay on Apex, each with the code to write in it, when the optimizer goes to a
+        library's runner and ``related`` are its hooks and runner methods (``migrate.runner_hooks``);
+        None for any other shape (read only for the rare module whose GradScaler no backward uses)."""
+        tree = _tree(path)
+        if tree is None:
+            return None
+        setup = None
+        for scope in ast.walk(tree):
+            if isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+                handed = _optimizer_names(scope)
+                if handed is not None:
+                    setup = runner_hooks.runner_setup(tree, *handed)
+                    break
+        if setup is None:
+            return None
+        trees = {}
+        for orphan in related:
+            orphan_tree = _tree(orphan)
+            if orphan_tree is None:
+                return None
+            trees[self.display(orphan)] = orphan_tree
+        written = runner_hooks.hand_written(trees, setup.runner)
+        if written is None or set(written) != set(trees):
+            return None
+        reasons = {path: runner_hooks.creator_sentence(setup, sorted(trees))}
+        for orphan in related:
+            reasons[orphan] = runner_hooks.module_sentence(
+                written[self.display(orphan)], self.display(path), setup.runner
+            )
+        return reasons
 
     def _optimizer_out_of_sight(self, path: str) -> tuple[str, int] | None:
         """The first call that hands what ``path``'s ``amp.initialize`` returned for its optimizer

@@ -354,3 +354,33 @@ def test_an_import_resolves_past_a_farther_package_of_the_same_name(tmp_path: Pa
     test = str(tmp_path / "tests/lib/engine/test_x.py")
     assert index.resolve(test, "lib.engine") == str(tmp_path / "lib/engine/__init__.py")
     assert index.resolve(str(tmp_path / "deit/engine.py"), "utils") is None
+
+
+def test_runner_hook_setup_names_the_code_to_write_in_each_module(tmp_path: Path) -> None:
+    """An mmcv-style setup (the optimizer handed to build_runner, the loss scaled in a registered
+    hook, amp's state in a runner subclass and a checkpoint function) stays whole, and each
+    module's finding says what to write there: the scaler carried by the runner."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_hook_and_checkpoint_through_a_registry" / "in", root)
+    messages = {
+        Path(result.path).resolve().relative_to(root.resolve()).as_posix(): diagnostic.message
+        for result in _migrate_tree(root)
+        for diagnostic in result.diagnostics
+    }
+    assert "`runner.scaler = scaler` right after line 15" in messages["detkit/apis.py"]
+    assert (
+        "scaler = torch.amp.GradScaler(\"cuda\", enabled=bool(hook_cfg.get('type') == 'AccumulateFp16Hook' and "
+        "hook_cfg.get('fp16', False)))` made before the `if`" in messages["detkit/apis.py"]
+    )
+    assert '`model.forward = torch.autocast("cuda", dtype=torch.float16)(model.forward)`' in messages["detkit/apis.py"]
+    hook = messages["detkit/runner/fp16_hook.py"]
+    assert "`runner.scaler.scale(loss).backward()` for the `with` block at line 21" in hook
+    assert "`runner.scaler.unscale_(runner.optimizer)` right before the clip at line 28" in hook
+    assert "`runner.scaler.step(runner.optimizer)` then `runner.scaler.update()`" in hook
+    assert (
+        "`self.scaler.load_state_dict(grad_scaler_state(checkpoint['amp_state']))`"
+        in messages["detkit/runner/amp_runner.py"]
+    )
+    checkpoint = messages["detkit/runner/ckpt.py"]
+    assert "`scaler.state_dict()` at line 11, with a parameter `scaler=None` added to `save_with_amp`" in checkpoint
+    assert "amp_runner.py:14)" in checkpoint
