@@ -777,6 +777,9 @@ class ProjectPlan:
         self._find_gradient_norms()
         # per folder, the project modules each module there imports (see _may_run_together)
         self._importers: dict[str, set[frozenset[str]]] = {}
+        # setups handed to a library's runner, being migrated: their modules, each with why it
+        # stays as it was (and the code to write there) if any of them keeps Apex amp
+        self._runner_setups: list[dict[str, str]] = []
 
     def display(self, path: str) -> str:
         return self._display.get(path, os.path.relpath(path))
@@ -968,7 +971,8 @@ class ProjectPlan:
         behind, the group is frozen whole. A module that kept its amp import only for
         modules that no longer use amp drops it.
         """
-        again: dict[str, ModuleFacts] = {}
+        # the runner setups tried in the pass before this one (before new ones are tried)
+        again: dict[str, ModuleFacts] = self._settle_runner_setups(outcome)
         if not self._stage:
             again.update(self._freeze_unused_scalers(outcome))
         for number, group in enumerate(self.groups):
@@ -1112,11 +1116,18 @@ class ProjectPlan:
                     or any(orphan in group.paths and set(related) & set(group.paths) for group in self.groups)
                 )
             ]
-            by_hand = self._runner_by_hand(path, [*related, *linked]) if related else None
+            by_hand = self._runner_by_hand(path, [*related, *linked], result) if related else None
             if by_hand is not None:
-                # an mmcv-style runner: each module gets the code to write in it, and stays whole
-                for orphan, why in by_hand.items():
-                    again[orphan] = replace(self.facts.get(orphan, ModuleFacts()), frozen=why)
+                # an mmcv-style runner: the runner keeps the scaler for its hooks and methods, or,
+                # where that cannot be done, each module gets the code to write in it and stays whole
+                reasons, threaded = by_hand
+                facts = threaded or {
+                    member: replace(self.facts.get(member, ModuleFacts()), frozen=why)
+                    for member, why in reasons.items()
+                }
+                if threaded:
+                    self._runner_setups.append(reasons)
+                again.update(facts)
                 continue
             if related:
                 reason = (
@@ -1175,11 +1186,37 @@ class ProjectPlan:
             again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
 
-    def _runner_by_hand(self, path: str, related: list[str]) -> dict[str, str] | None:
-        """Why ``path``'s setup and the modules in ``related`` (amp code without an initialize, reached
-        at run time) stay on Apex, each with the code to write in it, when the optimizer goes to a
-        library's runner and ``related`` are its hooks and runner methods (``migrate.runner_hooks``);
-        None for any other shape (read only for the rare module whose GradScaler no backward uses)."""
+    def _settle_runner_setups(self, outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
+        """A setup handed to a library's runner whose modules came out migrated is done; one where
+        any of them keeps Apex amp goes back to how it was, whole, each module saying why."""
+        again = {}
+        for reasons in list(self._runner_setups):
+            if not all(path in outcome for path in reasons):
+                continue
+            self._runner_setups.remove(reasons)
+            if not any(outcome[path].amp_left for path in reasons):
+                continue
+            for path, why in reasons.items():
+                again[path] = replace(
+                    self.facts.get(path, ModuleFacts()),
+                    frozen=why,
+                    runner_scalers=(),
+                    runner_carrier=None,
+                    receives_scaler=(),
+                    passes_scaler=(),
+                    shared_scaler=None,
+                )
+        return again
+
+    def _runner_by_hand(
+        self, path: str, related: list[str], result: Outcome
+    ) -> tuple[dict[str, str], dict[str, ModuleFacts]] | None:
+        """For an amp.initialize in ``path`` whose optimizer goes to a library's runner, with
+        ``related`` (amp code without an initialize, reached at run time) its hooks and runner
+        methods (``migrate.runner_hooks``): why each module stays on Apex if the setup cannot be
+        migrated, with the code to write in it, and the facts that migrate it (the runner keeps
+        the GradScaler; empty where the shape is not the plain one); None for any other shape
+        (read only for the rare module whose GradScaler no backward uses)."""
         tree = _tree(path)
         if tree is None:
             return None
@@ -1201,12 +1238,89 @@ class ProjectPlan:
         written = runner_hooks.hand_written(trees, setup.runner)
         if written is None or set(written) != set(trees):
             return None
-        reasons = {path: runner_hooks.creator_sentence(setup, sorted(trees))}
+        threading = runner_hooks.threading(trees) if setup.plain else None
+        scalers = result.scalers
+        other = self._other_runners(path, related, setup.builder, trees) if threading else None
+        if not setup.plain:
+            why = (
+                'it is migrated only where the call is `amp.initialize(model, optimizer, opt_level="O1")` in the '
+                "function that builds the runner (in the same block, or in `if`s there), and this one is not"
+            )
+        elif threading is None or set(threading) != set(trees):
+            why = (
+                "one of them calls amp in another shape than an optimizer hook's method given the runner, the "
+                "runner's own methods and a function only they call"
+            )
+        elif other is not None:
+            why = f"{other} may build another runner (or register hooks from a config) that would run them without it"
+        elif (
+            len(scalers) != 1
+            or scalers[0].klass is not None
+            or scalers[0].static_scale is not None
+            or scalers[0].held_scale is not None
+        ):
+            why = "only a plain dynamic loss scale is carried that way"
+        else:
+            why = ""
+        reasons = self._runner_reasons(path, related, setup, written, why or _RUNNER_LEFT)
+        if why or threading is None:
+            return reasons, {}
+        # the checkpoint function only reads the scaler's state: no autocast follows it
+        shared = replace(scalers[0], follows=False)
+        facts = {
+            path: replace(self.facts.get(path, ModuleFacts()), runner_carrier=(setup.runner, setup.line, setup.model))
+        }
+        for orphan in related:
+            plan = threading[self.display(orphan)]
+            facts[orphan] = replace(
+                self.facts.get(orphan, ModuleFacts()),
+                runner_scalers=plan.methods,
+                receives_scaler=plan.receives,
+                passes_scaler=plan.passes,
+                shared_scaler=shared if plan.receives else None,
+            )
+        return reasons, facts
+
+    def _runner_reasons(
+        self, path: str, related: list[str], setup: runner_hooks.RunnerSetup, written: dict[str, list[str]], why: str
+    ) -> dict[str, str]:
+        """Why each module of a runner setup stays on Apex, with the code to write in it."""
+        reasons = {path: runner_hooks.creator_sentence(setup, sorted(self.display(o) for o in related), why)}
         for orphan in related:
             reasons[orphan] = runner_hooks.module_sentence(
                 written[self.display(orphan)], self.display(path), setup.runner
             )
         return reasons
+
+    def _other_runners(self, path: str, related: list[str], builder: str, trees: dict[str, ast.Module]) -> str | None:
+        """Where another runner may get the hooks or runner methods of ``related`` without the
+        GradScaler ``path`` keeps on its own: another ``builder(...)`` call or
+        ``register_training_hooks(...)`` (config-driven) in the program's files, a construction of
+        one of their classes by name; None if none does (read only for a runner setup)."""
+        classes = {node.name for tree in trees.values() for node in tree.body if isinstance(node, ast.ClassDef)}
+        constructed = (
+            re.compile(r"\b(" + "|".join(re.escape(name) for name in sorted(classes)) + r")\s*\(") if classes else None
+        )
+        built = re.compile(rf"\b{re.escape(builder.split('.')[-1])}\s*\(|\bregister_training_hooks\s*\(")
+        folders = [_import_root(p) for p in [path, *related]]
+        top = os.path.commonpath(folders)
+        read = 0
+        for folder, names, files in os.walk(top):
+            names[:] = sorted(name for name in names if not name.startswith(".") and name not in _SKIPPED_FOLDERS)
+            for name in sorted(files):
+                if not name.endswith(".py"):
+                    continue
+                read += 1
+                if read > _RUNNER_FILES_READ:
+                    return f"more than {_RUNNER_FILES_READ} files under {top}"
+                other = os.path.join(folder, name)
+                text = _text(other)
+                allowed = 1 if os.path.abspath(other) == os.path.abspath(path) else 0
+                if len(_calls_of(built, text)) > (2 * allowed if "register_training_hooks" in text else allowed):
+                    return self.display(other)
+                if constructed is not None and _calls_of(constructed, text):
+                    return self.display(other)
+        return None
 
     def _optimizer_out_of_sight(self, path: str) -> tuple[str, int] | None:
         """The first call that hands what ``path``'s ``amp.initialize`` returned for its optimizer
@@ -1661,6 +1775,25 @@ def _trains(path: str) -> bool:
 _reads: set[str] = set()
 
 
+def _calls_of(pattern: re.Pattern[str], text: str) -> list[int]:
+    """Where ``pattern`` (a name and its opening parenthesis) matches ``text`` other than in the
+    line that defines the name (``def build_runner(``, ``class Hook(Base):``)."""
+    found = []
+    for match in pattern.finditer(text):
+        line_start = text.rfind("\n", 0, match.start()) + 1
+        if not re.fullmatch(r"\s*(def|class)\s+", text[line_start : match.start()]):
+            found.append(match.start())
+    return found
+
+
+def _import_root(path: str) -> str:
+    """The folder ``path``'s absolute imports start from: the first above its package chain."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while os.path.exists(os.path.join(folder, "__init__.py")) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return folder
+
+
 def _tree(path: str) -> ast.Module | None:
     """The syntax tree of the module at ``path``; None if it does not parse (or cannot be read)."""
     try:
@@ -1690,6 +1823,14 @@ def _text(path: str) -> str:
 
 # how many modules beside an unused scaler's module are read for one that imports it and trains
 _NEIGHBOURS_READ = 200
+# why a runner setup stays as it was when carrying the GradScaler on the runner left Apex in a module
+_RUNNER_LEFT = (
+    "carrying it on the runner left Apex amp in one of them (a call there has no rewrite: see the findings it gets "
+    "when migrated alone)"
+)
+# how many files of a runner setup's program are read for other runners that could reach its hooks
+_RUNNER_FILES_READ = 5000
+_SKIPPED_FOLDERS = frozenset({"__pycache__", "build", "dist", "node_modules", "venv", "site-packages"})
 _BACKPROPAGATES = re.compile(r"\.backward\s*\(")
 
 

@@ -26,7 +26,12 @@ _CLIPS = ("clip_grads", "clip_grad_norm_", "clip_grad_value_")
 
 @dataclass(frozen=True)
 class RunnerSetup:
-    """Where ``amp.initialize``'s optimizer goes to a runner built by library code."""
+    """Where ``amp.initialize``'s optimizer goes to a runner built by library code.
+
+    ``plain``: the call is ``amp.initialize(model, optimizer, opt_level="O1")`` (the model maybe
+    moved, ``model.cuda()``) in the same block of the function as the statement that builds the
+    runner, or in ``if``s there: the only shape migrated (the scaler a plain dynamic one, the
+    model's forward under float16 autocast where the call was)."""
 
     runner: str  # the name the runner is bound to
     builder: str  # the call that builds it (``build_runner``)
@@ -34,6 +39,7 @@ class RunnerSetup:
     model: str  # the name the model is bound to
     given: str  # the model expression the initialize was given (``model.cuda()``)
     guards: tuple[str, ...]  # the ``if`` tests that guard the initialize, outermost first
+    plain: bool = False
 
 
 def runner_setup(tree: ast.Module, optimizers: set[str], initialize_line: int) -> RunnerSetup | None:
@@ -63,6 +69,14 @@ def runner_setup(tree: ast.Module, optimizers: set[str], initialize_line: int) -
             handed = [*built.args, *(keyword.value for keyword in built.keywords)]
             names = {node.id for node in _walk_all(handed) if isinstance(node, ast.Name)}
             if names & optimizers and model.id in names:
+                plain = (
+                    len(call.args) == 2
+                    and not isinstance(call.args[0], (ast.List, ast.Tuple))
+                    and not _uses_scaler_attribute(tree)
+                    and [(k.arg, ast.unparse(k.value)) for k in call.keywords] in ([], [("opt_level", "'O1'")])
+                    and statement in scope.body
+                    and not isinstance(scope, ast.Module)
+                )
                 return RunnerSetup(
                     statement.targets[0].id,
                     ast.unparse(built.func),
@@ -70,9 +84,92 @@ def runner_setup(tree: ast.Module, optimizers: set[str], initialize_line: int) -
                     model.id,
                     ast.unparse(call.args[0]),
                     guards,
+                    plain,
                 )
         return None
     return None
+
+
+@dataclass(frozen=True)
+class ModuleThreading:
+    """How one hook or runner module reaches the GradScaler the runner keeps."""
+
+    # (class, method, the expression that reaches the scaler there: ``runner.scaler``, ``self.scaler``)
+    methods: tuple[tuple[str, str, str], ...] = ()
+    receives: tuple[str, ...] = ()  # top-level functions that take it as a parameter
+    passes: tuple[str, ...] = ()  # functions its runner methods call, that take it
+
+
+def threading(trees: dict[str, ast.Module]) -> dict[str, ModuleThreading] | None:
+    """For each module of ``trees`` (display name -> tree), how its amp calls reach the runner's
+    GradScaler; None when one of them has another shape than ``hand_written`` reads (or a
+    receiving function is called other than by a runner method, which passes the scaler)."""
+    receiving = {
+        function.name
+        for tree in trees.values()
+        for call, function, klass in _amp_calls(tree)
+        if function is not None and klass is None
+    }
+    if any(_uses_scaler_attribute(tree) for tree in trees.values()):
+        return None  # ``runner.scaler`` / ``self.scaler`` would clash with an attribute of their own
+    threaded = {}
+    for display, tree in trees.items():
+        methods: set[tuple[str, str, str]] = set()
+        receives: set[str] = set()
+        for call, function, klass in _amp_calls(tree):
+            api = call.func.attr if isinstance(call.func, ast.Attribute) else ""
+            if function is None or function.name == "__init__":
+                return None
+            if klass is None:
+                receives.add(function.name)
+            elif api == "scale_loss":
+                if _hook(call, function) is None:
+                    return None
+                methods.add((klass.name, function.name, f"{ast.unparse(call.args[1].value)}.scaler"))  # type: ignore[attr-defined]
+            elif _is_method(function):
+                methods.add((klass.name, function.name, "self.scaler"))
+            else:
+                return None
+        passes: set[str] = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for method in node.body:
+                if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                called = {
+                    call.func.id
+                    for call in ast.walk(method)
+                    if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in receiving
+                }
+                if called and (not _is_method(method) or method.name == "__init__"):
+                    return None
+                if called:
+                    passes |= called
+                    methods.add((node.name, method.name, "self.scaler"))
+        # a receiving function called anywhere else would run without the scaler
+        for name in receiving:
+            calls = sum(
+                isinstance(call, ast.Call)
+                and (
+                    (isinstance(call.func, ast.Name) and call.func.id == name)
+                    or (isinstance(call.func, ast.Attribute) and call.func.attr == name)
+                )
+                for call in ast.walk(tree)
+            )
+            passed = sum(
+                isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == name
+                for klass in ast.walk(tree)
+                if isinstance(klass, ast.ClassDef)
+                for method in klass.body
+                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_method(method)
+                for call in ast.walk(method)
+            )
+            if calls != passed:
+                return None
+        if methods or receives:
+            threaded[display] = ModuleThreading(tuple(sorted(methods)), tuple(sorted(receives)), tuple(sorted(passes)))
+    return threaded
 
 
 def hand_written(trees: dict[str, ast.Module], runner: str) -> dict[str, list[str]] | None:
@@ -115,18 +212,25 @@ def hand_written(trees: dict[str, ast.Module], runner: str) -> dict[str, list[st
     return written if written else None
 
 
-def creator_sentence(setup: RunnerSetup, others: list[str]) -> str:
-    """What to write where ``amp.initialize`` was, for a runner built from what it returned."""
+def creator_sentence(setup: RunnerSetup, others: list[str], why: str) -> str:
+    """What to write where ``amp.initialize`` was, for a runner built from what it returned, and
+    ``why`` ampmigrate did not write it."""
     enabled = setup.guards[0] if len(setup.guards) == 1 else " and ".join(f"({guard})" for guard in setup.guards)
-    scaler = 'torch.amp.GradScaler("cuda"' + (f", enabled=bool({enabled}))" if enabled else ")")
+    scaler = "`scaler = " + 'torch.amp.GradScaler("cuda"' + (f", enabled=bool({enabled}))`" if enabled else ")`")
+    if not setup.plain:
+        scaler = (
+            "the GradScaler this call's settings ask for (as ampmigrate writes it for one script: a static "
+            "`loss_scale` held with `update(new_scale=...)` in the hook, too)"
+            + (f", `enabled=bool({enabled})`" if enabled else "")
+        )
     where = "before the `if` that guards this call" if setup.guards else "here"
     recast = "" if setup.given == setup.model else f"`{setup.model} = {setup.given}`, "
     return (
         f"what amp.initialize returns is handed to the runner `{setup.runner}` built by `{setup.builder}` at line "
         f"{setup.line}, whose training step runs in the library (the forward pass in its `train_step`) with hooks "
         f"and runner methods found through a registry, not imports, that call Apex amp: {', '.join(others)}; "
-        "ampmigrate does not carry a GradScaler through a library's runner. By hand: "
-        f"`{setup.runner}.scaler = scaler` right after line {setup.line}, with `scaler = {scaler}` made {where}; "
+        f"the runner would carry the GradScaler to them, but {why}. By hand: "
+        f"`{setup.runner}.scaler = scaler` right after line {setup.line}, with {scaler} made {where}; "
         f"in place of this call {recast}"
         f'`{setup.model}.forward = torch.autocast("cuda", dtype=torch.float16)({setup.model}.forward)` (Apex O1 '
         "ran the library's forward pass in float16, and removing the call alone would run it in float32 without "
@@ -218,6 +322,10 @@ def _callers(trees: dict[str, ast.Module], name: str) -> list[str]:
                     if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == name:
                         found.append(f"{display}:{call.lineno}")
     return found
+
+
+def _uses_scaler_attribute(tree: ast.Module) -> bool:
+    return any(isinstance(node, ast.Attribute) and node.attr == "scaler" for node in ast.walk(tree))
 
 
 def _is_method(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:

@@ -356,23 +356,22 @@ def test_an_import_resolves_past_a_farther_package_of_the_same_name(tmp_path: Pa
     assert index.resolve(str(tmp_path / "deit/engine.py"), "utils") is None
 
 
-def test_runner_hook_setup_names_the_code_to_write_in_each_module(tmp_path: Path) -> None:
+def test_runner_hook_setup_left_as_it_was_names_the_code_to_write_in_each_module(tmp_path: Path) -> None:
     """An mmcv-style setup (the optimizer handed to build_runner, the loss scaled in a registered
-    hook, amp's state in a runner subclass and a checkpoint function) stays whole, and each
-    module's finding says what to write there: the scaler carried by the runner."""
+    hook, amp's state in a runner subclass and a checkpoint function) that the runner cannot carry
+    (a static loss scale) stays whole, and each module's finding says what to write there."""
     root = tmp_path / "tree"
-    shutil.copytree(FIXTURES / "runner_hook_and_checkpoint_through_a_registry" / "in", root)
+    shutil.copytree(FIXTURES / "runner_hook_with_a_static_loss_scale_stays" / "in", root)
     messages = {
         Path(result.path).resolve().relative_to(root.resolve()).as_posix(): diagnostic.message
         for result in _migrate_tree(root)
         for diagnostic in result.diagnostics
     }
-    assert "`runner.scaler = scaler` right after line 15" in messages["detkit/apis.py"]
-    assert (
-        "scaler = torch.amp.GradScaler(\"cuda\", enabled=bool(hook_cfg.get('type') == 'AccumulateFp16Hook' and "
-        "hook_cfg.get('fp16', False)))` made before the `if`" in messages["detkit/apis.py"]
-    )
-    assert '`model.forward = torch.autocast("cuda", dtype=torch.float16)(model.forward)`' in messages["detkit/apis.py"]
+    creator = messages["detkit/apis.py"]
+    assert 'it is migrated only where the call is `amp.initialize(model, optimizer, opt_level="O1")`' in creator
+    assert "`runner.scaler = scaler` right after line 15" in creator
+    assert "enabled=bool(hook_cfg.get('type') == 'AccumulateFp16Hook' and hook_cfg.get('fp16', False))" in creator
+    assert '`model.forward = torch.autocast("cuda", dtype=torch.float16)(model.forward)`' in creator
     hook = messages["detkit/runner/fp16_hook.py"]
     assert "`runner.scaler.scale(loss).backward()` for the `with` block at line 21" in hook
     assert "`runner.scaler.unscale_(runner.optimizer)` right before the clip at line 28" in hook

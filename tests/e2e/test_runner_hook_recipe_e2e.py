@@ -1,12 +1,14 @@
-"""End-to-end: the code the findings of an mmcv-style setup ask for trains as Apex did.
+"""End-to-end: the code ampmigrate writes for an mmcv-style setup trains as Apex did.
 
-ampmigrate leaves a setup whose optimizer goes to a library's runner, with the loss scaled in a
-registered hook, as it was (AMP025 in each module, ``fixtures/project/
-runner_hook_and_checkpoint_through_a_registry``), and each finding names the code to write. This
-test runs a stand-in of that setup under the Apex shim and the code the findings give
+An amp setup whose optimizer goes to a library's runner, with the loss scaled in a registered
+hook, is migrated by keeping the GradScaler on the runner (``fixtures/project/
+runner_hook_and_checkpoint_through_a_registry``), or, where that cannot be done, left as it was
+with findings that name the same code (``runner_hook_with_a_static_loss_scale_stays``). This test
+runs a one-file stand-in of that setup under the Apex shim and that code
 (``runner_hook_through_a_registry.native.py``: the scaler on the runner, the model's forward under
 autocast, ``unscale_`` before the hook's clip, ``step`` and ``update``) natively, and shows that
-the ``unscale_`` the hook's finding asks for is needed.
+the ``unscale_`` before the hook's clip is needed. ``fixtures/e2e_project/runner_hook_registry``
+runs the tool's own multi-file migration.
 """
 
 from __future__ import annotations
