@@ -779,7 +779,7 @@ class ProjectPlan:
         self._importers: dict[str, set[frozenset[str]]] = {}
         # setups handed to a library's runner, being migrated: their modules, each with why it
         # stays as it was (and the code to write there) if any of them keeps Apex amp
-        self._runner_setups: list[dict[str, str]] = []
+        self._runner_setups: list[Callable[[str], dict[str, str]]] = []
 
     def display(self, path: str) -> str:
         return self._display.get(path, os.path.relpath(path))
@@ -972,9 +972,11 @@ class ProjectPlan:
         modules that no longer use amp drops it.
         """
         # the runner setups tried in the pass before this one (before new ones are tried)
-        again: dict[str, ModuleFacts] = self._settle_runner_setups(outcome)
+        again: dict[str, ModuleFacts] = {}
+        tried = list(self._runner_setups)  # in the pass before this one (new ones are tried now)
         if not self._stage:
             again.update(self._freeze_unused_scalers(outcome))
+        again.update(self._settle_runner_setups(outcome, tried))
         for number, group in enumerate(self.groups):
             members = [path for path in group.paths if path in outcome]
             left = [path for path in members if outcome[path].amp_left]
@@ -1120,13 +1122,13 @@ class ProjectPlan:
             if by_hand is not None:
                 # an mmcv-style runner: the runner keeps the scaler for its hooks and methods, or,
                 # where that cannot be done, each module gets the code to write in it and stays whole
-                reasons, threaded = by_hand
+                reasons_for, threaded = by_hand
                 facts = threaded or {
                     member: replace(self.facts.get(member, ModuleFacts()), frozen=why)
-                    for member, why in reasons.items()
+                    for member, why in reasons_for("").items()
                 }
                 if threaded:
-                    self._runner_setups.append(reasons)
+                    self._runner_setups.append(reasons_for)
                 again.update(facts)
                 continue
             if related:
@@ -1186,20 +1188,26 @@ class ProjectPlan:
             again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
 
-    def _settle_runner_setups(self, outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
-        """A setup handed to a library's runner whose modules came out migrated is done; one where
-        any of them keeps Apex amp goes back to how it was, whole, each module saying why."""
+    def _settle_runner_setups(
+        self, outcome: Mapping[str, Outcome], tried: list[Callable[[str], dict[str, str]]]
+    ) -> dict[str, ModuleFacts]:
+        """A setup handed to a library's runner (``tried``) whose modules came out migrated is done;
+        one where any of them keeps Apex amp goes back to how it was, whole, each module saying why."""
         again = {}
-        for reasons in list(self._runner_setups):
-            if not all(path in outcome for path in reasons):
+        for reasons_for in tried:
+            self._runner_setups.remove(reasons_for)
+            members = reasons_for("")
+            left = sorted(self.display(path) for path in members if path in outcome and outcome[path].amp_left)
+            if not left:
                 continue
-            self._runner_setups.remove(reasons)
-            if not any(outcome[path].amp_left for path in reasons):
-                continue
-            for path, why in reasons.items():
+            why = (
+                f"carrying it on the runner left Apex amp in {left[0]} (a call there that the rules do not rewrite, "
+                "such as a `with` of more than the scaled loss)"
+            )
+            for path, reason in reasons_for(why).items():
                 again[path] = replace(
                     self.facts.get(path, ModuleFacts()),
-                    frozen=why,
+                    frozen=reason,
                     runner_scalers=(),
                     runner_carrier=None,
                     receives_scaler=(),
@@ -1210,13 +1218,14 @@ class ProjectPlan:
 
     def _runner_by_hand(
         self, path: str, related: list[str], result: Outcome
-    ) -> tuple[dict[str, str], dict[str, ModuleFacts]] | None:
+    ) -> tuple[Callable[[str], dict[str, str]], dict[str, ModuleFacts]] | None:
         """For an amp.initialize in ``path`` whose optimizer goes to a library's runner, with
         ``related`` (amp code without an initialize, reached at run time) its hooks and runner
         methods (``migrate.runner_hooks``): why each module stays on Apex if the setup cannot be
-        migrated, with the code to write in it, and the facts that migrate it (the runner keeps
-        the GradScaler; empty where the shape is not the plain one); None for any other shape
-        (read only for the rare module whose GradScaler no backward uses)."""
+        migrated, with the code to write in it (given why the runner does not carry the scaler,
+        "" where it would), and the facts that migrate it (the runner keeps the GradScaler; empty
+        where the shape is not the plain one); None for any other shape (read only for the rare
+        module whose GradScaler no backward uses)."""
         tree = _tree(path)
         if tree is None:
             return None
@@ -1262,7 +1271,10 @@ class ProjectPlan:
             why = "only a plain dynamic loss scale is carried that way"
         else:
             why = ""
-        reasons = self._runner_reasons(path, related, setup, written, why or _RUNNER_LEFT)
+
+        def reasons(given: str) -> dict[str, str]:
+            return self._runner_reasons(path, related, setup, written, why or given)
+
         if why or threading is None:
             return reasons, {}
         # the checkpoint function only reads the scaler's state: no autocast follows it
@@ -1823,11 +1835,6 @@ def _text(path: str) -> str:
 
 # how many modules beside an unused scaler's module are read for one that imports it and trains
 _NEIGHBOURS_READ = 200
-# why a runner setup stays as it was when carrying the GradScaler on the runner left Apex in a module
-_RUNNER_LEFT = (
-    "carrying it on the runner left Apex amp in one of them (a call there has no rewrite: see the findings it gets "
-    "when migrated alone)"
-)
 # how many files of a runner setup's program are read for other runners that could reach its hooks
 _RUNNER_FILES_READ = 5000
 _SKIPPED_FOLDERS = frozenset({"__pycache__", "build", "dist", "node_modules", "venv", "site-packages"})

@@ -383,3 +383,19 @@ def test_runner_hook_setup_left_as_it_was_names_the_code_to_write_in_each_module
     checkpoint = messages["detkit/runner/ckpt.py"]
     assert "`scaler.state_dict()` at line 11, with a parameter `scaler=None` added to `save_with_amp`" in checkpoint
     assert "amp_runner.py:14)" in checkpoint
+
+
+def test_runner_hook_setup_the_rules_cannot_finish_goes_back_whole(tmp_path: Path) -> None:
+    """The runner would carry the GradScaler, but the hook's scale_loss has a shape the rules do
+    not rewrite: every module of the setup is left as it was, and the creator's finding names it."""
+    case = FIXTURES / "runner_hook_the_rules_cannot_rewrite_stays" / "in"
+    root = tmp_path / "tree"
+    shutil.copytree(case, root)
+    messages = {
+        Path(result.path).resolve().relative_to(root.resolve()).as_posix(): diagnostic.message
+        for result in _migrate_tree(root)
+        for diagnostic in result.diagnostics
+    }
+    assert _tree(root) == _tree(case)
+    assert "carrying it on the runner left Apex amp in " in messages["detkit/apis.py"]
+    assert "fp16_hook.py (a call there that the rules do not rewrite" in messages["detkit/apis.py"]
