@@ -1261,7 +1261,7 @@ class ProjectPlan:
                 "runner's own methods and a function only they call"
             )
         elif other is not None:
-            why = f"{other} may build another runner (or register hooks from a config) that would run them without it"
+            why = other
         elif (
             len(scalers) != 1
             or scalers[0].klass is not None
@@ -1305,10 +1305,11 @@ class ProjectPlan:
         return reasons
 
     def _other_runners(self, path: str, related: list[str], builder: str, trees: dict[str, ast.Module]) -> str | None:
-        """Where another runner may get the hooks or runner methods of ``related`` without the
-        GradScaler ``path`` keeps on its own: another ``builder(...)`` call or
-        ``register_training_hooks(...)`` (config-driven) in the program's files, a construction of
-        one of their classes by name; None if none does (read only for a runner setup)."""
+        """Why the runner ``path`` builds may not be the only one to run the hooks and runner methods
+        of ``related``: another ``builder(...)`` call or ``register_training_hooks(...)``
+        (config-driven) in the program's files, a construction of one of their classes by name, or
+        a module of the program that imports Apex and is not among them (not given, or another
+        setup); None if nothing does (read only for a runner setup)."""
         classes = {node.name for tree in trees.values() for node in tree.body if isinstance(node, ast.ClassDef)}
         constructed = (
             re.compile(r"\b(" + "|".join(re.escape(name) for name in sorted(classes)) + r")\s*\(") if classes else None
@@ -1317,6 +1318,7 @@ class ProjectPlan:
         folders = [_import_root(p) for p in [path, *related]]
         top = os.path.commonpath(folders)
         read = 0
+        members = {os.path.abspath(p) for p in [path, *related]}
         for folder, names, files in os.walk(top):
             names[:] = sorted(name for name in names if not name.startswith(".") and name not in _SKIPPED_FOLDERS)
             for name in sorted(files):
@@ -1324,14 +1326,24 @@ class ProjectPlan:
                     continue
                 read += 1
                 if read > _RUNNER_FILES_READ:
-                    return f"more than {_RUNNER_FILES_READ} files under {top}"
+                    return (
+                        f"the program under {top} has more than {_RUNNER_FILES_READ} files to search for other runners"
+                    )
                 other = os.path.join(folder, name)
                 text = _text(other)
                 allowed = 1 if os.path.abspath(other) == os.path.abspath(path) else 0
-                if len(_calls_of(built, text)) > (2 * allowed if "register_training_hooks" in text else allowed):
-                    return self.display(other)
-                if constructed is not None and _calls_of(constructed, text):
-                    return self.display(other)
+                if len(_calls_of(built, text)) > (2 * allowed if "register_training_hooks" in text else allowed) or (
+                    constructed is not None and _calls_of(constructed, text)
+                ):
+                    return (
+                        f"{self.display(other)} may build another runner (or register hooks from a config) that would "
+                        "run them without it"
+                    )
+                if os.path.abspath(other) not in members and _IMPORTS_APEX.search(text):
+                    return (
+                        f"{self.display(other)} imports Apex too, and is not among them (include it in the run, or "
+                        "migrate it first)"
+                    )
         return None
 
     def _optimizer_out_of_sight(self, path: str) -> tuple[str, int] | None:
@@ -1714,6 +1726,7 @@ _CARRIER_SCAN_FILES = 5000
 # an amp call other than amp.initialize (the module object, or the attribute carrying it), and amp.initialize
 _AMP_USE = re.compile(rb"\bamp\s*\.\s*(?:scale_loss|master_params|state_dict|load_state_dict)\s*\(")
 _AMP_INITIALIZE = re.compile(rb"\bamp\s*\.\s*initialize\s*\(")
+_IMPORTS_APEX = re.compile(r"^\s*(import\s+apex\b|from\s+apex\b)", re.M)
 _SKIPPED_FOLDERS = frozenset({"site-packages", "node_modules", "__pycache__", "venv", ".venv", "env", ".git", ".tox"})
 
 

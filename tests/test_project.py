@@ -399,3 +399,17 @@ def test_runner_hook_setup_the_rules_cannot_finish_goes_back_whole(tmp_path: Pat
     assert _tree(root) == _tree(case)
     assert "carrying it on the runner left Apex amp in " in messages["detkit/apis.py"]
     assert "fp16_hook.py (a call there that the rules do not rewrite" in messages["detkit/apis.py"]
+
+
+def test_runner_hook_setup_run_on_part_of_the_tree_stays(tmp_path: Path) -> None:
+    """Given the set-up module and the hook but not the runner subclass nor the checkpoint
+    function (which also use Apex amp): nothing is migrated, and the finding says which to add."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_hook_and_checkpoint_through_a_registry" / "in", root)
+    before = _tree(root)
+    results = run(
+        [root / "detkit" / "apis.py", root / "detkit" / "runner" / "fp16_hook.py"], Config(write=True, jobs=1)
+    )
+    assert _tree(root) == before
+    creator = next(d.message for r in results if r.path.endswith("apis.py") for d in r.diagnostics)
+    assert "imports Apex too, and is not among them (include it in the run" in creator
