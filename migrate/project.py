@@ -1078,6 +1078,9 @@ class ProjectPlan:
         ]
         again = {}
         alone = {group.paths[0] for group in self.groups if len(group.paths) == 1}
+        # a module in no group is alone too: `import apex` with `apex.amp.initialize(...)` (whai362/PVT
+        # detection's train.py), given by itself
+        alone |= {path for path in outcome if not any(path in group.paths for group in self.groups)}
         # orphans no import links to an amp.initialize of their own: they can only be using one
         # set up elsewhere (a logging hook reading Apex's loss scalers, reached through a registry)
         unowned = [

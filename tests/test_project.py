@@ -413,3 +413,14 @@ def test_runner_hook_setup_run_on_part_of_the_tree_stays(tmp_path: Path) -> None
     assert _tree(root) == before
     creator = next(d.message for r in results if r.path.endswith("apis.py") for d in r.diagnostics)
     assert "imports Apex too, and is not among them (include it in the run" in creator
+
+
+def test_set_up_module_spelling_apex_amp_given_alone_stays(tmp_path: Path) -> None:
+    """`import apex` with `apex.amp.initialize(...)`, the optimizer handed to build_runner, given by
+    itself (the hook that scales the loss not given): left as it was, not migrated into float32."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "hook_module_imported_beside_the_setup" / "in", root)
+    before = _tree(root)
+    results = run([root / "detection" / "mmdet_custom" / "apis" / "train.py"], Config(write=True, jobs=1))
+    assert _tree(root) == before
+    assert [d.code for r in results for d in r.diagnostics] == ["AMP025"]
