@@ -1,17 +1,17 @@
-"""Apex amp set up for a library's runner: the code a human writes, read from the modules.
+"""Apex amp set up for a library's runner: how the GradScaler reaches its hooks, read from the modules.
 
 mmdetection-based projects (whai362/PVT detection, microsoft/Swin-Transformer-Object-Detection,
-microsoft/Cream EfficientViT downstream, microsoft/FocalNet detection) call ``amp.initialize`` in
-``train_detector`` and hand the optimizer to mmcv's ``build_runner``. The loss is scaled in an
-optimizer hook (``DistOptimizerHook.after_train_iter(self, runner)``), amp's state is saved by a
-checkpoint function and loaded by a runner subclass: modules that the runner reaches through a
-registry and a config string, not through imports, and that mmcv's own code runs (the forward
-pass is ``runner.model.train_step`` inside mmcv). ampmigrate does not thread a scaler through a
-library's runner, so the setup stays on Apex, whole; this module reads the pieces with ``ast`` so
-that each finding names the code to write in each file: the GradScaler carried by the runner
-(``runner.scaler``, ``self.scaler`` in the runner's own methods), the forward pass put under
-autocast where the model is made, ``unscale_`` before the hook's clip, ``step`` and ``update`` for
-the hook's ``optimizer.step()``, and the scaler's state in the checkpoints. No libcst, no torch.
+microsoft/Cream EfficientViT downstream) call ``amp.initialize`` in ``train_detector`` and hand
+the optimizer to mmcv's ``build_runner``. The loss is scaled in an optimizer hook
+(``DistOptimizerHook.after_train_iter(self, runner)``), amp's state is saved by a checkpoint
+function and loaded by a runner subclass: modules that the runner reaches through a registry and
+a config string, not through imports, and that mmcv's own code runs (the forward pass is
+``runner.model.train_step`` inside mmcv). This module reads those pieces with ``ast``:
+``runner_setup`` finds the runner built from what the initialize returned, ``threading`` how each
+hook or runner module reaches the GradScaler the runner keeps (``runner.scaler`` in a hook's
+method, ``self.scaler`` in the runner's own methods, a parameter of the function they call), which
+``migrate.project`` turns into facts for the rules; ``hand_written`` and the sentences say, for a
+setup left as it was, the same code for a human to write. No libcst, no torch.
 """
 
 from __future__ import annotations
