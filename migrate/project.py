@@ -757,6 +757,7 @@ class ProjectPlan:
         folders discovery searched: a project file elsewhere was not given, and one that calls
         amp on a given module's setup keeps that setup as it was."""
         _reads.clear()
+        _find_beside.cache_clear()  # a process may plan again after files changed (tests, servers)
         # the files and folders read beyond the summarized modules, for a cached plan's probes
         self.reads = _reads
         self.index = ProjectIndex(summaries)
@@ -1950,11 +1951,19 @@ def _initialized_in_function(path: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=16384)
 def _beside(folder: str, module: str) -> str | None:
-    """The file ``import module`` finds in ``folder`` itself (a module or a package), if any."""
+    """The file ``import module`` finds in ``folder`` itself (a module or a package), if any;
+    the places looked at are noted as read, there or not (a file added there changes the plan)."""
+    found, looked_at = _find_beside(folder, module)
+    _reads.update(looked_at)
+    return found
+
+
+@functools.lru_cache(maxsize=16384)
+def _find_beside(folder: str, module: str) -> tuple[str | None, tuple[str, str]]:
     base = os.path.join(folder, *module.split("."))
-    return next((path for path in (base + ".py", os.path.join(base, "__init__.py")) if os.path.isfile(path)), None)
+    looked_at = (base + ".py", os.path.join(base, "__init__.py"))
+    return next((path for path in looked_at if os.path.isfile(path)), None), looked_at
 
 
 def _module_files(importer: str, module: str) -> tuple[str, ...]:

@@ -497,6 +497,41 @@ def test_a_file_out_of_the_run_that_the_plan_read_changes_the_results(
     )
 
 
+def test_a_module_added_beside_a_script_changes_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # main.py's `from utils import train` reaches lib/utils.py (amp) only while no utils.py sits
+    # beside main.py: a script's own folder comes first on sys.path. That place was looked at,
+    # empty, by the recorded plan; a warm run after a utils.py appears there must see it.
+    monkeypatch.setattr(cache_module, "_RACY_S", 0.0)
+    make(
+        tmp_path,
+        {
+            "main.py": (
+                "import torch\nfrom apex import amp\nfrom utils import train\n\n"
+                "model = torch.nn.Linear(2, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
+                "train(model, optimizer, [torch.ones(4, 2)])\n"
+            ),
+            "lib/utils.py": (
+                "from apex import amp\n\n\ndef train(model, optimizer, loader):\n    for x in loader:\n"
+                "        loss = model(x).sum()\n        with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+                "            scaled_loss.backward()\n        optimizer.step()\n"
+            ),
+        },
+    )
+
+    def check(*options: str) -> tuple[int, str]:
+        result = cli(tmp_path, monkeypatch, "--diff", *options, "main.py", "lib")
+        return result.exit_code, result.stdout + result.stderr
+
+    before = check()
+    assert "scaler.scale(loss).backward()" in before[1], before[1]
+    assert check() == before  # warm
+    (tmp_path / "utils.py").write_text("def train(model, optimizer, loader):\n    pass\n")
+    after = check()
+    assert after != before
+    assert after == check("--no-cache")
+
+
 def test_a_warm_project_run_plans_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from migrate import project
 

@@ -190,7 +190,8 @@ class AmpModel:
         found = self.scaler_access(node)
         if found is None:
             migrated_nothing = not self.scalers and any(call.api in ("initialize", "init") for call in self.calls)
-            self.ctx.report("AMP023" if not self.scalers and not migrated_nothing else "AMP022", node)
+            code = "AMP023" if not self.scalers and not migrated_nothing else "AMP022"
+            self.ctx.report(code, node, _library_trainer_branch(self.ctx, node) if code == "AMP023" else None)
         return found
 
     def can_reach(self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, node: cst.CSTNode) -> bool:
@@ -226,6 +227,17 @@ class AmpModel:
             elif scaler.function is current:
                 return cst.Name(scaler.name)
             current = ctx.function_of(current)
+        return None
+
+    def access_in(self, scaler: Scaler, node: cst.CSTNode) -> cst.BaseExpression | None:
+        """How the code at ``node`` reaches ``scaler``: directly, or through the parameter threaded
+        into its function; None where neither (nothing is planned here)."""
+        function = self.ctx.function_of(node)
+        direct = self._direct_access(scaler, function)
+        if direct is not None:
+            return direct
+        if function is not None and self._threaded.get((id(scaler), function)) is True:
+            return cst.Name(scaler.name)
         return None
 
     def _in_home(
@@ -395,3 +407,41 @@ def in_clip(ctx: ModuleContext, call: cst.Call) -> bool:
     argument = ctx.parent(call)
     outer = ctx.parent(argument) if isinstance(argument, cst.Arg) else None
     return isinstance(outer, cst.Call) and is_clip(outer.func)
+
+
+def _library_trainer_branch(ctx: ModuleContext, node: cst.CSTNode) -> str | None:
+    """AMP023's message for the Apex branch of a Hugging Face Trainer subclass's own training
+    step (``elif self.use_apex: with amp.scale_loss(...)``): the transformers Trainer sets that
+    flag, and calls amp.initialize itself, only when its Apex backend is chosen."""
+    method = ctx.function_of(node)
+    klass = ctx.class_of_method(method) if method is not None else None
+    if klass is None:
+        return None
+    from_transformers = {
+        alias.evaluated_alias or alias.evaluated_name
+        for statement in ctx.nodes_of(cst.ImportFrom)
+        if statement.module is not None
+        and (dotted_name(statement.module) or "").split(".")[0] == "transformers"
+        and not isinstance(statement.names, cst.ImportStar)
+        for alias in statement.names
+    }
+    if not any(dotted_name(base.value) in from_transformers for base in klass.bases):
+        return None
+    guard = next(
+        (ancestor.test for ancestor in ctx.ancestors(node) if isinstance(ancestor, cst.If)),
+        None,
+    )
+    owner = ctx.self_name(method)  # type: ignore[arg-type]
+    if (
+        guard is None
+        or owner is None
+        or f"{owner}.use_apex" not in {dotted_name(part) for part in ctx.walk(guard) if isinstance(part, cst.Attribute)}
+    ):
+        return None
+    return (
+        f"this branch runs only where the transformers Trainer that {klass.name.value} derives from was given its "
+        'Apex backend (`half_precision_backend="apex"`, `fp16_backend="apex"` in older versions), and that Trainer '
+        "then calls amp.initialize itself: ampmigrate cannot migrate library code, so it stays. Train with the "
+        'native backend (`half_precision_backend="auto"`, the default), whose branch here scales the loss with '
+        f"`{owner}.scaler`, then delete this `{owner}.use_apex` branch and the Apex import"
+    )

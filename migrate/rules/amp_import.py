@@ -453,21 +453,69 @@ def _probe_for_code(ctx: ModuleContext, statement: cst.CSTNode) -> str | None:
 
 
 def _bare_probe_of_migrated_code(ctx: ModuleContext, binding: Binding) -> bool:
-    """An unused ``import apex`` in a module whose Apex code this run migrated, that sets no flag
-    (no assignment, ``return`` or ``global`` in its ``try``, not in a function): it only checked
-    that Apex was installed for that code, and goes with it (else AMP043)."""
-    if not ctx.consumed or ctx.function_of(binding.statement) is not None:
+    """An unused ``import apex`` in a module whose Apex code this run migrated, not in a
+    function: it only checked that Apex was installed for that code, and goes with it (else
+    AMP043). Its ``try`` may set a flag (``has_apex = True``) that only this module reads, once
+    no other Apex import of the module stays: the flag then says True, as it did where Apex
+    was installed, and the code it chose there is the migrated code."""
+    if ctx.function_of(binding.statement) is not None:
         return False
     line = ctx.statement_of(binding.statement)
     if ctx.skipped(line):
         return False
+    guarded_imports = False
     for ancestor in ctx.ancestors(line):
         if isinstance(ancestor, cst.Try):
             if ctx.skipped(ancestor):
                 return False
-            flags = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return, cst.Global, cst.FunctionDef, cst.ClassDef)
-            if any(isinstance(node, flags) for node in ctx.walk(ancestor)):
-                return False  # `APEX_AVAILABLE = True`: code elsewhere reads what it found
+            if not _flags_stay_here(ctx, ancestor, binding):
+                return False  # code elsewhere reads what it found
+            guarded_imports = guarded_imports or _imports_other_apex_names(ctx, ancestor, binding)
+    # with nothing migrated, the probe still goes with the other Apex imports of its `try`,
+    # which go too (nothing used them): it only checked they would import
+    return bool(ctx.consumed) or guarded_imports
+
+
+def _imports_other_apex_names(ctx: ModuleContext, owner: cst.Try, probe: Binding) -> bool:
+    return any(
+        binding.alias is not probe.alias
+        and binding.kind in ("amp", "apex", "amp_function", "other_apex")
+        and any(ancestor is owner for ancestor in ctx.ancestors(binding.statement))
+        for bindings in ctx.imports.get(ctx.module, {}).values()
+        for binding in bindings
+    )
+
+
+def _flags_stay_here(ctx: ModuleContext, owner: cst.Try, probe: Binding) -> bool:
+    """Whether what the ``try`` around an Apex probe records is only read in this module, with
+    no Apex import left for it to guard: plain ``NAME = <literal>`` flags, caught ImportError,
+    names no other module imports from here, and every other Apex import of the module goes."""
+    recorders = (cst.AugAssign, cst.AnnAssign, cst.Return, cst.Global, cst.FunctionDef, cst.ClassDef)
+    if any(isinstance(node, recorders) for node in ctx.walk(owner)):
+        return False
+    if not all(_catches_import_error(handler) for handler in owner.handlers):
+        return False
+    flags: set[str] = set()
+    for node in ctx.walk(owner):
+        if isinstance(node, cst.Assign):
+            names = [target.target for target in node.targets]
+            if syntax.literal(node.value) is ... or not all(isinstance(name, cst.Name) for name in names):
+                return False
+            flags.update(name.value for name in names)  # type: ignore[attr-defined]
+    if not flags:
+        return True
+    exported = ctx.options.facts.exported
+    if flags & exported or "*" in exported:
+        return False
+    references = _references(ctx)
+    for scope_imports in ctx.imports.values():
+        for bindings in scope_imports.values():
+            for binding in bindings:
+                if binding.alias is probe.alias or binding.kind not in ("amp", "apex", "amp_function", "other_apex"):
+                    continue
+                uses = references.get(binding.alias, [])
+                if any(name not in ctx.consumed and not is_import_fallback(ctx, name) for name in uses):
+                    return False  # Apex code stays that the flag may still have to guard
     return True
 
 

@@ -135,7 +135,7 @@ def _plan_autocast(
     """Plan autocast over the forward pass feeding ``loss``; False (with AMP020) where it
     cannot be found: a GradScaler over a float32 forward pass trains unlike Apex."""
     span = forward_span(ctx, anchor, loss, scaler.model_names)
-    spans = [span] if span is not None else []
+    spans = [(*span, access)] if span is not None else []
     if span is None and _widen_autocast(ctx, model, scaler, access, anchor, loss):
         return True
     if span is None:
@@ -151,13 +151,48 @@ def _plan_autocast(
                 if found is None:
                     ctx.report("AMP020", caller)
                     return False
-                spans.append(found)
+                # the caller reaches the scaler its own way (`self.scaler` where the callee has `scaler`)
+                caller_access = _caller_access(ctx, model, scaler, access, function, caller)
+                if caller_access is None:
+                    ctx.report("AMP022", caller)
+                    return False
+                spans.append((*found, caller_access))
     if not spans:
         if scaler.autocast_enabled != "off":
             ctx.report("AMP020", report_at)
             return False
         return True
-    return all(_wrap(ctx, model, scaler, access, first, last, report_at) for first, last in spans)
+    return all(_wrap(ctx, model, scaler, reach, first, last, report_at) for first, last, reach in spans)
+
+
+def _caller_access(
+    ctx: ModuleContext,
+    model: AmpModel,
+    scaler: Scaler,
+    access: cst.BaseExpression,
+    callee: cst.FunctionDef,
+    call: cst.Call,
+) -> cst.BaseExpression | None:
+    """How a caller of the function that scales the loss reaches the scaler: its own way
+    (``self.scaler`` where the callee received ``scaler``), or, for ``self.optimize(loss)``
+    from a subclass's method, the attribute the callee reads, on the caller's ``self``."""
+    found = model.access_in(scaler, call)
+    if found is not None:
+        return found
+    caller = ctx.function_of(call)
+    owner = ctx.self_name(caller) if caller is not None else None
+    if (
+        owner is not None
+        and isinstance(call.func, cst.Attribute)
+        and isinstance(call.func.value, cst.Name)
+        and call.func.value.value == owner
+        and ctx.class_of_method(callee) is not None
+        and isinstance(access, cst.Attribute)
+        and isinstance(access.value, cst.Name)
+        and access.value.value == ctx.self_name(callee)
+    ):
+        return access.with_changes(value=cst.Name(owner))
+    return None
 
 
 # (parameters in order, default device) of the autocast spellings whose region can be widened
