@@ -1343,6 +1343,11 @@ class ProjectPlan:
                         f"{self.display(other)} may build another runner (or register hooks from a config) that would "
                         "run them without it"
                     )
+                if _COPIES_THE_MODEL.search(text):
+                    return (
+                        f"{self.display(other)} copies or pickles the model, whose forward would be an autocast "
+                        "wrapper of the original's bound method (a deep copy would run the original)"
+                    )
                 if os.path.abspath(other) not in members and _IMPORTS_APEX.search(text):
                     return (
                         f"{self.display(other)} imports Apex too, and is not among them (include it in the run, or "
@@ -1730,6 +1735,9 @@ _CARRIER_SCAN_FILES = 5000
 # an amp call other than amp.initialize (the module object, or the attribute carrying it), and amp.initialize
 _AMP_USE = re.compile(rb"\bamp\s*\.\s*(?:scale_loss|master_params|state_dict|load_state_dict)\s*\(")
 _AMP_INITIALIZE = re.compile(rb"\bamp\s*\.\s*initialize\s*\(")
+# `copy.deepcopy(model)`, `torch.save(model, ...)`: the instance attribute `model.forward` the
+# migration sets would not follow the copy
+_COPIES_THE_MODEL = re.compile(r"\b(deepcopy|torch\.save|pickle\.dumps?)\(\s*(self\.|runner\.)?model\b")
 _IMPORTS_APEX = re.compile(r"^\s*(import\s+apex\b|from\s+apex\b)", re.M)
 _SKIPPED_FOLDERS = frozenset({"site-packages", "node_modules", "__pycache__", "venv", ".venv", "env", ".git", ".tox"})
 

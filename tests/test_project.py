@@ -424,3 +424,16 @@ def test_set_up_module_spelling_apex_amp_given_alone_stays(tmp_path: Path) -> No
     results = run([root / "detection" / "mmdet_custom" / "apis" / "train.py"], Config(write=True, jobs=1))
     assert _tree(root) == before
     assert [d.code for r in results for d in r.diagnostics] == ["AMP025"]
+
+
+def test_runner_hook_setup_beside_a_copy_of_the_model_stays(tmp_path: Path) -> None:
+    """The migration wraps the model's forward in autocast on the model object; a module of the
+    program that deep-copies the model (an EMA copy) would run the original's forward: left as it was."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_hook_and_checkpoint_through_a_registry" / "in", root)
+    (root / "detkit" / "ema.py").write_text("import copy\n\n\ndef ema_copy(model):\n    return copy.deepcopy(model)\n")
+    before = _tree(root)
+    results = _migrate_tree(root)
+    assert _tree(root) == before
+    creator = next(d.message for r in results if r.path.endswith("apis.py") for d in r.diagnostics)
+    assert "ema.py copies or pickles the model" in creator
