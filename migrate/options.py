@@ -71,6 +71,13 @@ class ModuleFacts:
     # top-level classes here deriving from a class of another module that keeps the GradScaler on
     # ``self`` (``ScalerInfo.klass``): their methods reach it there too
     inherited_scalers: tuple[tuple[str, ScalerInfo], ...] = ()
+    # methods here that a library's runner calls (an mmcv optimizer hook's ``after_train_iter(self,
+    # runner)``, a runner subclass's ``resume``), reaching the GradScaler the module that built the
+    # runner keeps on it (``migrate.runner_hooks``): (class, method, the expression that reaches it)
+    runner_scalers: tuple[tuple[str, str, str], ...] = ()
+    # the module that builds the runner: (the runner's name, the line of the statement that builds
+    # it, the model's name); the runner keeps the scaler, the model's forward runs under autocast
+    runner_carrier: tuple[str, int, str] | None = None
 
 
 @dataclass(frozen=True)

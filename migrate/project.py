@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from migrate import apex_copies, factories, gradient_norms, halving_helpers
+from migrate import apex_copies, factories, gradient_norms, halving_helpers, runner_hooks
 from migrate.amp_api_names import CASTING as _CAST_FUNCTION_APIS
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
@@ -787,6 +787,9 @@ class ProjectPlan:
         self._find_halving_helpers()
         # per folder, the project modules each module there imports (see _may_run_together)
         self._importers: dict[str, set[frozenset[str]]] = {}
+        # setups handed to a library's runner, being migrated: their modules, each with why it
+        # stays as it was (and the code to write there) if any of them keeps Apex amp
+        self._runner_setups: list[Callable[[str], dict[str, str]]] = []
 
     def display(self, path: str) -> str:
         return self._display.get(path, os.path.relpath(path))
@@ -1118,9 +1121,12 @@ class ProjectPlan:
         behind, the group is frozen whole. A module that kept its amp import only for
         modules that no longer use amp drops it.
         """
+        # the runner setups tried in the pass before this one (before new ones are tried)
         again: dict[str, ModuleFacts] = {}
+        tried = list(self._runner_setups)  # in the pass before this one (new ones are tried now)
         if not self._stage:
             again.update(self._freeze_unused_scalers(outcome))
+        again.update(self._settle_runner_setups(outcome, tried))
         for number, group in enumerate(self.groups):
             members = [path for path in group.paths if path in outcome]
             left = [path for path in members if outcome[path].amp_left]
@@ -1222,6 +1228,9 @@ class ProjectPlan:
         ]
         again = {}
         alone = {group.paths[0] for group in self.groups if len(group.paths) == 1}
+        # a module in no group is alone too: `import apex` with `apex.amp.initialize(...)` (whai362/PVT
+        # detection's train.py), given by itself
+        alone |= {path for path in outcome if not any(path in group.paths for group in self.groups)}
         # orphans no import links to an amp.initialize of their own: they can only be using one
         # set up elsewhere (a logging hook reading Apex's loss scalers, reached through a registry)
         unowned = [
@@ -1250,6 +1259,31 @@ class ProjectPlan:
             # an orphan import-linked to an amp.initialize belongs to that setup, not to this one
             # (and once its scaler is threaded to it, it is no orphan at all)
             related = [orphan for orphan in unowned if self._may_run_together(orphan, path)]
+            # with the modules import-linked to them or beside them (the checkpoint function a runner
+            # subclass imports, relatively in a namespace package: whai362/PVT detection/mmcv_custom)
+            folders = {os.path.dirname(os.path.abspath(orphan)) for orphan in related}
+            linked = [
+                orphan
+                for orphan in unowned
+                if orphan not in related
+                and (
+                    os.path.dirname(os.path.abspath(orphan)) in folders
+                    or any(orphan in group.paths and set(related) & set(group.paths) for group in self.groups)
+                )
+            ]
+            by_hand = self._runner_by_hand(path, [*related, *linked], result) if related else None
+            if by_hand is not None:
+                # an mmcv-style runner: the runner keeps the scaler for its hooks and methods, or,
+                # where that cannot be done, each module gets the code to write in it and stays whole
+                reasons_for, threaded = by_hand
+                facts = threaded or {
+                    member: replace(self.facts.get(member, ModuleFacts()), frozen=why)
+                    for member, why in reasons_for("").items()
+                }
+                if threaded:
+                    self._runner_setups.append(reasons_for)
+                again.update(facts)
+                continue
             if related:
                 reason = (
                     f"no backward here uses its GradScaler, and {self.display(related[0])} keeps Apex amp without an "
@@ -1306,6 +1340,169 @@ class ProjectPlan:
                 continue
             again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
+
+    def _settle_runner_setups(
+        self, outcome: Mapping[str, Outcome], tried: list[Callable[[str], dict[str, str]]]
+    ) -> dict[str, ModuleFacts]:
+        """A setup handed to a library's runner (``tried``) whose modules came out migrated is done;
+        one where any of them keeps Apex amp goes back to how it was, whole, each module saying why."""
+        again = {}
+        for reasons_for in tried:
+            self._runner_setups.remove(reasons_for)
+            members = reasons_for("")
+            left = sorted(self.display(path) for path in members if path in outcome and outcome[path].amp_left)
+            if not left:
+                continue
+            why = (
+                f"carrying it on the runner left Apex amp in {left[0]} (a call there that the rules do not rewrite, "
+                "such as a `with` of more than the scaled loss)"
+            )
+            for path, reason in reasons_for(why).items():
+                again[path] = replace(
+                    self.facts.get(path, ModuleFacts()),
+                    frozen=reason,
+                    runner_scalers=(),
+                    runner_carrier=None,
+                    receives_scaler=(),
+                    passes_scaler=(),
+                    shared_scaler=None,
+                )
+        return again
+
+    def _runner_by_hand(
+        self, path: str, related: list[str], result: Outcome
+    ) -> tuple[Callable[[str], dict[str, str]], dict[str, ModuleFacts]] | None:
+        """For an amp.initialize in ``path`` whose optimizer goes to a library's runner, with
+        ``related`` (amp code without an initialize, reached at run time) its hooks and runner
+        methods (``migrate.runner_hooks``): why each module stays on Apex if the setup cannot be
+        migrated, with the code to write in it (given why the runner does not carry the scaler,
+        "" where it would), and the facts that migrate it (the runner keeps the GradScaler; empty
+        where the shape is not the plain one); None for any other shape (read only for the rare
+        module whose GradScaler no backward uses)."""
+        tree = _tree(path)
+        if tree is None:
+            return None
+        setup = None
+        for scope in ast.walk(tree):
+            if isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+                handed = _optimizer_names(scope)
+                if handed is not None:
+                    setup = runner_hooks.runner_setup(tree, *handed)
+                    break
+        if setup is None:
+            return None
+        trees = {}
+        for orphan in related:
+            orphan_tree = _tree(orphan)
+            if orphan_tree is None:
+                return None
+            trees[self.display(orphan)] = orphan_tree
+        written = runner_hooks.hand_written(trees, setup.runner)
+        if written is None or set(written) != set(trees):
+            return None
+        threading = runner_hooks.threading(trees) if setup.plain else None
+        scalers = result.scalers
+        other = self._other_runners(path, related, setup.builder, trees) if threading else None
+        if not setup.plain:
+            why = (
+                'it is migrated only where the call is `amp.initialize(model, optimizer, opt_level="O1")` in the '
+                "function that builds the runner (in the same block, or in `if`s there), and this one is not"
+            )
+        elif threading is None or set(threading) != set(trees):
+            why = (
+                "one of them calls amp in another shape than an optimizer hook's method given the runner, the "
+                "runner's own methods and a function only they call"
+            )
+        elif other is not None:
+            why = other
+        elif (
+            len(scalers) != 1
+            or scalers[0].klass is not None
+            or scalers[0].static_scale is not None
+            or scalers[0].held_scale is not None
+        ):
+            why = "only a plain dynamic loss scale is carried that way"
+        else:
+            why = ""
+
+        def reasons(given: str) -> dict[str, str]:
+            return self._runner_reasons(path, related, setup, written, why or given)
+
+        if why or threading is None:
+            return reasons, {}
+        # the checkpoint function only reads the scaler's state: no autocast follows it
+        shared = replace(scalers[0], follows=False)
+        facts = {
+            path: replace(self.facts.get(path, ModuleFacts()), runner_carrier=(setup.runner, setup.line, setup.model))
+        }
+        for orphan in related:
+            plan = threading[self.display(orphan)]
+            facts[orphan] = replace(
+                self.facts.get(orphan, ModuleFacts()),
+                runner_scalers=plan.methods,
+                receives_scaler=plan.receives,
+                passes_scaler=plan.passes,
+                shared_scaler=shared if plan.receives else None,
+            )
+        return reasons, facts
+
+    def _runner_reasons(
+        self, path: str, related: list[str], setup: runner_hooks.RunnerSetup, written: dict[str, list[str]], why: str
+    ) -> dict[str, str]:
+        """Why each module of a runner setup stays on Apex, with the code to write in it."""
+        reasons = {path: runner_hooks.creator_sentence(setup, sorted(self.display(o) for o in related), why)}
+        for orphan in related:
+            reasons[orphan] = runner_hooks.module_sentence(
+                written[self.display(orphan)], self.display(path), setup.runner
+            )
+        return reasons
+
+    def _other_runners(self, path: str, related: list[str], builder: str, trees: dict[str, ast.Module]) -> str | None:
+        """Why the runner ``path`` builds may not be the only one to run the hooks and runner methods
+        of ``related``: another ``builder(...)`` call or ``register_training_hooks(...)``
+        (config-driven) in the program's files, a construction of one of their classes by name, or
+        a module of the program that imports Apex and is not among them (not given, or another
+        setup); None if nothing does (read only for a runner setup)."""
+        classes = {node.name for tree in trees.values() for node in tree.body if isinstance(node, ast.ClassDef)}
+        constructed = (
+            re.compile(r"\b(" + "|".join(re.escape(name) for name in sorted(classes)) + r")\s*\(") if classes else None
+        )
+        built = re.compile(rf"\b{re.escape(builder.split('.')[-1])}\s*\(|\bregister_training_hooks\s*\(")
+        folders = [_import_root(p) for p in [path, *related]]
+        top = os.path.commonpath(folders)
+        read = 0
+        members = {os.path.abspath(p) for p in [path, *related]}
+        for folder, names, files in os.walk(top):
+            names[:] = sorted(name for name in names if not name.startswith(".") and name not in _SKIPPED_FOLDERS)
+            for name in sorted(files):
+                if not name.endswith(".py"):
+                    continue
+                read += 1
+                if read > _RUNNER_FILES_READ:
+                    return (
+                        f"the program under {top} has more than {_RUNNER_FILES_READ} files to search for other runners"
+                    )
+                other = os.path.join(folder, name)
+                text = _text(other)
+                allowed = 1 if os.path.abspath(other) == os.path.abspath(path) else 0
+                if len(_calls_of(built, text)) > (2 * allowed if "register_training_hooks" in text else allowed) or (
+                    constructed is not None and _calls_of(constructed, text)
+                ):
+                    return (
+                        f"{self.display(other)} may build another runner (or register hooks from a config) that would "
+                        "run them without it"
+                    )
+                if _COPIES_THE_MODEL.search(text):
+                    return (
+                        f"{self.display(other)} copies or pickles the model, whose forward would be an autocast "
+                        "wrapper of the original's bound method (a deep copy would run the original)"
+                    )
+                if os.path.abspath(other) not in members and _IMPORTS_APEX.search(text):
+                    return (
+                        f"{self.display(other)} imports Apex too, and is not among them (include it in the run, or "
+                        "migrate it first)"
+                    )
+        return None
 
     def _optimizer_out_of_sight(self, path: str) -> tuple[str, int] | None:
         """The first call that hands what ``path``'s ``amp.initialize`` returned for its optimizer
@@ -1691,6 +1888,10 @@ _CARRIER_SCAN_FILES = 5000
 # an amp call other than amp.initialize (the module object, or the attribute carrying it), and amp.initialize
 _AMP_USE = re.compile(rb"\bamp\s*\.\s*(?:scale_loss|master_params|state_dict|load_state_dict)\s*\(")
 _AMP_INITIALIZE = re.compile(rb"\bamp\s*\.\s*initialize\s*\(")
+# `copy.deepcopy(model)`, `torch.save(model, ...)`: the instance attribute `model.forward` the
+# migration sets would not follow the copy
+_COPIES_THE_MODEL = re.compile(r"\b(deepcopy|torch\.save|pickle\.dumps?)\(\s*(self\.|runner\.)?model\b")
+_IMPORTS_APEX = re.compile(r"^\s*(import\s+apex\b|from\s+apex\b)", re.M)
 _SKIPPED_FOLDERS = frozenset({"site-packages", "node_modules", "__pycache__", "venv", ".venv", "env", ".git", ".tox"})
 
 
@@ -1764,6 +1965,25 @@ def _trains(path: str) -> bool:
 _reads: set[str] = set()
 
 
+def _calls_of(pattern: re.Pattern[str], text: str) -> list[int]:
+    """Where ``pattern`` (a name and its opening parenthesis) matches ``text`` other than in the
+    line that defines the name (``def build_runner(``, ``class Hook(Base):``)."""
+    found = []
+    for match in pattern.finditer(text):
+        line_start = text.rfind("\n", 0, match.start()) + 1
+        if not re.fullmatch(r"\s*(def|class)\s+", text[line_start : match.start()]):
+            found.append(match.start())
+    return found
+
+
+def _import_root(path: str) -> str:
+    """The folder ``path``'s absolute imports start from: the first above its package chain."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while os.path.exists(os.path.join(folder, "__init__.py")) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return folder
+
+
 def _tree(path: str) -> ast.Module | None:
     """The syntax tree of the module at ``path``; None if it does not parse (or cannot be read)."""
     try:
@@ -1793,6 +2013,9 @@ def _text(path: str) -> str:
 
 # how many modules beside an unused scaler's module are read for one that imports it and trains
 _NEIGHBOURS_READ = 200
+# how many files of a runner setup's program are read for other runners that could reach its hooks
+_RUNNER_FILES_READ = 5000
+_SKIPPED_FOLDERS = frozenset({"__pycache__", "build", "dist", "node_modules", "venv", "site-packages"})
 _BACKPROPAGATES = re.compile(r"\.backward\s*\(")
 
 

@@ -354,3 +354,86 @@ def test_an_import_resolves_past_a_farther_package_of_the_same_name(tmp_path: Pa
     test = str(tmp_path / "tests/lib/engine/test_x.py")
     assert index.resolve(test, "lib.engine") == str(tmp_path / "lib/engine/__init__.py")
     assert index.resolve(str(tmp_path / "deit/engine.py"), "utils") is None
+
+
+def test_runner_hook_setup_left_as_it_was_names_the_code_to_write_in_each_module(tmp_path: Path) -> None:
+    """An mmcv-style setup (the optimizer handed to build_runner, the loss scaled in a registered
+    hook, amp's state in a runner subclass and a checkpoint function) that the runner cannot carry
+    (a static loss scale) stays whole, and each module's finding says what to write there."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_hook_with_a_static_loss_scale_stays" / "in", root)
+    messages = {
+        Path(result.path).resolve().relative_to(root.resolve()).as_posix(): diagnostic.message
+        for result in _migrate_tree(root)
+        for diagnostic in result.diagnostics
+    }
+    creator = messages["detkit/apis.py"]
+    assert 'it is migrated only where the call is `amp.initialize(model, optimizer, opt_level="O1")`' in creator
+    assert "`runner.scaler = scaler` right after line 15" in creator
+    assert "enabled=bool(hook_cfg.get('type') == 'AccumulateFp16Hook' and hook_cfg.get('fp16', False))" in creator
+    assert '`model.forward = torch.autocast("cuda", dtype=torch.float16)(model.forward)`' in creator
+    hook = messages["detkit/runner/fp16_hook.py"]
+    assert "`runner.scaler.scale(loss).backward()` for the `with` block at line 21" in hook
+    assert "`runner.scaler.unscale_(runner.optimizer)` right before the clip at line 28" in hook
+    assert "`runner.scaler.step(runner.optimizer)` then `runner.scaler.update()`" in hook
+    assert (
+        "`self.scaler.load_state_dict(grad_scaler_state(checkpoint['amp_state']))`"
+        in messages["detkit/runner/amp_runner.py"]
+    )
+    checkpoint = messages["detkit/runner/ckpt.py"]
+    assert "`scaler.state_dict()` at line 11, with a parameter `scaler=None` added to `save_with_amp`" in checkpoint
+    assert "amp_runner.py:14)" in checkpoint
+
+
+def test_runner_hook_setup_the_rules_cannot_finish_goes_back_whole(tmp_path: Path) -> None:
+    """The runner would carry the GradScaler, but the hook's scale_loss has a shape the rules do
+    not rewrite: every module of the setup is left as it was, and the creator's finding names it."""
+    case = FIXTURES / "runner_hook_the_rules_cannot_rewrite_stays" / "in"
+    root = tmp_path / "tree"
+    shutil.copytree(case, root)
+    messages = {
+        Path(result.path).resolve().relative_to(root.resolve()).as_posix(): diagnostic.message
+        for result in _migrate_tree(root)
+        for diagnostic in result.diagnostics
+    }
+    assert _tree(root) == _tree(case)
+    assert "carrying it on the runner left Apex amp in " in messages["detkit/apis.py"]
+    assert "fp16_hook.py (a call there that the rules do not rewrite" in messages["detkit/apis.py"]
+
+
+def test_runner_hook_setup_run_on_part_of_the_tree_stays(tmp_path: Path) -> None:
+    """Given the set-up module and the hook but not the runner subclass nor the checkpoint
+    function (which also use Apex amp): nothing is migrated, and the finding says which to add."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_hook_and_checkpoint_through_a_registry" / "in", root)
+    before = _tree(root)
+    results = run(
+        [root / "detkit" / "apis.py", root / "detkit" / "runner" / "fp16_hook.py"], Config(write=True, jobs=1)
+    )
+    assert _tree(root) == before
+    creator = next(d.message for r in results if r.path.endswith("apis.py") for d in r.diagnostics)
+    assert "imports Apex too, and is not among them (include it in the run" in creator
+
+
+def test_set_up_module_spelling_apex_amp_given_alone_stays(tmp_path: Path) -> None:
+    """`import apex` with `apex.amp.initialize(...)`, the optimizer handed to build_runner, given by
+    itself (the hook that scales the loss not given): left as it was, not migrated into float32."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "hook_module_imported_beside_the_setup" / "in", root)
+    before = _tree(root)
+    results = run([root / "detection" / "mmdet_custom" / "apis" / "train.py"], Config(write=True, jobs=1))
+    assert _tree(root) == before
+    assert [d.code for r in results for d in r.diagnostics] == ["AMP025"]
+
+
+def test_runner_hook_setup_beside_a_copy_of_the_model_stays(tmp_path: Path) -> None:
+    """The migration wraps the model's forward in autocast on the model object; a module of the
+    program that deep-copies the model (an EMA copy) would run the original's forward: left as it was."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_hook_and_checkpoint_through_a_registry" / "in", root)
+    (root / "detkit" / "ema.py").write_text("import copy\n\n\ndef ema_copy(model):\n    return copy.deepcopy(model)\n")
+    before = _tree(root)
+    results = _migrate_tree(root)
+    assert _tree(root) == before
+    creator = next(d.message for r in results if r.path.endswith("apis.py") for d in r.diagnostics)
+    assert "ema.py copies or pickles the model" in creator

@@ -136,11 +136,14 @@ def _plan(
         unshared += project_scaler.inherit(ctx, model, options.facts)
     if migrating and ctx.carriers.any:
         project_scaler.carried(ctx, model)
+    if migrating and options.facts.runner_scalers:
+        project_scaler.on_runner(ctx, model, options.facts)
     for rule in RULES:
         if options.rule_enabled(rule.RULE) and not (frozen and rule.RULE in setup.AMP_SETUP_RULES):
             rule.plan(ctx)
     if migrating:
         unshared += project_scaler.pass_on(ctx, model, options.facts)
+        unshared += project_scaler.carry_on_runner(ctx, model, options.facts)
     local_copies.report_prefixes(ctx)
     if ctx.plan.needs_torch_import and ctx.imports[ctx.module].get("torch"):
         ctx.plan.needs_torch_import = False

@@ -74,6 +74,14 @@ class Scaler:
     # the optimizers (``optimizer_key``) whose step() became ``scaler.step`` with this scaler; for
     # a scaler a subclass inherits, those its base class steps (its own scaled backward needs no step)
     stepped: set[str] = field(default_factory=set)
+    # ``access`` reaches the GradScaler a library's runner keeps (``runner.scaler``): it is there
+    # wherever the code runs, so it serves like a scaler of the function's own, not a carrier
+    on_runner: bool = False
+
+    @property
+    def carried(self) -> bool:
+        """Whether the scaler is read on the object that carried the amp module (``_carriers``)."""
+        return self.access is not None and not self.on_runner
 
 
 class ScalerAccess(NamedTuple):
@@ -315,7 +323,7 @@ class AmpModel:
             cst.Arg(syntax.string(options.device)),
             syntax.keyword("dtype", syntax.dotted(f"torch.{options.dtype}")),
         ]
-        if scaler.access is not None:
+        if scaler.carried:
             # `bool(args.fp16) and args.amp.is_enabled()`: the carrier exists only where Apex scaled
             guard = scaler.path_guard.deep_clone() if scaler.path_guard is not None else None
             switch = syntax.attribute_call(access.deep_clone(), "is_enabled")

@@ -147,6 +147,90 @@ def carried(ctx: ModuleContext, model: AmpModel) -> None:
         )
 
 
+def on_runner(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> None:
+    """A Scaler for each method a library's runner calls (an optimizer hook's, a runner
+    subclass's): the runner keeps the GradScaler the module that built it made
+    (``runner.scaler``, ``self.scaler``); the forward pass runs under autocast there."""
+    for statement in ctx.module.body:
+        if not isinstance(statement, cst.ClassDef) or not isinstance(statement.body, cst.IndentedBlock):
+            continue
+        for method in statement.body.body:
+            if not isinstance(method, cst.FunctionDef):
+                continue
+            for klass, name, expression in facts.runner_scalers:
+                if (klass, name) != (statement.name.value, method.name.value):
+                    continue
+                model.scalers.append(
+                    Scaler(
+                        initialize=None,
+                        function=method,
+                        klass=None,
+                        name=expression.rsplit(".", 1)[-1],
+                        enabled=None,
+                        autocast_enabled="off",
+                        static_scale=None,
+                        may_be_disabled=True,
+                        access=cst.parse_expression(expression),
+                        on_runner=True,
+                    )
+                )
+
+
+def carry_on_runner(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
+    """In the module that builds a library's runner from what amp.initialize returned: the
+    runner keeps the GradScaler (``runner.scaler = scaler`` right after it is built) and the
+    model's forward runs under autocast where the call was, as Apex O1 ran the library's
+    forward pass in float16. Returns 1 when it cannot be done (reported), else 0."""
+    carrier = facts.runner_carrier
+    if carrier is None:
+        return 0
+    runner, line, model_name = carrier
+    created = [scaler for scaler in model.scalers if scaler.initialize is not None]
+    statements = {id(statement): statement for statement in map(ctx.statement_of, ctx.nodes_of(cst.Call))}
+    built = [
+        statement
+        for statement in statements.values()
+        if isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Assign)
+        and ctx.position(statement.body[0])[0] == line
+        and dotted_name(statement.body[0].targets[0].target) == runner
+    ]
+    if len(created) != 1 or len(built) != 1 or created[0].initialize is None:
+        anchor: cst.CSTNode = ctx.module
+        if created and created[0].initialize is not None:
+            anchor = created[0].initialize
+        ctx.report(
+            "AMP022",
+            anchor,
+            f"the runner `{runner}` built at line {line} should keep the GradScaler, but it cannot be reached there",
+        )
+        return 1
+    scaler, call = created[0], created[0].initialize
+    initialize = ctx.statement_of(call)
+    if ctx.function_of(built[0]) is not scaler.function or scaler.klass is not None:
+        ctx.report(
+            "AMP022",
+            call,
+            f"the runner `{runner}` built at line {line} should keep the GradScaler, but it is built out of its reach",
+        )
+        return 1
+    keep = syntax.assign_statement(cst.Attribute(cst.Name(runner), cst.Name("scaler")), cst.Name(scaler.name))
+    ctx.plan.after[built[0]].append(keep)
+    forward = cst.Attribute(cst.Name(model_name), cst.Name("forward"))
+    autocast = syntax.call(
+        "torch.autocast",
+        [
+            cst.Arg(syntax.string(ctx.options.device)),
+            syntax.keyword("dtype", syntax.dotted(f"torch.{ctx.options.dtype}")),
+        ],
+    )
+    wrapped = cst.Call(func=autocast, args=[cst.Arg(forward.deep_clone())])
+    ctx.plan.after[initialize].append(syntax.assign_statement(forward, wrapped))
+    ctx.plan.needs_torch_import = True
+    return 0
+
+
 def pass_on(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> int:
     """Add ``scaler=<the module's scaler>`` to every call of a function that receives it.
 
@@ -189,7 +273,7 @@ def unused(ctx: ModuleContext, facts: ModuleFacts) -> bool:
     model = ctx.amp
     created = [scaler for scaler in model.scalers if scaler.initialize is not None]
     stored = ctx.carriers.any and any(store.store in ctx.consumed for store in ctx.carriers.plain_stores)
-    return bool(created) and not model.sites and not facts.passes_scaler and not stored
+    return bool(created) and not model.sites and not facts.passes_scaler and not stored and facts.runner_carrier is None
 
 
 def shared_scalers(ctx: ModuleContext, model: AmpModel) -> tuple[ScalerInfo, ...]:

@@ -646,7 +646,7 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, requests: list[_Unsca
         if any(ancestor in ctx.plan.replace_statement for ancestor in ctx.ancestors(clip)):
             continue  # the fp32 arm of a clip's if/else that became unscale_ + this clip
         function = ctx.function_of(clip)
-        if any(scaler.access is not None and scaler.function is function for scaler in model.scalers):
+        if any(scaler.carried and scaler.function is function for scaler in model.scalers):
             continue  # read through a carrier: amp_scale_loss unscales where Apex's block ended
         step = _next_step(ctx, model, clip, None)
         if step is None or fp32_only(ctx, clip, model.sites):

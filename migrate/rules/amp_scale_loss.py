@@ -586,7 +586,7 @@ def _plan_one(
     if found is None:
         return
     scaler, access = found
-    if scaler.access is not None and not _carrier_guard(ctx, scaler, with_node, call):
+    if scaler.carried and not _carrier_guard(ctx, scaler, with_node, call):
         return
     branch = _unscaled_sibling_branch(ctx, with_node)
     if branch is not None and _always_on(scaler):
@@ -599,7 +599,7 @@ def _plan_one(
             "`enabled=` to amp.initialize with the same condition, or scale both paths",
         )
         return
-    if scaler.access is None:  # a carrier's steps check their own backward passes
+    if not scaler.carried:  # a carrier's steps check their own backward passes
         keys = _managed_optimizers(ctx, model, call, optimizers)
         plain = _plain_backward_in_step(ctx, model, with_node, call, keys)
         if plain is not None:
@@ -619,7 +619,7 @@ def _plan_one(
     else:
         for name in _scaled_loss_names(ctx, with_node, asname):
             ctx.plan.substitute(name, scaled.deep_clone())
-    if scaler.access is None:  # a carrier exists only where Apex scaled: its `if` stays
+    if not scaler.carried:  # a carrier exists only where Apex scaled: its `if` stays
         _collapse_fp32_branch(ctx, with_node, asname, loss, access)
     ctx.plan.unwrap.add(with_node)
     ctx.consumed.add(use.base)
@@ -923,7 +923,7 @@ def plan(ctx: ModuleContext) -> None:
     for use in model.of("scale_loss"):
         _plan_one(ctx, model, use, managed, sites)
     for scaler in model.scalers:
-        if sites.get(id(scaler)) and scaler.access is not None:
+        if sites.get(id(scaler)) and scaler.carried:
             _plan_carrier_steps(ctx, model, scaler, managed[id(scaler)], sites[id(scaler)])
         elif sites.get(id(scaler)):
             _plan_steps(ctx, model, scaler, managed[id(scaler)], sites[id(scaler)])
