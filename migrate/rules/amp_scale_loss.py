@@ -75,7 +75,7 @@ from migrate.rules._amp import (
 )
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
-from migrate.rules._forward import autocast_over_forward, forward_span, parameter_callers
+from migrate.rules._forward import autocast_over_forward, forward_span, inner_loss_spans, parameter_callers
 
 RULE = "amp_scale_loss"
 
@@ -136,6 +136,10 @@ def _plan_autocast(
     cannot be found: a GradScaler over a float32 forward pass trains unlike Apex."""
     span = forward_span(ctx, anchor, loss, scaler.model_names)
     spans = [(*span, access)] if span is not None else []
+    if span is not None:
+        # the loss computed in the branch that scales it (after the forward pass, before that branch's
+        # scale_loss) runs under autocast too
+        spans += [(*inner, access) for inner in inner_loss_spans(ctx, anchor, loss, span[0])]
     if span is None and _widen_autocast(ctx, model, scaler, access, anchor, loss):
         return True
     if span is None:
