@@ -427,7 +427,7 @@ def _unscaled_sibling_branch(ctx: ModuleContext, with_node: cst.With) -> cst.If 
         if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While)):
             return None
         if isinstance(ancestor, cst.If) and child is ancestor.body and ancestor.orelse is not None:
-            if _calls_backward(ancestor.orelse):
+            if _calls_backward(ctx, ancestor.orelse):
                 return ancestor
         child = ancestor
     return None
@@ -533,10 +533,19 @@ def _report_plain_backward(ctx: ModuleContext, call: cst.Call, backward: cst.Cal
     )
 
 
-def _calls_backward(node: cst.CSTNode) -> bool:
+def _calls_backward(ctx: ModuleContext, node: cst.CSTNode) -> bool:
+    """Whether ``node`` runs a backward pass outside an ``amp.scale_loss`` block (one inside is
+    scaled: an `else` that scales its own loss is no unscaled path)."""
+    if isinstance(node, cst.With) and any(
+        isinstance(item.item, cst.Call)
+        and (found := ctx.amp_api(item.item.func)) is not None
+        and found[0] == "scale_loss"
+        for item in node.items
+    ):
+        return False
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
         return True
-    return any(_calls_backward(child) for child in node.children)
+    return any(_calls_backward(ctx, child) for child in node.children)
 
 
 def _always_on(scaler: Scaler) -> bool:
