@@ -198,6 +198,39 @@ def forward_span(
     return forward, last
 
 
+def inner_loss_spans(
+    ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression, forward: cst.CSTNode
+) -> list[tuple[cst.CSTNode, cst.CSTNode]]:
+    """(first, last) statements computing ``loss`` inside the `if`/`with` that holds ``anchor``
+    after the forward pass (``outputs = model(x)``, then ``if accumulate: loss = criterion(outputs,
+    y); ...; with amp.scale_loss(loss, ...)``): each block between the forward pass's block and
+    ``anchor`` where the loss is computed before the statement that holds ``anchor``. Apex O1
+    cast those ops as it cast the forward pass."""
+    members = {statement for statement, in_phase in _dependency_chain(ctx, anchor, loss) if in_phase}
+    outer = ctx.block_of(forward)
+    spans: list[tuple[cst.CSTNode, cst.CSTNode]] = []
+    current = anchor
+    while True:
+        block = ctx.block_of(current)
+        if block is outer:
+            return spans
+        body = list[cst.CSTNode](block.body)
+        before = body[: body.index(current)]
+        first = last = None
+        for statement in before:
+            if _ends_phase(ctx, statement):
+                first = last = None  # the loss is computed after an earlier backward or step
+            elif statement in members:
+                first = first or statement
+                last = statement
+        if first is not None and last is not None:
+            spans.append((first, last))
+        owner = ctx.owner_of_block(block)
+        if not isinstance(owner, _TRANSPARENT):
+            return []  # the forward pass is not in a block around the anchor
+        current = ctx.statement_of(owner)
+
+
 def autocast_over_forward(
     ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression, model_names: set[str]
 ) -> cst.With | None:

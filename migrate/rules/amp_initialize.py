@@ -524,15 +524,42 @@ def _chain_top(ctx: ModuleContext, statement: cst.CSTNode) -> cst.CSTNode:
     return _reaching(ctx, branch)[1]
 
 
+def _branch_position(ctx: ModuleContext, statement: cst.CSTNode) -> tuple[cst.CSTNode, list[cst.BaseExpression]]:
+    """The top `if` of the if/elif/else chain whose clause holds ``statement``, reached through
+    the plain `if`s (no `elif`/`else`) around it inside that clause, and the tests of those plain
+    `if`s, outermost first (RepVGG's `if multi_gpu: (if amp_on: initialize) else: (if amp_on:
+    initialize)`); ``statement`` itself, with no tests, when no chain holds it."""
+    tests: list[cst.BaseExpression] = []
+    current = statement
+    while True:
+        top = _chain_top(ctx, current)
+        if top is not current and (not isinstance(top, cst.If) or top.orelse is not None):
+            return top, tests
+        block = ctx.parent(current)
+        owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if not (
+            isinstance(owner, cst.If)
+            and owner.body is block
+            and owner.orelse is None
+            and not isinstance(ctx.parent(owner), cst.If)  # not an `elif`
+        ):
+            return statement, []
+        tests.insert(0, owner.test)
+        current = owner
+
+
 def _exclusive_branches(ctx: ModuleContext, statements: list[cst.CSTNode]) -> bool:
-    """Each statement in its own clause of one `if`/`elif`/`else` chain that has an `else`."""
+    """Each statement in its own clause of one `if`/`elif`/`else` chain that has an `else`
+    (directly, or under the same plain `if` tests in every clause)."""
     tops = set()
+    inner = set()
     for statement in statements:
-        top = _chain_top(ctx, statement)
+        top, tests = _branch_position(ctx, statement)
         if top is statement:
             return False
         tops.add(top)
-    if len(tops) != 1:
+        inner.add(tuple(syntax.normalized(test) for test in tests))
+    if len(tops) != 1 or len(inner) != 1:
         return False
     top = tops.pop()
     assert isinstance(top, cst.If)
@@ -830,7 +857,10 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
     if in_branch:
         # one scaler for the whole if/else: built in each clause, or, when the chain is
         # itself guarded, once above that guard (the clauses cover every path below it)
-        guards, outermost = _guards(ctx, _chain_top(ctx, statement))
+        top, inner_tests = _branch_position(ctx, statement)
+        guards, outermost = _guards(ctx, top)
+        # the same plain `if` around the call in every clause: its test holds on each path of the chain
+        guards = [*guards, *inner_tests]
         shared_above = bool(guards)
         if not shared_above:
             guards, outermost = [], statement

@@ -75,7 +75,7 @@ from migrate.rules._amp import (
 )
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
-from migrate.rules._forward import autocast_over_forward, forward_span, parameter_callers
+from migrate.rules._forward import autocast_over_forward, forward_span, inner_loss_spans, parameter_callers
 
 RULE = "amp_scale_loss"
 
@@ -136,6 +136,10 @@ def _plan_autocast(
     cannot be found: a GradScaler over a float32 forward pass trains unlike Apex."""
     span = forward_span(ctx, anchor, loss, scaler.model_names)
     spans = [(*span, access)] if span is not None else []
+    if span is not None:
+        # the loss computed in the branch that scales it (after the forward pass, before that branch's
+        # scale_loss) runs under autocast too
+        spans += [(*inner, access) for inner in inner_loss_spans(ctx, anchor, loss, span[0])]
     if span is None and _widen_autocast(ctx, model, scaler, access, anchor, loss):
         return True
     if span is None:
@@ -423,7 +427,7 @@ def _unscaled_sibling_branch(ctx: ModuleContext, with_node: cst.With) -> cst.If 
         if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While)):
             return None
         if isinstance(ancestor, cst.If) and child is ancestor.body and ancestor.orelse is not None:
-            if _calls_backward(ancestor.orelse):
+            if _calls_backward(ctx, ancestor.orelse):
                 return ancestor
         child = ancestor
     return None
@@ -529,10 +533,19 @@ def _report_plain_backward(ctx: ModuleContext, call: cst.Call, backward: cst.Cal
     )
 
 
-def _calls_backward(node: cst.CSTNode) -> bool:
+def _calls_backward(ctx: ModuleContext, node: cst.CSTNode) -> bool:
+    """Whether ``node`` runs a backward pass outside an ``amp.scale_loss`` block (one inside is
+    scaled: an `else` that scales its own loss is no unscaled path)."""
+    if isinstance(node, cst.With) and any(
+        isinstance(item.item, cst.Call)
+        and (found := ctx.amp_api(item.item.func)) is not None
+        and found[0] == "scale_loss"
+        for item in node.items
+    ):
+        return False
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
         return True
-    return any(_calls_backward(child) for child in node.children)
+    return any(_calls_backward(ctx, child) for child in node.children)
 
 
 def _always_on(scaler: Scaler) -> bool:
