@@ -37,6 +37,7 @@ from migrate.rules import (
     apex_parallel,
     apex_syncbn,
     fp16_optimizer,
+    hf_trainer_apex_backend,
     timm_apex_scaler,
     torch_cuda_amp,
 )
@@ -45,6 +46,7 @@ from migrate.rules._context import ModuleContext
 
 RULES = (
     timm_apex_scaler,
+    hf_trainer_apex_backend,
     amp_initialize,
     amp_init,
     amp_scale_loss,
