@@ -168,7 +168,10 @@ class _Folds:
 
     def regions(self) -> list[cst.CSTNode]:
         """The code that no longer runs."""
-        return [node.body for node in (*self.removed, *self.promoted, *self.elifs, *self.expressions)]
+        return [
+            *(node.body for node in (*self.removed, *self.promoted, *self.elifs)),
+            *(e.body for e in self.expressions),
+        ]
 
 
 def _backend(ctx: ModuleContext, switch: cst.CSTNode) -> _Backend | str:
@@ -278,7 +281,7 @@ def _checks(ctx: ModuleContext, backend: _Backend, folds: _Folds) -> str | None:
         if not _inside(ctx, name, regions):
             line = ctx.position(name)[0]
             return f"the Apex amp use at line {line} is not under a `self.use_apex` test"
-    scaled = [use for use in ctx.amp.of("scale_loss")]
+    scaled = ctx.amp.of("scale_loss")
     for use in scaled:
         branch = next(
             (b for b in (*folds.removed, *folds.promoted, *folds.elifs) if _inside(ctx, use.call, [b.body])), None
@@ -289,6 +292,10 @@ def _checks(ctx: ModuleContext, backend: _Backend, folds: _Folds) -> str | None:
                 f"the amp.scale_loss at line {line} has no sibling `if self.{backend.flag}:` branch before it that "
                 f"scales the backward with `self.{backend.scaler}`"
             )
+    for branch in folds.elifs:
+        above = ctx.parent(branch)
+        if branch.orelse is None and any(above is other for other in (*folds.elifs, *folds.promoted)):
+            return f"`self.use_apex` is tested twice in a row at line {ctx.position(branch)[0]}"
     code = ctx.module.code
     if scaled and not (f".{backend.scaler}.step(" in code and f".{backend.scaler}.update(" in code):
         return f"the module never steps the optimizer with `self.{backend.scaler}` (step and update)"
@@ -328,9 +335,14 @@ def _import_guards(ctx: ModuleContext) -> list[cst.If]:
     return guards
 
 
-def _drop_elif(updated: cst.CSTNode) -> cst.CSTNode | cst.RemovalSentinel:
+def _drop_elif(updated: cst.CSTNode) -> cst.CSTNode:
+    assert isinstance(updated, cst.If) and updated.orelse is not None
+    return updated.orelse
+
+
+def _drop_last_elif(updated: cst.CSTNode) -> cst.CSTNode:
     assert isinstance(updated, cst.If)
-    return updated.orelse if updated.orelse is not None else cst.RemovalSentinel.REMOVE
+    return updated.with_changes(orelse=None)
 
 
 def _promote_elif(updated: cst.CSTNode) -> cst.CSTNode:
@@ -379,7 +391,10 @@ def plan(ctx: ModuleContext) -> None:
     for branch in folds.promoted:
         ctx.plan.replace[branch] = _promote_elif
     for branch in folds.elifs:
-        ctx.plan.replace[branch] = _drop_elif
+        if branch.orelse is not None:
+            ctx.plan.replace[branch] = _drop_elif
+        else:  # the last branch of its chain: the `if` above it loses its `elif`
+            ctx.plan.replace[ctx.parent(branch)] = _drop_last_elif  # type: ignore[index]
     for expression in folds.expressions:
         ctx.plan.replace[expression] = _take_orelse
     ctx.plan.remove.update(_import_guards(ctx))
