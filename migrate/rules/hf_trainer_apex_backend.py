@@ -15,6 +15,7 @@ What it rewrites
 
 Before::
 
+    import torch
     from apex import amp
 
 
@@ -37,8 +38,16 @@ Before::
                     scaled_loss.backward()
             else:
                 loss.backward()
+            if self.use_amp:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
 
 After::
+
+    import torch
+
 
     class Trainer:
         def __init__(self, args):
@@ -53,6 +62,11 @@ After::
                 self.scaler.scale(loss).backward()
             else:
                 loss.backward()
+            if self.use_amp:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
 
 Not rewritten (left as it was; AMP032 names what blocks it)
     ``self.use_apex`` set True more than once, or outside the plain ``else`` of a backend
