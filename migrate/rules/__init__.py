@@ -114,7 +114,7 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
         new_module,
         findings,
         bool(left) or unseen > 0 or unshared > 0,
-        setup.migrated_any(ctx),
+        setup.migrated_any(ctx) and not (frozen is None and ctx.amp_folded_away),
         project_scaler.shared_scalers(ctx, ctx.amp),
         project_scaler.unused(ctx, options.facts),
     )

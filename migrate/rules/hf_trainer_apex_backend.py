@@ -413,6 +413,7 @@ def plan(ctx: ModuleContext) -> None:
         ctx.plan.replace[expression] = _take_orelse
     ctx.plan.remove.update(_import_guards(ctx))
     ctx.consumed.update(amp_references(ctx))
+    ctx.amp_folded_away = True
     ctx.report(
         "AMP001",
         backend.switch,
