@@ -103,6 +103,8 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
         ctx, unshared = _plan(module, source, options, frozen=True)
         ctx.findings.extend(finding for finding in unresolved if finding not in ctx.findings)
         left = setup.leftovers(ctx)
+    if not left and not unshared and ctx.explains_leftovers:
+        ctx.findings[:] = [finding for finding in ctx.findings if finding not in ctx.explains_leftovers]
     if frozen is not None:
         setup.report_frozen(ctx, frozen)
     unseen = setup.report_unseen_amp(ctx)

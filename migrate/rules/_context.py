@@ -79,6 +79,9 @@ class ModuleContext:
         # Trainer's Apex backend): no scaler was made for other modules, and their Apex branches under
         # that flag are dead code, not a setup that continues there
         self.amp_folded_away = False
+        # findings that only explain why the amp setup stays: dropped where the other rules
+        # migrate it after all (a Trainer-like class whose amp.initialize migrates on its own)
+        self.explains_leftovers: list[Finding] = []
         self.skip_lines = {
             number for number, line in enumerate(source.splitlines(), start=1) if SKIP_COMMENT.search(line)
         }

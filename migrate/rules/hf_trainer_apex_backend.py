@@ -145,7 +145,8 @@ def _calls(node: cst.CSTNode) -> bool:
 
 
 def _presence_check(statement: cst.CSTNode) -> bool:
-    """``if not is_apex_available(): raise ImportError(...)``: the Apex branch's own check."""
+    """``if not is_apex_available(): raise ImportError(...)``: the Apex branch's own check (its body
+    ends in the raise)."""
     if not (isinstance(statement, cst.If) and statement.orelse is None):
         return False
     test = statement.test
@@ -153,12 +154,8 @@ def _presence_check(statement: cst.CSTNode) -> bool:
         return False
     if not (isinstance(test.expression, cst.Call) and "apex" in syntax.code(test.expression.func).lower()):
         return False
-    body = statement.body
-    return (
-        isinstance(body, cst.IndentedBlock)
-        and len(body.body) == 1
-        and (isinstance(syntax.sole_statement(body.body[0]), cst.Raise))
-    )
+    body = statement.body  # it may build its message first: it runs only to raise
+    return isinstance(body, cst.IndentedBlock) and isinstance(syntax.sole_statement(body.body[-1]), cst.Raise)
 
 
 @dataclass
@@ -389,6 +386,7 @@ def plan(ctx: ModuleContext) -> None:
     )
     why = backend if isinstance(backend, str) else _fold(ctx, backend, folds) or _checks(ctx, backend, folds)
     if why is not None:
+        known = len(ctx.findings)
         ctx.report(
             "AMP032",
             switches[0],
@@ -396,6 +394,7 @@ def plan(ctx: ModuleContext) -> None:
             "choice, do what the native branch does (set its flag and create the GradScaler), then drop the code "
             "under `self.use_apex` tests (amp.initialize, the scale_loss branch, amp.master_params in the clip)",
         )
+        ctx.explains_leftovers.extend(ctx.findings[known:])  # moot where the other rules migrate it all
         return
     assert isinstance(backend, _Backend)
     ctx.plan.unwrap.add(backend.choice)  # the native branch in the choice's place
