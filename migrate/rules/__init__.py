@@ -37,6 +37,7 @@ from migrate.rules import (
     apex_parallel,
     apex_syncbn,
     fp16_optimizer,
+    hf_trainer_apex_backend,
     timm_apex_scaler,
     torch_cuda_amp,
 )
@@ -45,6 +46,7 @@ from migrate.rules._context import ModuleContext
 
 RULES = (
     timm_apex_scaler,
+    hf_trainer_apex_backend,
     amp_initialize,
     amp_init,
     amp_scale_loss,
@@ -101,6 +103,8 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
         ctx, unshared = _plan(module, source, options, frozen=True)
         ctx.findings.extend(finding for finding in unresolved if finding not in ctx.findings)
         left = setup.leftovers(ctx)
+    if not left and not unshared and ctx.explains_leftovers:
+        ctx.findings[:] = [finding for finding in ctx.findings if finding not in ctx.explains_leftovers]
     if frozen is not None:
         setup.report_frozen(ctx, frozen)
     unseen = setup.report_unseen_amp(ctx)
@@ -112,7 +116,7 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
         new_module,
         findings,
         bool(left) or unseen > 0 or unshared > 0,
-        setup.migrated_any(ctx),
+        setup.migrated_any(ctx) and not (frozen is None and ctx.amp_folded_away),
         project_scaler.shared_scalers(ctx, ctx.amp),
         project_scaler.unused(ctx, options.facts),
     )

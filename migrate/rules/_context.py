@@ -75,6 +75,13 @@ class ModuleContext:
         # amp uses rewritten only in part (a scale_loss whose forward pass was not found): the
         # setup must stay as it was, whatever else was rewritten
         self.unfinished: list[cst.CSTNode] = []
+        # every amp use was folded away under a flag nothing sets any more (a vendored Hugging Face
+        # Trainer's Apex backend): no scaler was made for other modules, and their Apex branches under
+        # that flag are dead code, not a setup that continues there
+        self.amp_folded_away = False
+        # findings that only explain why the amp setup stays: dropped where the other rules
+        # migrate it after all (a Trainer-like class whose amp.initialize migrates on its own)
+        self.explains_leftovers: list[Finding] = []
         self.skip_lines = {
             number for number, line in enumerate(source.splitlines(), start=1) if SKIP_COMMENT.search(line)
         }

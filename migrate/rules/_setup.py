@@ -35,6 +35,7 @@ AMP_SETUP_RULES = frozenset(
         "amp_disable_casts",
         "amp_cast_functions",
         "timm_apex_scaler",
+        "hf_trainer_apex_backend",
     }
 )
 

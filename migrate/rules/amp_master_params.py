@@ -542,8 +542,8 @@ def _divide_gradient_norm(ctx: ModuleContext, model: AmpModel, node: cst.CSTNode
 
 def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, requests: list[_Unscale]) -> None:
     call = use.call
-    if ctx.skipped(call):
-        return
+    if ctx.skipped(call) or use.base in ctx.consumed:
+        return  # left as the user asked, or folded away by an earlier rule (hf_trainer_apex_backend)
     bound = syntax.bind_arguments(call, ("optimizer",))
     if bound is None or "optimizer" not in bound:
         ctx.report(

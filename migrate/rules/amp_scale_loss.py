@@ -571,8 +571,8 @@ def _plan_one(
     ctx: ModuleContext, model: AmpModel, use: AmpCall, managed: dict[int, set[str]], sites: dict[int, list[cst.CSTNode]]
 ) -> None:
     call = use.call
-    if ctx.skipped(call):
-        return
+    if ctx.skipped(call) or use.base in ctx.consumed:
+        return  # left as the user asked, or folded away by an earlier rule (hf_trainer_apex_backend)
     item = ctx.parent(call)
     with_node = ctx.parent(item) if isinstance(item, cst.WithItem) else None
     if (
