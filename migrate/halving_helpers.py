@@ -36,20 +36,23 @@ class HalvingHelper(NamedTuple):
 _CASTS = frozenset({"half", "float", "double", "bfloat16", "type", "apply", "_apply"})
 
 
-def halving_helpers_in(source: str) -> dict[str, HalvingHelper]:
-    """The top-level functions of ``source`` (each defined once) that halve their model under a flag."""
-    if ".half()" not in source:
-        return {}
+def _functions_defined_once(source: str, spelled: str) -> list[ast.FunctionDef]:
+    """The top-level (not async) functions of ``source`` defined once, where it spells ``spelled``."""
+    if spelled not in source:
+        return []
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
+        return []
     definitions = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     names = [d.name for d in definitions]
+    return [d for d in definitions if names.count(d.name) == 1 and isinstance(d, ast.FunctionDef)]
+
+
+def halving_helpers_in(source: str) -> dict[str, HalvingHelper]:
+    """The top-level functions of ``source`` (each defined once) that halve their model under a flag."""
     found: dict[str, HalvingHelper] = {}
-    for definition in definitions:
-        if names.count(definition.name) != 1 or not isinstance(definition, ast.FunctionDef):
-            continue
+    for definition in _functions_defined_once(source, ".half()"):
         helper = halving_helper(definition)
         if helper is not None:
             found[definition.name] = helper
@@ -182,18 +185,8 @@ def param_group_readers_in(source: str) -> dict[str, GroupReader]:
     ``P.param_groups`` (DialoGPT's ``set_lr(optimizer, ...)``: ``for g in optimizer.param_groups:
     g["lr"] = ...``): given an FP16_Optimizer, they read and set the wrapped optimizer's groups
     (Apex's ``param_groups`` was the wrapped optimizer's), so the migrated optimizer can be passed."""
-    if ".param_groups" not in source:
-        return {}
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
-    definitions = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    names = [d.name for d in definitions]
     found: dict[str, GroupReader] = {}
-    for definition in definitions:
-        if names.count(definition.name) != 1 or not isinstance(definition, ast.FunctionDef):
-            continue
+    for definition in _functions_defined_once(source, ".param_groups"):
         if definition.args.posonlyargs or definition.decorator_list:
             continue
         parameters = [a.arg for a in definition.args.args]

@@ -1625,12 +1625,8 @@ class _Planner:
             for later in body[body.index(current) + 1 :]:
                 if self._is_step_statement(later):
                     return True
-            owner = ctx.parent(block)
-            if isinstance(owner, cst.Else):
-                owner = ctx.parent(owner)
-            while isinstance(owner, cst.If) and isinstance(ctx.parent(owner), cst.If):
-                owner = ctx.parent(owner)  # an elif: up to its first if
-            if not isinstance(owner, cst.If):
+            owner = _first_if_of(ctx, block)
+            if owner is None:
                 return False
             current = owner
 
@@ -1888,12 +1884,8 @@ class _Planner:
                 return True
             if not isinstance(block, cst.IndentedBlock):
                 return False
-            owner = ctx.parent(block)
-            if isinstance(owner, cst.Else):
-                owner = ctx.parent(owner)
-            while isinstance(owner, cst.If) and isinstance(ctx.parent(owner), cst.If):
-                owner = ctx.parent(owner)  # an elif: up to its first if
-            if not isinstance(owner, cst.If):
+            owner = _first_if_of(ctx, block)
+            if owner is None:
                 return False
             clause: cst.If | cst.Else | None = owner
             while isinstance(clause, cst.If):
@@ -2282,6 +2274,16 @@ class _Planner:
             isinstance(node, cst.Name) and node.value in ("network_to_half", "FP16Model")
             for node in self.edits.consumed
         )
+
+
+def _first_if_of(ctx: ModuleContext, block: cst.CSTNode) -> cst.If | None:
+    """The first ``if`` of the if/elif/else chain whose clause ``block`` is; None: no such chain."""
+    owner = ctx.parent(block)
+    if isinstance(owner, cst.Else):
+        owner = ctx.parent(owner)
+    while isinstance(owner, cst.If) and isinstance(ctx.parent(owner), cst.If):
+        owner = ctx.parent(owner)  # an elif: up to its first if
+    return owner if isinstance(owner, cst.If) else None
 
 
 def _wrap(ctx: ModuleContext, first: cst.CSTNode, last: cst.CSTNode, item: cst.WithItem) -> None:
