@@ -790,6 +790,9 @@ class ProjectPlan:
         # setups handed to a library's runner, being migrated: their modules, each with why it
         # stays as it was (and the code to write there) if any of them keeps Apex amp
         self._runner_setups: list[Callable[[str], dict[str, str]]] = []
+        # setups left to migrate because the orphans they would reach are a runner setup's; frozen
+        # after all if that runner setup goes back (orphans, the setup's module, the reason)
+        self._spared: list[tuple[set[str], str, str]] = []
 
     def display(self, path: str) -> str:
         return self._display.get(path, os.path.relpath(path))
@@ -1241,19 +1244,9 @@ class ProjectPlan:
                 for group in self.groups
             )
         ]
+        # the setups handed to a library's runner first: the orphans a runner takes over are none
+        taken: set[str] = set()
         for path, result in outcome.items():
-            if result.amp_migrated and not result.scaler_unused and "initialize" in self.index.modules[path].amp_apis:
-                reached = [orphan for orphan in unowned if self._may_run_together(orphan, path)]
-                if reached:
-                    again[path] = replace(
-                        self.facts.get(path, ModuleFacts()),
-                        frozen=(
-                            f"{self.display(reached[0])} keeps Apex amp without an amp.initialize of its own, and no "
-                            "import links it to one: reached at run time (a hook, a registry), it would use Apex amp "
-                            "on a setup that no longer exists once this amp.initialize is gone"
-                        ),
-                    )
-                continue
             if not (result.scaler_unused and result.amp_migrated):
                 continue
             # an orphan import-linked to an amp.initialize belongs to that setup, not to this one
@@ -1282,6 +1275,7 @@ class ProjectPlan:
                 }
                 if threaded:
                     self._runner_setups.append(reasons_for)
+                    taken |= set(reasons_for(""))
                 again.update(facts)
                 continue
             if related:
@@ -1339,6 +1333,24 @@ class ProjectPlan:
             else:
                 continue
             again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
+        for path, result in outcome.items():
+            if not (
+                result.amp_migrated and not result.scaler_unused and "initialize" in self.index.modules[path].amp_apis
+            ):
+                continue
+            reached = [orphan for orphan in unowned if self._may_run_together(orphan, path)]
+            if not reached:
+                continue
+            reason = (
+                f"{self.display(reached[0])} keeps Apex amp without an amp.initialize of its own, and no "
+                "import links it to one: reached at run time (a hook, a registry), it would use Apex amp "
+                "on a setup that no longer exists once this amp.initialize is gone"
+            )
+            if all(orphan in taken for orphan in reached):
+                # a runner setup migrates them: this setup stays only if that one goes back
+                self._spared.append((set(reached), path, reason))
+                continue
+            again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         return again
 
     def _settle_runner_setups(
@@ -1357,6 +1369,9 @@ class ProjectPlan:
                 f"carrying it on the runner left Apex amp in {left[0]} (a call there that the rules do not rewrite, "
                 "such as a `with` of more than the scaled loss)"
             )
+            for orphans, spared, reason in self._spared:
+                if orphans & set(members):
+                    again[spared] = replace(self.facts.get(spared, ModuleFacts()), frozen=reason)
             for path, reason in reasons_for(why).items():
                 again[path] = replace(
                     self.facts.get(path, ModuleFacts()),
