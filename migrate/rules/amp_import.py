@@ -456,7 +456,9 @@ def _probe_for_code(ctx: ModuleContext, statement: cst.CSTNode) -> str | None:
     )
 
 
-def _bare_probe_of_migrated_code(ctx: ModuleContext, binding: Binding) -> bool:
+def _bare_probe_of_migrated_code(
+    ctx: ModuleContext, binding: Binding, references: dict[cst.ImportAlias, list[cst.Name]]
+) -> bool:
     """An unused ``import apex`` in a module whose Apex code this run migrated, not in a
     function: it only checked that Apex was installed for that code, and goes with it (else
     AMP043). Its ``try`` may set a flag (``has_apex = True``) that only this module reads, once
@@ -476,7 +478,7 @@ def _bare_probe_of_migrated_code(ctx: ModuleContext, binding: Binding) -> bool:
         if isinstance(ancestor, cst.Try):
             if ctx.skipped(ancestor):
                 return False
-            if not _flags_stay_here(ctx, ancestor, binding):
+            if not _flags_stay_here(ctx, ancestor, binding, references):
                 return False  # code elsewhere reads what it found
             guarded_imports = guarded_imports or _imports_other_apex_names(ctx, ancestor, binding)
     # with nothing migrated, the probe still goes with the other Apex imports of its `try`,
@@ -494,14 +496,18 @@ def _imports_other_apex_names(ctx: ModuleContext, owner: cst.Try, probe: Binding
     )
 
 
-def _flags_stay_here(ctx: ModuleContext, owner: cst.Try, probe: Binding) -> bool:
+def _flags_stay_here(
+    ctx: ModuleContext, owner: cst.Try, probe: Binding, references: dict[cst.ImportAlias, list[cst.Name]]
+) -> bool:
     """Whether what the ``try`` around an Apex probe records is only read in this module, with
     no Apex import left for it to guard: plain ``NAME = <literal>`` flags, caught ImportError,
     names no other module imports from here, and every other Apex import of the module goes."""
-    return _why_its_flags_matter(ctx, owner, probe) is None
+    return _why_its_flags_matter(ctx, owner, probe, references) is None
 
 
-def _why_its_flags_matter(ctx: ModuleContext, owner: cst.Try, probe: Binding) -> str | None:
+def _why_its_flags_matter(
+    ctx: ModuleContext, owner: cst.Try, probe: Binding, references: dict[cst.ImportAlias, list[cst.Name]]
+) -> str | None:
     """What the ``try`` around an Apex probe records that code may still need; None: nothing."""
     recorders = (cst.AugAssign, cst.AnnAssign, cst.Return, cst.Global, cst.FunctionDef, cst.ClassDef)
     if any(isinstance(node, recorders) for node in ctx.walk(owner)):
@@ -521,7 +527,6 @@ def _why_its_flags_matter(ctx: ModuleContext, owner: cst.Try, probe: Binding) ->
     exported = ctx.options.facts.exported
     if flags & exported or "*" in exported:
         return f"other modules import the flag it sets ({spelled}) from here"
-    references = _references(ctx)
     for scope_imports in ctx.imports.values():
         for bindings in scope_imports.values():
             for binding in bindings:
@@ -540,11 +545,13 @@ def _why_its_flags_matter(ctx: ModuleContext, owner: cst.Try, probe: Binding) ->
     return None
 
 
-def _probe_kept_because(ctx: ModuleContext, binding: Binding) -> str | None:
+def _probe_kept_because(
+    ctx: ModuleContext, binding: Binding, references: dict[cst.ImportAlias, list[cst.Name]]
+) -> str | None:
     """Why an unused module-level ``import apex`` in a ``try`` stays, for AMP043's message."""
     for ancestor in ctx.ancestors(ctx.statement_of(binding.statement)):
         if isinstance(ancestor, cst.Try):
-            why = _why_its_flags_matter(ctx, ancestor, binding)
+            why = _why_its_flags_matter(ctx, ancestor, binding, references)
             if why is not None:
                 return why
     return None
@@ -657,7 +664,9 @@ def _plan_imports(
                     binding.kind in ("apex", "other_apex")
                     and not any(name in ctx.consumed for name in uses)
                     and not (binding.target in amp_private_state.STATE_TARGETS and not uses)
-                    and not (binding.kind == "apex" and not uses and _bare_probe_of_migrated_code(ctx, binding))
+                    and not (
+                        binding.kind == "apex" and not uses and _bare_probe_of_migrated_code(ctx, binding, references)
+                    )
                 ):
                     continue  # an Apex import this run did not migrate anything of
                 removable.setdefault(binding.statement, set()).add(binding.alias)
@@ -864,8 +873,12 @@ def _report_leftovers(
                     reported.add(id(binding.alias))
                     if references.get(binding.alias) or ctx.skipped(ctx.statement_of(binding.statement)):
                         _report_apex_package_uses(ctx, binding, references)
-                    elif not _bare_probe_of_migrated_code(ctx, binding):
-                        why = _probe_kept_because(ctx, binding) if ctx.function_of(binding.statement) is None else None
+                    elif not _bare_probe_of_migrated_code(ctx, binding, references):
+                        why = (
+                            _probe_kept_because(ctx, binding, references)
+                            if ctx.function_of(binding.statement) is None
+                            else None
+                        )
                         ctx.report(
                             "AMP043",
                             binding.alias,

@@ -1278,13 +1278,18 @@ def _join_local_scaler(
         ctx.consumed.discard(found.use.base)
 
 
+def _settings(call: cst.Call) -> dict[str, cst.Arg] | None:
+    """The call's arguments but its models and optimizers; None where they cannot be bound."""
+    bound = _arguments(call)
+    if bound is None:
+        return None
+    return {name: arg for name, arg in bound.items() if name not in ("models", "optimizers")}
+
+
 def _settings_code(call: cst.Call) -> str:
-    """The call's arguments but its models and optimizers, as written (``opt_level="O1", ...``)."""
-    bound = _arguments(call) or {}
+    """The call's settings as written (``opt_level="O1", ...``)."""
     return ", ".join(
-        " ".join(f"{name}={syntax.code(arg.value)}".split())
-        for name, arg in bound.items()
-        if name not in ("models", "optimizers")
+        " ".join(f"{name}={syntax.code(arg.value)}".split()) for name, arg in (_settings(call) or {}).items()
     )
 
 
@@ -1292,11 +1297,10 @@ def _same_settings(first: cst.Call | None, second: cst.Call) -> bool:
     """Whether two amp.initialize calls ask for the same (all but their models and optimizers)."""
     if first is None:
         return False
-    bound = [_arguments(first), _arguments(second)]
     spelled = [
-        {name: syntax.normalized(arg.value) for name, arg in each.items() if name not in ("models", "optimizers")}
-        for each in bound
-        if each is not None
+        {name: syntax.normalized(arg.value) for name, arg in settings.items()}
+        for settings in (_settings(first), _settings(second))
+        if settings is not None
     ]
     return len(spelled) == 2 and spelled[0] == spelled[1]
 

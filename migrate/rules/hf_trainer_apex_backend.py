@@ -345,7 +345,7 @@ def _autocasts_under(ctx: ModuleContext, flag: str) -> bool:
         if name.rpartition(".")[2] != "autocast":
             continue
         switched = [arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "enabled"]
-        if any(_is_self_attribute(ctx, node, flag) for value in switched for node in [value, *ctx.walk(value)]):
+        if any(_is_self_attribute(ctx, node, flag) for value in switched for node in ctx.walk(value)):
             return True  # `with torch.autocast("cuda", enabled=self.use_amp):`
         for ancestor in ctx.ancestors(call):
             test = ancestor.test if isinstance(ancestor, (cst.If, cst.IfExp)) else None
