@@ -1972,8 +1972,12 @@ def _project_files(paths: list[str], skipped: set[str], unread: Collection[str] 
     folders = [os.path.dirname(os.path.abspath(path)) for path in paths]
     common = os.path.commonpath(folders)
     root = project_root(paths[0])
-    if os.path.commonpath([root, common]) != root or len(os.path.relpath(common, root).split(os.sep)) > 3:
-        root = common  # no project marker near: the folder the modules share
+    if (
+        os.path.commonpath([root, common]) != root
+        or len(os.path.relpath(common, root).split(os.sep)) > 3
+        or os.path.dirname(root) == root
+    ):
+        root = common  # no project marker near (or none above them at all): the folder the modules share
     if os.path.dirname(root) == root:
         return
     found = (path for path in _python_files(root, unread=unread) if path not in skipped)

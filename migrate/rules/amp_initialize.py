@@ -727,8 +727,26 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
 
     models = bound["models"].value
     optimizers = bound["optimizers"].value if "optimizers" in bound else None
+    inference = _without_optimizers(bound)
+    if optimizers is not None and _found_none(ctx, statement, optimizers):
+        # `if optimizer is None:` around it: Apex only cast the models, and returned them alone
+        optimizers, inference = None, True
     alias = _result_alias(target, models, optimizers) if target is not None else None
-    return SetupCall(use, statement, bound, models, _without_optimizers(bound), alias)
+    return SetupCall(use, statement, bound, models, inference, alias)
+
+
+def _found_none(ctx: ModuleContext, statement: cst.CSTNode, value: cst.BaseExpression) -> bool:
+    """Whether a clause around ``statement`` runs only where the name ``value`` is None
+    (``if optimizer is None:``, or the else of ``if optimizer is not None:``), with nothing in
+    that clause before ``statement`` that may rebind it."""
+    if not isinstance(value, cst.Name):
+        return False
+    conditions, outermost = _guards(ctx, statement)
+    # an else's condition comes negated and flipped (`optimizer is not None` gives `optimizer is None`)
+    if outermost is statement or f"{value.value}isNone" not in {syntax.normalized(c) for c in conditions}:
+        return False
+    before = _bound_before(ctx, outermost, statement)
+    return before is not None and value.value not in before
 
 
 def _result_alias(
@@ -740,8 +758,16 @@ def _result_alias(
         if optimizers is None or syntax.literal(optimizers) is None
         else cst.Tuple([cst.Element(models), cst.Element(optimizers)])
     )
+    # a list of as many models as the targets (`a, b = amp.initialize([a, b], optimizer)`)
+    # unpacks whichever Apex returned
+    unpacks_models = (
+        isinstance(target, (cst.Tuple, cst.List))
+        and isinstance(models, (cst.List, cst.Tuple))
+        and len(models.elements) == len(target.elements)
+        and not any(isinstance(e.value, (cst.Tuple, cst.List)) for e in target.elements)
+    )
     if (
-        isinstance(target, cst.Name)
+        (isinstance(target, cst.Name) or unpacks_models)
         and isinstance(result, cst.Tuple)
         and isinstance(optimizers, (cst.Name, cst.Attribute))
     ):
