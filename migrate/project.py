@@ -1849,16 +1849,28 @@ class ProjectPlan:
             for alias, origin, name in self._imported_functions(path) if path != creator else ():
                 if origin == creator and name == function and callers.setdefault(path, alias) != alias:
                     return {}
-        if not callers or set(left) - set(callers) or any(path not in outcome for path in callers):
+        if not callers or any(path not in outcome for path in callers):
             return {}
+        returned_to = (
+            f"`{function}` of {self.display(creator)} sets up amp and returns the model and optimizer to "
+            f"{' and '.join(self.display(path) for path in sorted(callers))}"
+        )
         setup = factories.read_factory(_text(creator), function, function)
         if setup is None:
-            self._blocked[number] = (
-                f"`{function}` of {self.display(creator)} sets up amp and returns the model and optimizer to "
-                f"{' and '.join(self.display(path) for path in sorted(callers))}, but a caller can take over only a "
-                "function with one amp.initialize, reached through `if` tests of its parameters alone, whose model "
-                f"and optimizer every `return` hands back: create the GradScaler in `{function}`, return it with "
-                "them and use it where the losses are scaled, then run ampmigrate again"
+            self._blocked.setdefault(
+                number,
+                f"{returned_to}, but a caller can take over only a function with one amp.initialize that sets up "
+                "training, reached through `if` tests of its parameters alone, whose model and optimizer every "
+                f"`return` hands back: create the GradScaler in `{function}`, return it with them and use it where "
+                "the losses are scaled, then run ampmigrate again",
+            )
+            return {}
+        if set(left) - set(callers):
+            self._blocked.setdefault(
+                number,
+                f"{returned_to}, while {' and '.join(self.display(path) for path in sorted(set(left) - set(callers)))} "
+                f"scales the losses without calling `{function}`: a setup a caller takes over is not passed on "
+                "further (pass the GradScaler on by hand, then run ampmigrate again)",
             )
             return {}
         word = re.compile(rf"\b{re.escape(function)}\b".encode())
