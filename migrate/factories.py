@@ -43,13 +43,19 @@ def read_factory(source: str, function: str, name: str) -> FactorySetup | None:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and ast.unparse(node.func.value) in amp
     ]
     setups = [call for call in calls if call.func.attr == "initialize"]  # type: ignore[attr-defined]
-    if len(setups) != 1 or any(c.func.attr not in CASTING for c in calls if c not in setups):  # type: ignore[attr-defined]
+    if not setups or any(c.func.attr not in CASTING for c in calls if c not in setups):  # type: ignore[attr-defined]
         return None
-    call = setups[0]
-    found = _statement_and_tests(definition.body, call)
-    if found is None:
+    placed = [_statement_and_tests(definition.body, setup) for setup in setups]
+    if any(found is None for found in placed):
         return None
-    statement, tests = found
+    # beside the one that sets up training, calls reached only where the optimizer is None
+    # (inference: Apex only cast the models, and returned them) go with the function's own call
+    training = [
+        (setup, found) for setup, found in zip(setups, placed) if found is not None and not _inference(setup, found[1])
+    ]
+    if len(training) != 1:
+        return None
+    call, (statement, tests) = training[0]
     parameters = _parameters(definition, source)
     if parameters is None:
         return None
@@ -59,11 +65,14 @@ def read_factory(source: str, function: str, name: str) -> FactorySetup | None:
     if targets is None or (models, optimizers) != targets:
         return None
     assert models is not None and optimizers is not None
-    returned = _returned(definition, models, optimizers, statement.lineno)
+    returned = _returned(definition, models, optimizers, max(found[0].lineno for found in placed if found))
     if returned is None:
         return None
     stored = _stored(definition)
-    readable = set(names) - set(stored)
+    # amp.initialize returns the objects it was given: its assignment back to the names it was
+    # given (`model, optimizer = amp.initialize(model, optimizer)`) rebinds nothing
+    setup_lines = {found[0].lineno for found in placed if found is not None and _assigns_back(found[0])}
+    readable = {name for name in names if all(line in setup_lines for line in stored.get(name, []))}
     others = list(call.args[2:]) + [kw.value for kw in call.keywords if kw.arg not in ("models", "optimizers")]
     if any(_reads_other(node, readable) for node in [*others, *(test for test, _ in tests)]):
         return None
@@ -82,6 +91,49 @@ def read_factory(source: str, function: str, name: str) -> FactorySetup | None:
         guard=" and ".join(_test_text(source, test, holds) for test, holds in tests) or None,
         returned=returned,
     )
+
+
+def _inference(call: ast.Call, tests: list[tuple[ast.expr, bool]]) -> bool:
+    """Whether ``call`` gets no optimizer: none, a literal None, or a name that a test on the
+    way to it finds None (``if optimizer is None:``, or the else of ``is not None``)."""
+    given = (
+        call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "optimizers"), None)
+    )
+    if given is None or (isinstance(given, ast.Constant) and given.value is None):
+        return True
+    if not isinstance(given, ast.Name):
+        return False
+    for test, holds in tests:
+        if (
+            isinstance(test, ast.Compare)
+            and len(test.ops) == 1
+            and isinstance(test.left, ast.Name)
+            and test.left.id == given.id
+            and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None
+            and isinstance(test.ops[0], ast.Is if holds else ast.IsNot)
+        ):
+            return True
+    return False
+
+
+def _assigns_back(statement: ast.Assign) -> bool:
+    """Whether the amp.initialize ``statement`` assigns its results to the very names it was
+    given (``model, optimizer = amp.initialize(model, optimizer)``, ``model = amp.initialize(model)``,
+    ``[a, b] = amp.initialize([a, b])``)."""
+    call = statement.value
+    if len(statement.targets) != 1 or not isinstance(call, ast.Call):
+        return False
+    given = [*call.args[:2], *(k.value for k in call.keywords if k.arg in ("models", "optimizers"))]
+
+    def spelled(node: ast.expr) -> str:
+        return ast.dump(node, annotate_fields=False).replace("Store()", "Load()")
+
+    target = statement.targets[0]
+    values = [spelled(v) for v in given if not (isinstance(v, ast.Constant) and v.value is None)]
+    if isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == len(values):
+        return [spelled(e) for e in target.elts] == values
+    return len(values) == 1 and spelled(target) == values[0]
 
 
 def _stored(definition: ast.FunctionDef) -> dict[str, list[int]]:

@@ -479,6 +479,7 @@ class ProjectIndex:
     def __init__(self, summaries: Iterable[ModuleSummary]) -> None:
         self.modules: dict[str, ModuleSummary] = {}
         self._by_name: dict[str, list[str]] = {}
+        self._leads_to_amp_module: dict[str, bool] = {}
         for summary in summaries:
             self.modules[summary.path] = summary
             for name in _import_names(summary.path):
@@ -551,12 +552,59 @@ class ProjectIndex:
         """Whether the names ``asked`` of the amp module ``target`` (None: all) may take part in
         its amp setup: anything but top-level functions that reach no amp call there
         (``build_optimizer`` imported from a script whose ``main`` calls amp.initialize shares no
-        setup with it)."""
+        setup with it), and classes or values whose code names none of those that do (a model
+        class imported from the module whose set-up function calls amp.initialize), where no
+        class or module-level code of ``target`` calls amp."""
         summary = self.modules[target]
         if asked is None or "*" in asked or summary.amp_outside_functions:
             return True
         needing = {name for name, function in summary.functions.items() if function.mentions_amp}
-        return any(name not in summary.functions or _reaches(summary, name, needing) for name in asked)
+        return any(self._leads_to_amp(summary, name, needing) for name in asked)
+
+    def _leads_to_amp(self, summary: ModuleSummary, start: str, needing: set[str]) -> bool:
+        """Whether the top-level name ``start`` of ``summary`` may reach amp code: a function
+        that calls into ``needing``, a class or value whose code names one, names the amp module
+        or names what it imports from a project module that uses amp (or leads to one), or a name
+        it does not define (imported: it may be anything)."""
+        imported: dict[str, str] = {}
+        for edge, module in self.imported(summary):
+            for alias in edge.aliases or (edge.module.split(".")[0],):
+                imported[alias] = module
+        seen, pending = set(), [start]
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in summary.functions:
+                if _reaches(summary, name, needing):
+                    return True
+                continue
+            if name in summary.amp_names or name not in summary.definitions:
+                return True
+            for read in summary.definitions[name]:
+                origin = imported.get(read)
+                if read in summary.amp_names or (origin is not None and self._imports_amp(origin)):
+                    return True
+                if read in summary.definitions:
+                    pending.append(read)
+        return False
+
+    def _imports_amp(self, path: str) -> bool:
+        """Whether the module ``path`` uses amp or imports, directly or not, one that does."""
+        known = self._leads_to_amp_module.get(path)
+        if known is not None:
+            return known
+        seen, pending, found = {path}, [path], False
+        while pending and not found:
+            summary = self.modules[pending.pop()]
+            found = summary.uses_amp
+            for _, target in self.imported(summary):
+                if target not in seen:
+                    seen.add(target)
+                    pending.append(target)
+        self._leads_to_amp_module[path] = found
+        return found
 
     def _passed_on(
         self, summary: ModuleSummary, wanted: frozenset[str], dotted: str, edges: list[tuple[ImportEdge, str]]
@@ -1801,10 +1849,29 @@ class ProjectPlan:
             for alias, origin, name in self._imported_functions(path) if path != creator else ():
                 if origin == creator and name == function and callers.setdefault(path, alias) != alias:
                     return {}
-        if not callers or set(left) - set(callers) or any(path not in outcome for path in callers):
+        if not callers or any(path not in outcome for path in callers):
             return {}
+        returned_to = (
+            f"`{function}` of {self.display(creator)} sets up amp and returns the model and optimizer to "
+            f"{' and '.join(self.display(path) for path in sorted(callers))}"
+        )
         setup = factories.read_factory(_text(creator), function, function)
         if setup is None:
+            self._blocked.setdefault(
+                number,
+                f"{returned_to}, but a caller can take over only a function with one amp.initialize that sets up "
+                "training, reached through `if` tests of its parameters alone, whose model and optimizer every "
+                f"`return` hands back: create the GradScaler in `{function}`, return it with them and use it where "
+                "the losses are scaled, then run ampmigrate again",
+            )
+            return {}
+        if set(left) - set(callers):
+            self._blocked.setdefault(
+                number,
+                f"{returned_to}, while {' and '.join(self.display(path) for path in sorted(set(left) - set(callers)))} "
+                f"scales the losses without calling `{function}`: a setup a caller takes over is not passed on "
+                "further (pass the GradScaler on by hand, then run ampmigrate again)",
+            )
             return {}
         word = re.compile(rf"\b{re.escape(function)}\b".encode())
         inference = []
@@ -1917,8 +1984,12 @@ def _project_files(paths: list[str], skipped: set[str], unread: Collection[str] 
     folders = [os.path.dirname(os.path.abspath(path)) for path in paths]
     common = os.path.commonpath(folders)
     root = project_root(paths[0])
-    if os.path.commonpath([root, common]) != root or len(os.path.relpath(common, root).split(os.sep)) > 3:
-        root = common  # no project marker near: the folder the modules share
+    if (
+        os.path.commonpath([root, common]) != root
+        or len(os.path.relpath(common, root).split(os.sep)) > 3
+        or os.path.dirname(root) == root
+    ):
+        root = common  # no project marker near (or none above them at all): the folder the modules share
     if os.path.dirname(root) == root:
         return
     found = (path for path in _python_files(root, unread=unread) if path not in skipped)

@@ -181,3 +181,55 @@ def test_a_caller_passing_no_optimizer_sets_up_inference() -> None:
     assert not result.amp_left
     assert result.source == source  # nothing to write: Apex only cast the model's forward pass
     assert [f.code for f in result.findings] == ["AMP011"]
+
+
+BRANCHED = """\
+from apex import amp
+
+
+def setup(model, optimizer, fp16=False, level="O1", teacher=None):
+    if fp16:
+        if optimizer is None:
+            if teacher is None:
+                model = amp.initialize(model, optimizer, opt_level=level)
+            else:
+                model, teacher = amp.initialize([model, teacher], optimizer, opt_level=level)
+        else:
+            model, optimizer = amp.initialize(model, optimizer, opt_level=level)
+    return model, optimizer
+"""
+
+
+def test_calls_reached_only_without_an_optimizer_go_beside_the_training_one() -> None:
+    setup = read_factory(BRANCHED, "setup", "setup")
+    assert setup is not None
+    assert setup.call == "amp.initialize(model, optimizer, opt_level=level)"
+    # the training call's own results are the objects it was given: its test of them is read
+    assert (setup.guard, setup.returned) == ("fp16 and not (optimizer is None)", (2, 0, 1))
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (("if optimizer is None:", "if teacher is None:"), "two calls may set up training"),
+        (("if optimizer is None:", "if optimizer is not None:"), "the None test is the other way round"),
+        (
+            (
+                "        else:\n            model, optimizer",
+                "        else:\n            optimizer = optimizer or None\n            model, optimizer",
+            ),
+            "the optimizer is reassigned",
+        ),
+    ],
+)
+def test_branches_on_the_optimizer_that_prove_nothing_are_not_read(change: tuple[str, str], why: str) -> None:
+    assert change[0] in BRANCHED, why
+    assert read_factory(BRANCHED.replace(change[0], change[1]), "setup", "setup") is None, why
+
+
+def test_a_guard_on_the_optimizer_reads_what_the_caller_got_back() -> None:
+    setup = read_factory(BRANCHED, "setup", "setup")
+    assert setup is not None
+    caller = "from utils import setup\n\n\ndef train(net, opt, cfg):\n    net, opt = setup(net, opt, cfg.fp16, cfg.level)\n    return net, opt\n"
+    result = migrate_source(caller, Options(facts=ModuleFacts(factory_setups=(setup,))))
+    assert 'enabled=bool(cfg.fp16 and not (opt is None)) and cfg.level != "O0"' in result.source, result.source

@@ -206,7 +206,9 @@ def _setup_statements(
                 args[position] = arg.with_changes(value=value)
                 break
     if guard is not None:
-        condition = guard.visit(substitute)
+        # a test of the model or optimizer it was given (`optimizer is not None`) reads what the call
+        # returned to the caller: amp.initialize returns the objects it was given
+        condition = guard.visit(_Substitute({**substitute.values, setup.models: models, setup.optimizers: passed}))
         assert isinstance(condition, cst.BaseExpression)
         enabled = next((arg for arg in args if arg.keyword is not None and arg.keyword.value == "enabled"), None)
         if enabled is not None:

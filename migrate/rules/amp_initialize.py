@@ -303,6 +303,51 @@ def _assigned_inside(statement: cst.CSTNode, skip: cst.CSTNode | None = None) ->
     return names, attributes
 
 
+def _read_late(ctx: ModuleContext, outermost: cst.CSTNode, parts: list[cst.BaseExpression]) -> set[str]:
+    """The names ``parts`` read that code inside ``outermost`` may rebind before they are read
+    there: a scaler made above ``outermost`` would read them too early. The test of ``outermost``
+    itself is read before its body runs, and an inner test before the statements after it."""
+    late: set[str] = set()
+    everything: set[str] | None = None
+    for name in (n for part in parts for n in _names_in(part)):
+        before = _bound_before(ctx, outermost, name)
+        if before is None:
+            everything = _bound_inside(outermost) if everything is None else everything
+            before = everything
+        if name.value in before:
+            late.add(name.value)
+    return late
+
+
+def _bound_before(ctx: ModuleContext, outermost: cst.CSTNode, node: cst.CSTNode) -> set[str] | None:
+    """The names statements inside ``outermost`` may bind before ``node`` is evaluated: those of
+    the statements before it in each block around it (an `elif` test follows only its chain's
+    earlier tests), the `as` names of the `with` statements and except clauses around it, what
+    the body of a `try` around its handler binds; None where a loop (``outermost`` itself, a
+    set-up-only loop, or one inside it) may evaluate it again after later statements ran, or
+    ``node`` is not inside ``outermost``."""
+    names: set[str] = set()
+    current = node
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.For, cst.While)):
+            return None
+        siblings = getattr(ancestor, "body", None)
+        if isinstance(siblings, (list, tuple)):
+            at = next((index for index, sibling in enumerate(siblings) if sibling is current), 0)
+            for sibling in siblings[:at]:
+                names |= _bound_inside(sibling)
+        if isinstance(ancestor, cst.With) and current is ancestor.body:
+            names |= {n for item in ancestor.items if item.asname is not None for n in _target_names(item.asname.name)}
+        if isinstance(ancestor, cst.ExceptHandler) and ancestor.name is not None and current is ancestor.body:
+            names |= _target_names(ancestor.name.name)
+        if isinstance(ancestor, cst.Try) and current is not ancestor.body:
+            names |= _bound_inside(ancestor)
+        if ancestor is outermost:
+            return names
+        current = ancestor
+    return None
+
+
 def _target_names(target: cst.CSTNode) -> set[str]:
     """The names an assignment target rebinds (``self.x = ...`` and ``d[k] = ...`` rebind none)."""
     if isinstance(target, cst.Name):
@@ -682,8 +727,26 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
 
     models = bound["models"].value
     optimizers = bound["optimizers"].value if "optimizers" in bound else None
+    inference = _without_optimizers(bound)
+    if optimizers is not None and _found_none(ctx, statement, optimizers):
+        # `if optimizer is None:` around it: Apex only cast the models, and returned them alone
+        optimizers, inference = None, True
     alias = _result_alias(target, models, optimizers) if target is not None else None
-    return SetupCall(use, statement, bound, models, _without_optimizers(bound), alias)
+    return SetupCall(use, statement, bound, models, inference, alias)
+
+
+def _found_none(ctx: ModuleContext, statement: cst.CSTNode, value: cst.BaseExpression) -> bool:
+    """Whether a clause around ``statement`` runs only where the name ``value`` is None
+    (``if optimizer is None:``, or the else of ``if optimizer is not None:``), with nothing in
+    that clause before ``statement`` that may rebind it."""
+    if not isinstance(value, cst.Name):
+        return False
+    conditions, outermost = _guards(ctx, statement)
+    # an else's condition comes negated and flipped (`optimizer is not None` gives `optimizer is None`)
+    if outermost is statement or f"{value.value}isNone" not in {syntax.normalized(c) for c in conditions}:
+        return False
+    before = _bound_before(ctx, outermost, statement)
+    return before is not None and value.value not in before
 
 
 def _result_alias(
@@ -695,8 +758,16 @@ def _result_alias(
         if optimizers is None or syntax.literal(optimizers) is None
         else cst.Tuple([cst.Element(models), cst.Element(optimizers)])
     )
+    # a list of as many models as the targets (`a, b = amp.initialize([a, b], optimizer)`)
+    # unpacks whichever Apex returned
+    unpacks_models = (
+        isinstance(target, (cst.Tuple, cst.List))
+        and isinstance(models, (cst.List, cst.Tuple))
+        and len(models.elements) == len(target.elements)
+        and not any(isinstance(e.value, (cst.Tuple, cst.List)) for e in target.elements)
+    )
     if (
-        isinstance(target, cst.Name)
+        (isinstance(target, cst.Name) or unpacks_models)
         and isinstance(result, cst.Tuple)
         and isinstance(optimizers, (cst.Name, cst.Attribute))
     ):
@@ -897,7 +968,7 @@ def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Se
             )
         )
     if outermost is not statement and not found.inference_only:  # inference: no scaler is created
-        late = {n.value for part in enabled_parts for n in _names_in(part)} & _bound_inside(outermost)
+        late = _read_late(ctx, outermost, enabled_parts)
         if late:
             ctx.report(
                 "AMP010",
