@@ -792,11 +792,13 @@ def _inference_message(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> str | N
             "amp.initialize without optimizers (inference) at opt_level O0: Apex changed nothing, the call was removed"
         )
     if level == "O1":
+        models = bound["models"].value
+        several = isinstance(models, (cst.List, cst.Tuple))
         return (
             "amp.initialize without optimizers (inference) at opt_level O1: Apex patched the ops run after it to "
-            f"cast to float16, and the call was removed, so `{ctx.code(bound['models'].value)}` now runs in float32: "
-            f'wrap its forward passes in `with torch.autocast("{ctx.options.device}", dtype=torch.float16):` '
-            "for float16 speed"
+            f"cast to float16, and the call was removed, so `{ctx.code(models)}` now run{'' if several else 's'} in "
+            f"float32: wrap {'their' if several else 'its'} forward passes in "
+            f'`with torch.autocast("{ctx.options.device}", dtype=torch.float16):` for float16 speed'
         )
     if level not in ("O2", "O3"):
         return None
