@@ -209,6 +209,14 @@ CODES: dict[str, Code] = {
         "scale_loss block; without Apex's float32 check a model made float16 by hand fails in `scaler.unscale_`.",
         True,
     ),
+    "AMP034": Code(
+        "apex-version-fallback-removed",
+        "The Apex branch of a torch version test (`if torch >= 1.6: <native> else: <Apex>`) was removed: it "
+        "never runs on the torch the migrated code needs; the native branch took the test's place, and code of "
+        "the module's functions for an `amp` that now only ever holds None went with it.",
+        "Nothing: on torch 2.3 and newer the project ran its native branch already.",
+        True,
+    ),
     "AMP032": Code(
         "amp-api-not-migrated",
         "An apex.amp function without an automatic rewrite here (the old amp.init API, a cast function "

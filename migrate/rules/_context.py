@@ -82,6 +82,8 @@ class ModuleContext:
         # findings that only explain why the amp setup stays: dropped where the other rules
         # migrate it after all (a Trainer-like class whose amp.initialize migrates on its own)
         self.explains_leftovers: list[Finding] = []
+        # code the plan drops whole (a branch that never runs): its calls are not reported as unseen amp
+        self.dropped: list[cst.CSTNode] = []
         self.skip_lines = {
             number for number, line in enumerate(source.splitlines(), start=1) if SKIP_COMMENT.search(line)
         }
