@@ -164,6 +164,12 @@ class ModuleContext:
         """Every node of one indexed type (Call, Name, Decorator, ImportFrom, With), in source order."""
         return self._nodes.get(kind, [])  # type: ignore[return-value]
 
+    def hide(self, region: cst.CSTNode) -> None:
+        """Leave the nodes inside ``region`` (code the plan drops whole) out of ``nodes_of``, so no
+        later rule plans edits in it or reports on it."""
+        inside = {id(node) for node in self.walk(region)}
+        self._nodes = {kind: [n for n in nodes if id(n) not in inside] for kind, nodes in self._nodes.items()}
+
     def order(self, node: cst.Call) -> int:
         """Source-order index of a call (for "before" / "after" questions)."""
         if self._call_order is None:
