@@ -785,7 +785,7 @@ class ProjectPlan:
             self._freeze_for_amp_users_out_of_the_run({os.path.abspath(folder) for folder in searched})
         self._find_gradient_norms()
         self._find_halving_helpers()
-        self._find_none_only()
+        self._find_none_only({os.path.abspath(folder) for folder in searched or ()})
         # per folder, the project modules each module there imports (see _may_run_together)
         self._importers: dict[str, set[frozenset[str]]] = {}
         # setups handed to a library's runner, being migrated: their modules, each with why it
@@ -1024,7 +1024,7 @@ class ProjectPlan:
                     param_group_readers=tuple(sorted(reading)),
                 )
 
-    def _find_none_only(self) -> None:
+    def _find_none_only(self, searched: set[str]) -> None:
         """Tell each given module which of its names and parameters only ever hold None once the Apex
         fallbacks of torch version tests go (``version_fallbacks``): ``amp_version_fallback`` drops the
         code its functions have for them, in the module of the fallback and in the modules it calls."""
@@ -1039,10 +1039,10 @@ class ProjectPlan:
         files: list[tuple[str, bytes]] = []
 
         def spelled(word: str) -> list[tuple[str, ast.Module]] | None:
-            if not files:
-                files.extend(_project_files(sorted(trees), set()))
-            if len(files) >= _CARRIER_SCAN_FILES:
-                return None  # the project was not read whole: a call out of sight may give it more
+            if not files:  # the project around the fallbacks and the folders given (a file stands for each)
+                files.extend(_project_files([*sorted(trees), *(os.path.join(f, "-") for f in sorted(searched))], set()))
+            if not files or len(files) >= _CARRIER_SCAN_FILES:
+                return None  # the project was not read (whole): a call out of sight may give it more
             pattern = re.compile(rb"\b" + re.escape(word.encode()) + rb"\b")
             found = []
             for other, data in files:
@@ -1055,9 +1055,10 @@ class ProjectPlan:
 
         given = {os.path.abspath(path): path for path, summary in self.index.modules.items() if summary.given}
         for path, pairs in version_fallbacks.none_only(trees, spelled).items():
-            module = given.get(path)
-            if module is not None:  # (a module not migrated in this run keeps its code, which then gets None)
-                self.facts[module] = replace(self.facts.get(module, ModuleFacts()), none_only=frozenset(pairs))
+            # a module the index left out (no Apex in it, `amp.state_dict()` on a parameter) is still
+            # migrated, under its path; one not in this run keeps its code, which then gets None
+            module = given.get(path, path)
+            self.facts[module] = replace(self.facts.get(module, ModuleFacts()), none_only=frozenset(pairs))
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""
