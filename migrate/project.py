@@ -1054,11 +1054,13 @@ class ProjectPlan:
             return found
 
         given = {os.path.abspath(path): path for path, summary in self.index.modules.items() if summary.given}
-        for path, pairs in version_fallbacks.none_only(trees, spelled).items():
+        found = version_fallbacks.none_only(trees, spelled)
+        for path in sorted({*trees, *found}):
             # a module the index left out (no Apex in it, `amp.state_dict()` on a parameter) is still
             # migrated, under its path; one not in this run keeps its code, which then gets None
             module = given.get(path, path)
-            self.facts[module] = replace(self.facts.get(module, ModuleFacts()), none_only=frozenset(pairs))
+            pairs = frozenset(found.get(path, ()))
+            self.facts[module] = replace(self.facts.get(module, ModuleFacts()), none_only=pairs)
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""

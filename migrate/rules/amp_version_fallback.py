@@ -120,7 +120,7 @@ class _Fold:
 
 
 def _tree(ctx: ModuleContext) -> ast.Module | None:
-    if "__version__" not in ctx.source and not ctx.options.facts.none_only:
+    if "__version__" not in ctx.source and not ctx.options.facts.none_only:  # (None or empty: nothing to fold)
         return None
     try:
         return ast.parse(ctx.source)
@@ -142,14 +142,17 @@ def _fallbacks(ctx: ModuleContext, tree: ast.Module) -> list[cst.If]:
 
 
 def _none_only(ctx: ModuleContext, tree: ast.Module) -> set[tuple[str, str]]:
-    """The project's word on the names that only ever hold None here, and this module's own (its
-    functions that no other module of the run imports)."""
-    found = set(ctx.options.facts.none_only)
+    """The project's word on the names that only ever hold None here; without a project plan, this
+    module's own: its functions that no other module of the run imports (not its methods, which
+    code anywhere may call on an instance)."""
+    if ctx.options.facts.none_only is not None:
+        return set(ctx.options.facts.none_only)
     exported = ctx.options.facts.exported
-    for owner, name in version_fallbacks.none_only({"": tree}, lambda word: [("", tree)]).get("", set()):
-        if "*" not in exported and owner.split(".")[0] not in exported:
-            found.add((owner, name))
-    return found
+    return {
+        (owner, name)
+        for owner, name in version_fallbacks.none_only({"": tree}, lambda word: [("", tree)]).get("", set())
+        if "." not in owner and owner not in exported and "*" not in exported
+    }
 
 
 def _function(ctx: ModuleContext, owner: str) -> cst.FunctionDef | None:
