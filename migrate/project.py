@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import os
 import re
 from collections import deque
@@ -919,27 +920,17 @@ class ProjectPlan:
                 root = min(around, key=len)
             roots.add(root)
         spelled: set[bytes] = set()
-        read = 0
-        for root in sorted(roots):
-            for folder, subfolders, files in os.walk(root):
-                subfolders[:] = sorted(
-                    f for f in subfolders if f not in _SKIPPED_FOLDERS and not f.startswith(".") and f != "apex"
-                )
-                _reads.add(folder)
-                for name in sorted(files):
-                    if not name.endswith(".py"):
-                        continue
-                    read += 1
-                    if read > _CARRIER_SCAN_FILES:
-                        return
-                    path = os.path.join(folder, name)
-                    _reads.add(path)
-                    try:
-                        with open(path, "rb") as handle:
-                            data = handle.read()
-                    except OSError:
-                        return
-                    spelled.update(option for option in self._APEX_OPTIONS if option in data)
+        under_roots = (path for root in sorted(roots) for path in _python_files(root, also_skipped={"apex"}))
+        files = list(itertools.islice(under_roots, _CARRIER_SCAN_FILES + 1))
+        if len(files) > _CARRIER_SCAN_FILES:
+            return
+        for path in files:
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except OSError:
+                return
+            spelled.update(option for option in self._APEX_OPTIONS if option in data)
         found = tuple(sorted(option.decode() for option in spelled))
         for path in paths:
             self.facts[path] = replace(self.facts.get(path, ModuleFacts()), apex_options_spelled=found)
@@ -1524,38 +1515,29 @@ class ProjectPlan:
         built = re.compile(rf"\b{re.escape(builder.split('.')[-1])}\s*\(|\bregister_training_hooks\s*\(")
         folders = [_import_root(p) for p in [path, *related]]
         top = os.path.commonpath(folders)
-        read = 0
         members = {os.path.abspath(p) for p in [path, *related]}
-        for folder, names, files in os.walk(top):
-            names[:] = sorted(name for name in names if not name.startswith(".") and name not in _SKIPPED_FOLDERS)
-            for name in sorted(files):
-                if not name.endswith(".py"):
-                    continue
-                read += 1
-                if read > _RUNNER_FILES_READ:
-                    return (
-                        f"the program under {top} has more than {_RUNNER_FILES_READ} files to search for other runners"
-                    )
-                other = os.path.join(folder, name)
-                text = _text(other)
-                allowed = 1 if os.path.abspath(other) == os.path.abspath(path) else 0
-                if len(_calls_of(built, text)) > (2 * allowed if "register_training_hooks" in text else allowed) or (
-                    constructed is not None and _calls_of(constructed, text)
-                ):
-                    return (
-                        f"{self.display(other)} may build another runner (or register hooks from a config) that would "
-                        "run them without it"
-                    )
-                if _COPIES_THE_MODEL.search(text):
-                    return (
-                        f"{self.display(other)} copies or pickles the model, whose forward would be an autocast "
-                        "wrapper of the original's bound method (a deep copy would run the original)"
-                    )
-                if os.path.abspath(other) not in members and _IMPORTS_APEX.search(text):
-                    return (
-                        f"{self.display(other)} imports Apex too, and is not among them (include it in the run, or "
-                        "migrate it first)"
-                    )
+        for read, other in enumerate(_python_files(top), start=1):
+            if read > _RUNNER_FILES_READ:
+                return f"the program under {top} has more than {_RUNNER_FILES_READ} files to search for other runners"
+            text = _text(other)
+            allowed = 1 if os.path.abspath(other) == os.path.abspath(path) else 0
+            if len(_calls_of(built, text)) > (2 * allowed if "register_training_hooks" in text else allowed) or (
+                constructed is not None and _calls_of(constructed, text)
+            ):
+                return (
+                    f"{self.display(other)} may build another runner (or register hooks from a config) that would "
+                    "run them without it"
+                )
+            if _COPIES_THE_MODEL.search(text):
+                return (
+                    f"{self.display(other)} copies or pickles the model, whose forward would be an autocast "
+                    "wrapper of the original's bound method (a deep copy would run the original)"
+                )
+            if os.path.abspath(other) not in members and _IMPORTS_APEX.search(text):
+                return (
+                    f"{self.display(other)} imports Apex too, and is not among them (include it in the run, or "
+                    "migrate it first)"
+                )
         return None
 
     def _optimizer_out_of_sight(self, path: str) -> tuple[str, int] | None:
@@ -1946,7 +1928,6 @@ _AMP_INITIALIZE = re.compile(rb"\bamp\s*\.\s*initialize\s*\(")
 # migration sets would not follow the copy
 _COPIES_THE_MODEL = re.compile(r"\b(deepcopy|torch\.save|pickle\.dumps?)\(\s*(self\.|runner\.)?model\b")
 _IMPORTS_APEX = re.compile(r"^\s*(import\s+apex\b|from\s+apex\b)", re.M)
-_SKIPPED_FOLDERS = frozenset({"site-packages", "node_modules", "__pycache__", "venv", ".venv", "env", ".git", ".tox"})
 
 
 def _carrier_users_outside(paths: list[str], attributes: set[str], given: set[str]) -> str | None:
@@ -1979,28 +1960,34 @@ def _project_files(paths: list[str], skipped: set[str], unread: Collection[str] 
         root = common  # no project marker near: the folder the modules share
     if os.path.dirname(root) == root:
         return
-    read = 0
+    found = (path for path in _python_files(root, unread=unread) if path not in skipped)
+    for path in itertools.islice(found, _CARRIER_SCAN_FILES):
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError:
+            continue
+        yield path, data
+
+
+def _python_files(root: str, *, also_skipped: Collection[str] = (), unread: Collection[str] = ()) -> Iterator[str]:
+    """The Python files under ``root``, in a stable order, outside hidden and ``_SKIPPED_FOLDERS``
+    folders (and ``also_skipped`` ones), and but the files right in the folders ``unread``. Each
+    folder and file it yields is noted as read: a new module there changes what a search finds."""
     for folder, subfolders, files in os.walk(root):
-        subfolders[:] = sorted(f for f in subfolders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+        subfolders[:] = sorted(
+            name
+            for name in subfolders
+            if not name.startswith(".") and name not in _SKIPPED_FOLDERS and name not in also_skipped
+        )
         if folder in unread:
             continue
         _reads.add(folder)
         for name in sorted(files):
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(folder, name)
-            if path in skipped:
-                continue
-            read += 1
-            if read > _CARRIER_SCAN_FILES:
-                return
-            _reads.add(path)
-            try:
-                with open(path, "rb") as handle:
-                    data = handle.read()
-            except OSError:
-                continue
-            yield path, data
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                _reads.add(path)
+                yield path
 
 
 # A backward, or an optimizer step whose backward runs out of sight (a trainer subclass that
@@ -2069,6 +2056,7 @@ def _text(path: str) -> str:
 _NEIGHBOURS_READ = 200
 # how many files of a runner setup's program are read for other runners that could reach its hooks
 _RUNNER_FILES_READ = 5000
+# folders no project search enters (besides hidden ones): caches, build outputs, installed packages
 _SKIPPED_FOLDERS = frozenset({"__pycache__", "build", "dist", "node_modules", "venv", "site-packages"})
 _BACKPROPAGATES = re.compile(r"\.backward\s*\(")
 

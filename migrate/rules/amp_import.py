@@ -356,11 +356,51 @@ def _drop_import_statement(ctx: ModuleContext, line: cst.CSTNode, kept: bool = F
                 if not kept:
                     _remove(ctx, line)
                 ctx.plan.unwrap.add(owner)
+                overwritten = _default_the_flags_overwrite(ctx, owner, remaining)
+                if overwritten is not None:
+                    ctx.plan.remove.add(overwritten)
             else:
                 _remove(ctx, owner)
             return
     if not kept:
         _remove(ctx, line)
+
+
+def _default_the_flags_overwrite(
+    ctx: ModuleContext, owner: cst.Try, kept: list[cst.BaseStatement | cst.BaseSmallStatement]
+) -> cst.BaseStatement | None:
+    """``has_apex = False`` right before an optional-import ``try`` that gives way to its body,
+    where that body sets the flag again (``has_apex = True``) before anything reads it: the
+    default is overwritten at once, and ``has_apex = False`` then ``has_apex = True`` would
+    read as a mistake. None where there is no such line."""
+    block = ctx.parent(owner)
+    if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+        return None
+    statements = list(block.body)
+    at = statements.index(owner)
+    previous = _flag_set(statements[at - 1]) if at > 0 else None
+    if previous is None:
+        return None
+    for statement in kept:
+        flag = _flag_set(statement)
+        if flag == previous:
+            return statements[at - 1]
+        if any(isinstance(node, cst.Name) and node.value == previous for node in ctx.walk(statement)):
+            return None  # read (or set otherwise) before the body sets it again
+    return None
+
+
+def _flag_set(statement: cst.CSTNode) -> str | None:
+    """``NAME`` for a line ``NAME = <literal>``."""
+    small = syntax.sole_statement(statement)
+    if (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+        and syntax.literal(small.value) is not ...
+    ):
+        return small.targets[0].target.value
+    return None
 
 
 _LOG_CALLS = frozenset({"print", "debug", "info", "warning", "warn", "log"})

@@ -711,13 +711,21 @@ def _result_alias(
 
 
 def _inference_message(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> str | None:
-    """AMP011's message where the literal opt level says what Apex did (None: the generic one).
+    """AMP011's message where the literal opt level (O1 where none is given) says what Apex did
+    (None: the generic one).
 
     Only O1 patches ops globally; O2/O3 cast the model itself, O0 did nothing."""
     level = syntax.literal(bound["opt_level"].value) if "opt_level" in bound else "O1"
     if level == "O0":
         return (
             "amp.initialize without optimizers (inference) at opt_level O0: Apex changed nothing, the call was removed"
+        )
+    if level == "O1":
+        return (
+            "amp.initialize without optimizers (inference) at opt_level O1: Apex patched the ops run after it to "
+            f"cast to float16, and the call was removed, so `{ctx.code(bound['models'].value)}` now runs in float32: "
+            f'wrap its forward passes in `with torch.autocast("{ctx.options.device}", dtype=torch.float16):` '
+            "for float16 speed"
         )
     if level not in ("O2", "O3"):
         return None

@@ -50,6 +50,24 @@ After::
             loss_scaler = NativeScaler()
         return model, optimizer, amp_autocast, loss_scaler
 
+timm's validate.py runs the Apex choice as ``if args.apex_amp: model = amp.initialize(model,
+opt_level="O1")`` on the model alone, after the chain that sets the factory for the native
+choice (``elif args.apex_amp:`` only logs). That clause sets the factory too, and the
+initialize goes::
+
+    amp_autocast = suppress                         amp_autocast = suppress
+    if args.native_amp:                             if args.native_amp:
+        amp_autocast = torch.cuda.amp.autocast          amp_autocast = torch.cuda.amp.autocast
+    elif args.apex_amp:                             elif args.apex_amp:
+        _logger.info("Validating with APEX AMP.")       amp_autocast = functools.partial(torch.autocast, ...)
+    model = model.cuda()                                _logger.info("Validating with APEX AMP.")
+    if args.apex_amp:                               model = model.cuda()
+        model = amp.initialize(model, opt_level="O1")
+
+Only where the flag is a name or attribute the function does not set again after the chain,
+and the factory is not entered before the initialize (where Apex did not cast yet); otherwise
+amp_initialize's inference path takes the call (AMP011).
+
 Not rewritten (the setup stays as it was, AMP025)
     An opt_level other than a literal "O1", or other initialize arguments (O2 and O3 cast the
     model itself); no factory assigned ``suppress`` before the branch and an autocast in
@@ -66,7 +84,8 @@ Safety
     checkpoint starts the loss scale afresh.
 
 References
-    huggingface/pytorch-image-models: timm/utils/cuda.py (ApexScaler, NativeScaler), train.py.
+    huggingface/pytorch-image-models: timm/utils/cuda.py (ApexScaler, NativeScaler), train.py,
+    validate.py.
 """
 
 from __future__ import annotations
@@ -283,7 +302,111 @@ def _recipe(ctx: ModuleContext, use: AmpCall, made: list[cst.Call], utils: str |
     return _Recipe(line, factory, made_here[0], native)
 
 
+def _inference_initialize(ctx: ModuleContext, call: cst.Call) -> cst.If | None:
+    """The ``if <flag>: model = amp.initialize(model, opt_level="O1")`` statement around ``call``
+    (timm's validate.py: the model alone, handed back under its own name, nothing else in the
+    ``if``)."""
+    line = ctx.statement_of(call)
+    small = syntax.sole_statement(line)
+    if not (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1):
+        return None
+    if len(call.args) != 2 or call.args[0].keyword is not None or call.args[0].star:
+        return None
+    model, level = call.args
+    if not isinstance(model.value, (cst.Name, cst.Attribute)):
+        return None
+    if syntax.code(small.targets[0].target) != syntax.code(model.value):
+        return None
+    if level.keyword is None or level.keyword.value != "opt_level" or syntax.literal(level.value) != "O1":
+        return None
+    block = ctx.parent(line)
+    statement = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not isinstance(statement, cst.If) or statement.orelse is not None or len(block.body) != 1:  # type: ignore[union-attr]
+        return None
+    if not isinstance(statement.test, (cst.Name, cst.Attribute)):
+        return None
+    return statement
+
+
+def _flag_set_after(ctx: ModuleContext, function: cst.FunctionDef, flag: str, line: int) -> bool:
+    """Whether ``function`` assigns ``flag`` (a name or attribute, as code) at or after ``line``."""
+    for node in ctx.walk(function, into_definitions=False):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(node, cst.Assign):
+            targets = [target.target for target in node.targets]
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, (cst.For, cst.CompFor)):
+            targets = [node.target]
+        if any(syntax.code(target) == flag for target in targets) and ctx.position(node)[0] >= line:
+            return True
+    return False
+
+
+def _inference_recipe(ctx: ModuleContext, use: AmpCall) -> tuple[cst.If, cst.If, str] | None:
+    """For timm's validate.py: the ``if <flag>:`` around ``model = amp.initialize(model,
+    opt_level="O1")``, the clause of the earlier chain that tests the same flag (and logs the
+    Apex choice), and the autocast factory another clause of that chain sets. None where the
+    shape is not this one, the flag is set again after that chain, or the factory is entered
+    before the initialize (where Apex did not cast yet): amp_initialize's inference path
+    takes the call then."""
+    guard = _inference_initialize(ctx, use.call)
+    function = ctx.function_of(use.call)
+    suppress = _imported(ctx, frozenset({"contextlib"}), "suppress")
+    if guard is None or function is None or suppress is None:
+        return None
+    flag = syntax.code(guard.test)
+    start = ctx.position(guard)[0]
+    clauses = [
+        node
+        for node in ctx.walk(function, into_definitions=False)
+        if isinstance(node, cst.If) and node is not guard and syntax.code(node.test) == flag
+    ]
+    if len(clauses) != 1 or ctx.position(clauses[0])[0] > start:
+        return None
+    clause = clauses[0]
+    if not isinstance(clause.body, cst.IndentedBlock):
+        return None
+    factory = _autocast_factory(ctx, clause.body, suppress[0])
+    if factory is None:
+        return None
+    if _flag_set_after(ctx, function, flag, ctx.position(clause)[0]):
+        return None
+    for name in ctx.walk(function, into_definitions=False):
+        if isinstance(name, cst.Name) and name.value == factory and ctx.position(name)[0] < start:
+            statement = ctx.statement_of(name)
+            if _assigned(statement) is None or ctx.position(statement)[0] != ctx.position(name)[0]:
+                return None
+    return guard, clause, factory
+
+
+def _plan_inference(ctx: ModuleContext) -> None:
+    """timm's validate.py: ``if args.apex_amp: model = amp.initialize(model, opt_level="O1")``
+    beside the chain that sets the autocast factory for the native choice. The Apex clause of
+    that chain sets the factory too, and the initialize goes."""
+    calls = ctx.amp.calls
+    if len(calls) != 1 or calls[0].api != "initialize" or ctx.skipped(calls[0].call):
+        return
+    use = calls[0]
+    recipe = _inference_recipe(ctx, use)
+    if recipe is None:
+        return
+    guard, clause, factory = recipe
+    assert isinstance(clause.body, cst.IndentedBlock)
+    ctx.plan.before[clause.body.body[0]].append(cst.parse_statement(f"{factory} = {_native_autocast(ctx)}\n"))
+    ctx.plan.remove.add(guard)
+    ctx.plan.needs_torch_import = True
+    ctx.consumed.add(use.base)
+    ctx.report(
+        "AMP041",
+        use.call,
+        f"amp.initialize (O1) for inference became timm's native recipe: where `{syntax.code(clause.test)}` "
+        f"holds, `{factory}` enters torch.autocast around the forward pass, as the native choice does",
+    )
+
+
 def plan(ctx: ModuleContext) -> None:
+    _plan_inference(ctx)
     apex_scaler = _imported(ctx, _TIMM_UTILS, "ApexScaler")
     module = _utils_module(ctx) if apex_scaler is None else None
     if apex_scaler is not None:
