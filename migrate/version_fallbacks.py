@@ -143,12 +143,12 @@ def _parameters(function: Function) -> list[ast.arg]:
     return [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
 
 
-def none_bindings_only(scope: ast.AST, name: str, dead: list[ast.stmt]) -> bool:
-    """Every binding of ``name`` in ``scope``'s own code outside ``dead`` stores None."""
-    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
-        a.arg == name for a in [*_parameters(scope), scope.args.vararg, scope.args.kwarg] if a is not None
-    ):
-        return False
+def none_bindings_only(scope: ast.AST, name: str, dead: list[ast.stmt], parameter: bool = False) -> bool:
+    """Every binding of ``name`` in ``scope``'s own code outside ``dead`` stores None (``parameter``:
+    the name is the function's parameter, which its body may only set to None too)."""
+    if not parameter and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if any(a.arg == name for a in [*_parameters(scope), scope.args.vararg, scope.args.kwarg] if a is not None):
+            return False
     for node in _own_nodes(scope):
         if hasattr(node, "lineno") and _inside(node, dead):
             continue
@@ -302,6 +302,8 @@ def _holds_none(
         positional = positional[1:]
     if parameter not in positional and parameter not in [a.arg for a in arguments.kwonlyargs]:
         return False
+    if not none_bindings_only(function, parameter, [], parameter=True):
+        return False  # the body sets it to something else (`amp = amp or get_amp()`)
     defaults = dict(zip(reversed(positional), reversed(arguments.defaults)))
     defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
     name = function.name
