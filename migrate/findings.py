@@ -209,6 +209,22 @@ CODES: dict[str, Code] = {
         "scale_loss block; without Apex's float32 check a model made float16 by hand fails in `scaler.unscale_`.",
         True,
     ),
+    "AMP034": Code(
+        "apex-version-fallback-removed",
+        "The Apex branch of a torch version test (`if torch >= 1.6: <native> else: <Apex>`) was removed: it "
+        "never runs on the torch the migrated code needs; the native branch took the test's place.",
+        "Nothing: on torch 2.3 and newer the project ran its native branch already.",
+        True,
+    ),
+    "AMP035": Code(
+        "none-only-amp-folded",
+        "A name or parameter (`amp`) only ever holds None once the Apex branch of a torch version test goes "
+        "(AMP034): every call in the project gives it None or such a name. The code its function has for it "
+        "(`if amp is not None: ...`, the Apex `else:` of `if scaler is not None:`) went.",
+        "Nothing: that code ran only with an amp module, which nothing gives it on torch 2.3 and newer. The "
+        "parameter stays, so callers that pass it keep working.",
+        True,
+    ),
     "AMP032": Code(
         "amp-api-not-migrated",
         "An apex.amp function without an automatic rewrite here (the old amp.init API, a cast function "

@@ -45,6 +45,10 @@ class ModuleFacts:
     # attributes that carry the amp module between modules (``args.amp = amp`` after amp.initialize
     # in one, ``args.amp.scale_loss(...)`` in another): they now carry the GradScaler (``_carriers``)
     carriers: frozenset[str] = frozenset()
+    # (function qualname, name): the names and parameters that only ever hold None once the Apex
+    # fallbacks of torch version tests go (``migrate.version_fallbacks``); their code goes with them.
+    # None where no project plan looked (the module looks at its own functions alone)
+    none_only: frozenset[tuple[str, str]] | None = None
     # where the carrier holds the amp module: the ``if`` tests on the way to each store (``<obj>`` for
     # the object, True for a body, False for an else); the readers' own tests must say the same
     carrier_conditions: tuple[tuple[str, bool], ...] | None = None

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from migrate import apex_copies, factories, gradient_norms, halving_helpers, runner_hooks
+from migrate import apex_copies, factories, gradient_norms, halving_helpers, runner_hooks, version_fallbacks
 from migrate.amp_api_names import CASTING as _CAST_FUNCTION_APIS
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
@@ -834,6 +834,7 @@ class ProjectPlan:
             self._freeze_for_amp_users_out_of_the_run({os.path.abspath(folder) for folder in searched})
         self._find_gradient_norms()
         self._find_halving_helpers()
+        self._find_none_only({os.path.abspath(folder) for folder in searched or ()})
         # per folder, the project modules each module there imports (see _may_run_together)
         self._importers: dict[str, set[frozenset[str]]] = {}
         # setups handed to a library's runner, being migrated: their modules, each with why it
@@ -1061,6 +1062,44 @@ class ProjectPlan:
                     halving_helpers=tuple(sorted(found)),
                     param_group_readers=tuple(sorted(reading)),
                 )
+
+    def _find_none_only(self, searched: set[str]) -> None:
+        """Tell each given module which of its names and parameters only ever hold None once the Apex
+        fallbacks of torch version tests go (``version_fallbacks``): ``amp_version_fallback`` drops the
+        code its functions have for them, in the module of the fallback and in the modules it calls."""
+        trees: dict[str, ast.Module] = {}
+        for path, summary in self.index.modules.items():
+            if summary.given and summary.uses_amp and "__version__" in _text(path):
+                tree = _tree(path)
+                if tree is not None:
+                    trees[os.path.abspath(path)] = tree
+        if not trees:
+            return
+        files: list[tuple[str, bytes]] = []
+
+        def spelled(word: str) -> list[tuple[str, ast.Module]] | None:
+            if not files:  # the project around the fallbacks and the folders given (a file stands for each)
+                files.extend(_project_files([*sorted(trees), *(os.path.join(f, "-") for f in sorted(searched))], set()))
+            if not files or len(files) >= _CARRIER_SCAN_FILES:
+                return None  # the project was not read (whole): a call out of sight may give it more
+            pattern = re.compile(rb"\b" + re.escape(word.encode()) + rb"\b")
+            found = []
+            for other, data in files:
+                if pattern.search(data):
+                    try:
+                        found.append((other, ast.parse(data)))
+                    except (SyntaxError, ValueError):
+                        return None  # its calls cannot be read
+            return found
+
+        given = {os.path.abspath(path): path for path, summary in self.index.modules.items() if summary.given}
+        found = version_fallbacks.none_only(trees, spelled)
+        for path in sorted({*trees, *found}):
+            # a module the index left out (no Apex in it, `amp.state_dict()` on a parameter) is still
+            # migrated, under its path; one not in this run keeps its code, which then gets None
+            module = given.get(path, path)
+            pairs = frozenset(found.get(path, ()))
+            self.facts[module] = replace(self.facts.get(module, ModuleFacts()), none_only=pairs)
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""

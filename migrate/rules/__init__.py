@@ -30,6 +30,7 @@ from migrate.rules import (
     amp_private_state,
     amp_scale_loss,
     amp_state_dict,
+    amp_version_fallback,
     apex_clip_grad,
     apex_multi_tensor,
     apex_normalization,
@@ -45,6 +46,7 @@ from migrate.rules._apply import apply_plan
 from migrate.rules._context import ModuleContext
 
 RULES = (
+    amp_version_fallback,
     timm_apex_scaler,
     hf_trainer_apex_backend,
     amp_initialize,

@@ -82,6 +82,8 @@ class ModuleContext:
         # findings that only explain why the amp setup stays: dropped where the other rules
         # migrate it after all (a Trainer-like class whose amp.initialize migrates on its own)
         self.explains_leftovers: list[Finding] = []
+        # code the plan drops whole (a branch that never runs): its calls are not reported as unseen amp
+        self.dropped: list[cst.CSTNode] = []
         self.skip_lines = {
             number for number, line in enumerate(source.splitlines(), start=1) if SKIP_COMMENT.search(line)
         }
@@ -161,6 +163,12 @@ class ModuleContext:
     def nodes_of(self, kind: type[_N]) -> list[_N]:
         """Every node of one indexed type (Call, Name, Decorator, ImportFrom, With), in source order."""
         return self._nodes.get(kind, [])  # type: ignore[return-value]
+
+    def hide(self, region: cst.CSTNode) -> None:
+        """Leave the nodes inside ``region`` (code the plan drops whole) out of ``nodes_of``, so no
+        later rule plans edits in it or reports on it."""
+        inside = {id(node) for node in self.walk(region)}
+        self._nodes = {kind: [n for n in nodes if id(n) not in inside] for kind, nodes in self._nodes.items()}
 
     def order(self, node: cst.Call) -> int:
         """Source-order index of a call (for "before" / "after" questions)."""
