@@ -700,7 +700,7 @@ def _shape_problem(ctx: ModuleContext, call: cst.Call, statement: cst.CSTNode, f
     scaler = f"{owner}.{ctx.options.scaler_name}"
     creation, update, unknown = _scaler_recipe(ctx, call, statement, flavor, attribute)
     halves = _halves_in_class(ctx, call)
-    uses = _holder_uses(ctx, attribute, None, scaler, update, flavor, skip=statement)
+    uses = _holder_uses(ctx, attribute, None, scaler, update, flavor, skip=(statement,))
     return (
         f"FP16_Optimizer is kept in the attribute `{attribute}`"
         + (f", which other methods use: {used}" if used else "")
@@ -774,6 +774,15 @@ def _scaler_recipe(
             arguments.append(f"growth_interval={construction.growth_interval}")
         if construction.floor and (held is None or test is not None):
             update += " then `if {S}.get_scale() < 1.0: {S}.update(new_scale=1.0)` (Apex's floor of 1)"
+    enabled = _switch_of(ctx, statement, call)
+    if enabled is not None and "enabled=False" not in arguments:
+        arguments.append(f"enabled={enabled}")
+    return f"torch.amp.GradScaler({', '.join(arguments)})", update, ""
+
+
+def _switch_of(ctx: ModuleContext, statement: cst.CSTNode, call: cst.Call) -> str | None:
+    """The tests guarding a construction but the clause choosing its scale (``if loss_scale == 0:`` with
+    the other FP16_Optimizer in its ``else``): the scaler's ``enabled=``."""
     conditions, _ = _guards(ctx, statement)
     block = ctx.parent(statement)
     owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
@@ -781,12 +790,11 @@ def _scaler_recipe(
     if isinstance(chain, cst.If) and isinstance(chain.orelse, cst.Else) and conditions:
         # `if loss_scale == 0: dynamic else: static`: the choice of scale, not the fp16 switch
         sides = [chain.body, chain.orelse.body]
-        if all(any(_flavor(ctx, c) is not None for c in _calls_in(ctx, side)) for side in sides):
+        wrapper = syntax.normalized(call.func)
+        if all(any(syntax.normalized(c.func) == wrapper for c in _calls_in(ctx, side)) for side in sides):
             conditions = conditions[:-1]
     enabled = _conjunction(conditions)
-    if enabled is not None and "enabled=False" not in arguments:
-        arguments.append(f"enabled={syntax.code(enabled).strip()}")
-    return f"torch.amp.GradScaler({', '.join(arguments)})", update, ""
+    return syntax.code(enabled).strip() if enabled is not None else None
 
 
 def _calls_in(ctx: ModuleContext, node: cst.CSTNode) -> list[cst.Call]:
@@ -818,7 +826,7 @@ def _holder_uses(
     scaler: str,
     update: str,
     flavor: str,
-    skip: cst.CSTNode | None = None,
+    skip: tuple[cst.CSTNode, ...] = (),
     scope: cst.CSTNode | None = None,
 ) -> str:
     """What each use of the optimizer held in ``holder`` becomes (``holder[key]`` when ``scalers``
@@ -828,7 +836,7 @@ def _holder_uses(
     base = holder.split(".")[0]
     for name in ctx.nodes_of(cst.Name):
         node: cst.CSTNode = name
-        if name.value != base or (skip is not None and _inside(ctx, skip, name)):
+        if name.value != base or any(_inside(ctx, node, name) for node in skip):
             continue
         if scope is not None and ctx.scope_of(name) is not scope:
             continue
@@ -859,6 +867,8 @@ def _holder_uses(
             arguments = [syntax.code(a.value).strip() for a in call.args] if call is not None else []
             if attribute in ("param_groups", "state") or (attribute == "zero_grad" and flavor == "optimizers"):
                 text = None
+            elif call is None and _is_store(ctx, parent):
+                text = "it goes (a GradScaler takes its settings from its constructor)"
             elif attribute == "backward" and arguments:
                 text = f"`{here}.scale({arguments[0]}).backward()`"
             elif attribute == "step" and call is not None and not arguments:
@@ -2236,6 +2246,14 @@ class _Planner:
                 "ampmigrate again"
             )
         wider = f"`{code}` makes the model float16 where {tests} holds, also without the set-up's other tests"
+        stores = self._stores_before_setup()
+        if stores and all(self._on_setup_path(node) for node in stores):
+            extra = " and ".join(f"`{c}`" for c in sorted(setup - halving))
+            return (
+                f"{wider}, and where {extra} fails `{self.name}` is never built: nothing shows that the float16 "
+                "model goes unused on that path (no optimizer there to have stopped it), and the float32 model would "
+                f"take its place there; {move}"
+            )
         plain = self._plain_torch_optimizer()
         if isinstance(plain, cst.CSTNode):
             return (
@@ -2293,14 +2311,13 @@ class _Planner:
         return None
 
     def _plain_torch_optimizer(self) -> bool | cst.CSTNode:
-        """Whether every value the optimizer name holds before the set-up (in its scope) is built by a
-        ``torch.optim`` class, which has no ``backward``; else the assignment that is not, if any."""
+        """Whether every value the optimizer name holds before the set-up (in its scope) off the set-up's
+        own path is built by a ``torch.optim`` class, which has no ``backward``; else the assignment that
+        is not, if any (the optimizer the set-up wraps, built under all its tests, is not one of them)."""
         ctx = self.ctx
         built = False
-        for node in ctx.nodes_of(cst.Name):
-            if node.value != self.name or ctx.scope_of(node) is not self.setup.scope or not _is_store(ctx, node):
-                continue
-            if ctx.position(node)[0] >= self.start_line:
+        for node in self._stores_before_setup():
+            if self._on_setup_path(node):
                 continue
             small = syntax.sole_statement(ctx.statement_of(node))
             if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and small.targets[0].target is node):
@@ -2311,6 +2328,23 @@ class _Planner:
                 return node
             built = True
         return built
+
+    def _stores_before_setup(self) -> list[cst.Name]:
+        ctx = self.ctx
+        return [
+            node
+            for node in ctx.nodes_of(cst.Name)
+            if node.value == self.name
+            and ctx.scope_of(node) is self.setup.scope
+            and _is_store(ctx, node)
+            and ctx.position(node)[0] < self.start_line
+        ]
+
+    def _on_setup_path(self, node: cst.CSTNode) -> bool:
+        """Whether ``node``'s statement runs only where every test of the set-up holds."""
+        conditions, _ = _guards(self.ctx, self.ctx.statement_of(node))
+        own = {c for condition in conditions for c in _conjuncts(condition)}
+        return bool(self.guards) and {c for guard in self.guards for c in _conjuncts(guard)} <= own
 
     def _halved_again(
         self,
@@ -2746,6 +2780,107 @@ def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int, contrib
         )
 
 
+_LOOKALIKE_KEYWORDS = frozenset({"dynamic_loss_scale", "static_loss_scale"})
+
+
+def _plan_lookalikes(ctx: ModuleContext) -> None:
+    """An Apex FusedAdam handed to a callable that is not Apex's FP16_Optimizer but takes its arguments
+    (``FP16_Optimizer_State(optimizer, dynamic_loss_scale=True)``, a project subclass of
+    apex.optimizers.FP16_Optimizer in another module, as microsoft/VLP's): that wrapper drives the
+    pre-2019 FusedAdam through its old step API, so the FusedAdam stays with it (apex_optimizers'
+    AdamW would break it), and the wrapper's finding names the code to write."""
+    wrappers: dict[int, tuple[cst.Call, list[cst.Call]]] = {}
+    for call in ctx.nodes_of(cst.Call):
+        if not call.args or call.args[0].keyword is not None or call.args[0].star or ctx.skipped(call):
+            continue
+        if _flavor(ctx, call) is not None or ctx.apex_path(call.func) is not None:
+            continue
+        if not {a.keyword.value for a in call.args if a.keyword is not None} & _LOOKALIKE_KEYWORDS:
+            continue
+        fused = _fused_adam_of(ctx, call)
+        # only the pre-2019 FusedAdam's own keywords prove it (DeepSpeed's FP16_Optimizer, which takes the
+        # same arguments, steps the current FusedAdam or any torch optimizer)
+        if fused is not None and {a.keyword.value for a in fused.args if a.keyword is not None} & _OLD_ONLY_KEYWORDS:
+            wrappers.setdefault(id(fused), (fused, []))[1].append(call)
+    for fused, calls in wrappers.values():
+        _drop_fused_adam_plan(ctx, fused)
+        found = ctx.apex_path(fused.func)
+        if found is not None:
+            ctx.consumed.discard(found[1])
+        lines = ", ".join(str(ctx.position(c)[0]) for c in calls)
+        ctx.report(
+            "AMP042",
+            fused,
+            f"apex.optimizers.FusedAdam kept: `{syntax.code(calls[0].func).strip()}` (line {lines}) wraps it with "
+            "apex.optimizers.FP16_Optimizer's arguments (a project subclass or copy of it), which drove the "
+            "pre-2019 FusedAdam through its old step(grads=..., scale=..., grad_norms=...) API, so the two stay "
+            "together (the finding there names the code to write)",
+        )
+        for call in calls:
+            ctx.report("AMP040", call, _lookalike_recipe(ctx, call, fused, calls))
+
+
+def _lookalike_recipe(ctx: ModuleContext, call: cst.Call, fused: cst.Call, calls: list[cst.Call]) -> str:
+    """What to write for one FP16_Optimizer look-alike call around the pre-2019 FusedAdam."""
+    wrapper = syntax.code(call.func).strip()
+    bound = syntax.bind_arguments(call, _PARAMETERS, partial=True)
+    dynamic = bound.get("dynamic_loss_scale")
+    static = bound.get("static_loss_scale")
+    scaler = ctx.options.scaler_name
+    if dynamic is not None and syntax.literal(dynamic.value) is True:
+        creation = 'torch.amp.GradScaler("cuda", growth_interval=1000)'
+        update = "`{S}.update()` then `if {S}.get_scale() < 1.0: {S}.update(new_scale=1.0)` (Apex's floor of 1)"
+    elif (dynamic is None or syntax.literal(dynamic.value) is False) and static is not None:
+        held = syntax.code(_as_float(static.value)).strip()
+        creation = f'torch.amp.GradScaler("cuda", init_scale={held})'
+        update = f"`{{S}}.update(new_scale={held})`"
+    else:
+        creation = 'torch.amp.GradScaler("cuda", ...)'
+        update = "`{S}.update()`"
+    statement = ctx.statement_of(call)
+    switch = _switch_of(ctx, statement, call)
+    if switch is not None:
+        creation = creation[:-1] + f", enabled={switch})"
+    small = syntax.sole_statement(statement)
+    target = (
+        dotted_name(small.targets[0].target)
+        if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1
+        else None
+    )
+    scope = ctx.scope_of(call)
+    halves = [
+        str(ctx.position(node)[0])
+        for node in ctx.nodes_of(cst.Call)
+        if isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "half"
+        and not node.args
+        and ctx.scope_of(node) is scope
+    ]
+    uses = ""
+    if target is not None:
+        skip = tuple(ctx.statement_of(c) for c in calls) + (ctx.statement_of(fused),)
+        uses = _holder_uses(
+            ctx, target, None, scaler, update, "optimizers", skip=skip, scope=scope if "." not in target else None
+        )
+    return (
+        f"`{wrapper}(...)` takes apex.optimizers.FP16_Optimizer's arguments around the pre-2019 FusedAdam at line "
+        f"{ctx.position(fused)[0]} (a project subclass or copy of apex.optimizers.FP16_Optimizer, which ampmigrate "
+        "does not migrate); write instead: the old FusedAdam's update in plain torch (`LegacyFusedAdam`, which "
+        "ampmigrate writes for Apex's own pair) with the same arguments, "
+        f"`{scaler} = {creation}`"
+        + (" on both paths" if switch is not None else "")
+        + ", the float32 model and inputs"
+        + (
+            f" (the `.half()` call{'s' if len(halves) > 1 else ''} at line{'s' if len(halves) > 1 else ''} "
+            f"{', '.join(halves)} go{'' if len(halves) > 1 else 'es'})"
+            if halves
+            else " (no .half())"
+        )
+        + ', every forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):`'
+        + (f", and at its uses: {uses}" if uses else "")
+    )
+
+
 def _is_contrib(ctx: ModuleContext, construction: cst.Call) -> bool:
     found = _flavor(ctx, construction)
     return found is not None and found[1] == "contrib"
@@ -2930,6 +3065,7 @@ def _has_fp16_optimizer(ctx: ModuleContext) -> bool:
 
 def plan(ctx: ModuleContext) -> None:
     _plan_helpers(ctx)
+    _plan_lookalikes(ctx)
     if not _has_fp16_optimizer(ctx):
         _plan_network_to_half(ctx)
     setups, blocked = _collect(ctx)
