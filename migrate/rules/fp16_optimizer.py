@@ -109,6 +109,9 @@ After::
 
 Not rewritten (reported instead, AMP040 with the code to write; everything FP16_Optimizer
 touches stays as it was)
+    A pre-2019 FusedAdam (``max_grad_norm=``) handed to a callable that is not Apex's FP16_Optimizer but
+    takes its arguments (a project subclass, as VLP's ``FP16_Optimizer_State``): both stay, the
+    FusedAdam with AMP042, the call with AMP040 naming the code to write.
     The optimizer passed to other functions or stored (the scaler would have to go along; for one kept
     in an attribute, ``self.optimizer = FP16_Optimizer(...)``, or returned to callers that keep it,
     ``self.optimizers = {"model": self.build("model")}``, the finding names each construction's
@@ -1961,6 +1964,16 @@ class _Planner:
         # a helper that halves the model is kept float32 after too where a `.half()` is in sight (else the
         # model would stay float16 under the GradScaler)
         halved = self._halved_by_helpers(every_model=not halved) or halved
+        held = self._model_held_elsewhere()
+        if not halved and held is not None:
+            raise _Blocked(
+                self.setup.first.call,
+                f"the model it trains is `{syntax.code(held).strip()}` (line {ctx.position(held)[0]}), which this "
+                "function does not make (an attribute of the object, or an expression), so no `.half()` of it is in "
+                "sight: the rule keeps float32 only a model halved where FP16_Optimizer is set up; write instead the "
+                "float32 model (drop the `.half()` or network_to_half that makes it float16, wherever that is) with "
+                'every forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):`',
+            )
         if not halved:
             raise _Blocked(
                 self.setup.first.call,
@@ -2050,6 +2063,20 @@ class _Planner:
                 if name is not None:
                     found.setdefault(name, call)
         return found
+
+    def _model_held_elsewhere(self) -> cst.BaseExpression | None:
+        """The receiver of ``.parameters()`` feeding the optimizer when it is not a name of the set-up's
+        function (``getattr(self, module)``, ``self.model``: MASS's trainer), else None."""
+        ctx = self.ctx
+        for call in ctx.nodes_of(cst.Call):
+            func = call.func
+            if ctx.scope_of(call) is not self.setup.scope or ctx.position(call)[0] > self.start_line:
+                continue
+            if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
+                name = dotted_name(func.value)
+                if name is None or "." in name:
+                    return func.value
+        return None
 
     def _source_of_models(self) -> str:
         """``(line N: `model` comes from `load_model(...)`, imported from `utils`) `` where a trained
