@@ -109,7 +109,13 @@ After::
 
 Not rewritten (reported instead, AMP040 with the code to write; everything FP16_Optimizer
 touches stays as it was)
-    The optimizer passed to other functions or stored (the scaler would have to go along),
+    A pre-2019 FusedAdam (``max_grad_norm=``) handed to a callable that is not Apex's FP16_Optimizer but
+    takes its arguments (a project subclass, as VLP's ``FP16_Optimizer_State``): both stay, the
+    FusedAdam with AMP042, the call with AMP040 naming the code to write.
+    The optimizer passed to other functions or stored (the scaler would have to go along; for one kept
+    in an attribute, ``self.optimizer = FP16_Optimizer(...)``, or returned to callers that keep it,
+    ``self.optimizers = {"model": self.build("model")}``, the finding names each construction's
+    GradScaler and what each use of the attribute or of the callers' container becomes, line by line),
     ``state_dict`` / ``load_state_dict`` not called on the spot, ``load_state_dict`` after a model
     halved by network_to_half / FP16Model / BN_convert_float (the masters cover only the float16
     parameters, which the float32 model cannot tell apart) or followed by the model's
@@ -647,6 +653,13 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
         path=path,
         flavor=flavor,
     )
+    _read_settings(ctx, construction, bound)
+    return construction
+
+
+def _read_settings(ctx: ModuleContext, construction: _Construction, bound: dict[str, cst.Arg]) -> None:
+    """The scale (and, for apex.optimizers, the old FusedAdam) of one construction (raises _Blocked)."""
+    call, root, flavor = construction.call, construction.root, construction.flavor
     dynamic = bound.get("dynamic_loss_scale")
     chosen = syntax.literal(dynamic.value) if dynamic is not None else False
     problem = local_copies.dynamic_problem(ctx, root) if dynamic is not None else ""
@@ -661,7 +674,6 @@ def _read_construction(ctx: ModuleContext, call: cst.Call) -> _Construction:
         _read_pre2019(construction, bound, pre2019)
     else:
         _read_scale(construction, bound)
-    return construction
 
 
 def _shape_problem(ctx: ModuleContext, call: cst.Call, statement: cst.CSTNode, flavor: str) -> str:
@@ -689,15 +701,19 @@ def _shape_problem(ctx: ModuleContext, call: cst.Call, statement: cst.CSTNode, f
         methods.setdefault(function.name.value, ctx.position(node)[0])
     used = ", ".join(f"`{name}` (line {line})" for name, line in sorted(methods.items(), key=lambda item: item[1]))
     scaler = f"{owner}.{ctx.options.scaler_name}"
+    creation, update, unknown = _scaler_recipe(ctx, call, statement, flavor, attribute)
+    halves = _halves_in_class(ctx, call)
+    uses = _holder_uses(ctx, attribute, None, scaler, update, flavor, skip=(statement,))
     return (
         f"FP16_Optimizer is kept in the attribute `{attribute}`"
         + (f", which other methods use: {used}" if used else "")
         + "; the rule migrates an optimizer held in a local or module name only. Write instead: "
-        f'`{attribute} = <the wrapped optimizer>` with `{scaler} = torch.amp.GradScaler("cuda", enabled=...)` '
-        f"beside it, the float32 model (no .half()), the forward pass and loss under "
-        f'`with torch.autocast("cuda", dtype=torch.float16):`, `{scaler}.scale(loss).backward()` for '
-        f"`{attribute}.backward(loss)`, `{scaler}.step({attribute})` then `{scaler}.update()` for its step, and "
-        f'`{{"optimizer": {attribute}.state_dict(), "scaler": {scaler}.state_dict()}}` in checkpoints'
+        f"`{attribute} = <the wrapped optimizer>` with `{scaler} = {creation}` beside it{unknown}"
+        + (f" ({_ENABLED_NOTE})" if "enabled=" in creation else "")
+        + (f", the float32 model ({halves})" if halves else ", the float32 model (no .half())")
+        + ", every forward pass and loss (evaluation included: Apex's model was float16 there too) under "
+        '`with torch.autocast("cuda", dtype=torch.float16):`'
+        + (f", and at its uses: {uses}" if uses else "")
         + (
             "; the pre-2019 FusedAdam it wraps goes with it, its update written in plain torch (ampmigrate writes "
             "it as `LegacyFusedAdam` for an optimizer held in a local name)"
@@ -705,6 +721,203 @@ def _shape_problem(ctx: ModuleContext, call: cst.Call, statement: cst.CSTNode, f
             else ""
         )
     )
+
+
+_ENABLED_NOTE = "on both paths, so that the float32 path's steps reach a disabled scaler"
+
+
+def _scaler_recipe(
+    ctx: ModuleContext,
+    call: cst.Call,
+    statement: cst.CSTNode,
+    flavor: str,
+    target: str,
+) -> tuple[str, str, str]:
+    """The GradScaler one construction (held elsewhere than in a name) maps to: (``torch.amp.GradScaler("cuda",
+    ...)``, the update after each step with ``{S}`` for the scaler, why its scale has no exact settings or "")."""
+    path, _, root = _flavor(ctx, call)  # type: ignore[misc]
+    bound = syntax.bind_arguments(call, _PARAMETERS)
+    arguments = ['"cuda"']
+    update = "`{S}.update()`"
+    if bound is not None and "init_optimizer" in bound:
+        construction = _Construction(
+            call=call,
+            statement=statement,  # type: ignore[arg-type]
+            target=target,
+            inner=bound["init_optimizer"].value,
+            root=root,
+            path=path,
+            flavor=flavor,
+        )
+        try:
+            _read_settings(ctx, construction, bound)
+        except _Blocked as error:
+            # its scale has no exact GradScaler settings to name: the finding says why
+            return 'torch.amp.GradScaler("cuda", ...)', "`{S}.update()`", f" ({error.message})"
+        static = construction.static
+        held = syntax.code(_as_float(static)) if static is not None else None
+        test = syntax.code(construction.dynamic_test) if construction.dynamic_test is not None else None
+        start = repr(construction.init_scale or 2.0**16)
+        if held is not None and test is None:
+            if flavor == "fp16_utils" and static is not None and syntax.literal(static) == 1.0:
+                arguments.append("enabled=False")
+            else:
+                arguments.append(f"init_scale={held}")
+                update = f"`{{S}}.update(new_scale={held})`" + (
+                    " (it skips a step with inf/NaN gradients, which Apex's static scale applied)"
+                    if flavor == "fp16_utils"
+                    else ""
+                )
+        elif held is not None and test is not None:
+            arguments.append(f"init_scale={start} if {test} else {held}")
+            update = f"`{{S}}.update(new_scale=None if {test} else {held})`"
+        elif construction.init_scale is not None:
+            arguments.append(f"init_scale={start}")
+        if (held is None or test is not None) and construction.growth_interval is not None:
+            arguments.append(f"growth_interval={construction.growth_interval}")
+        if construction.floor and (held is None or test is not None):
+            update += " then `if {S}.get_scale() < 1.0: {S}.update(new_scale=1.0)` (Apex's floor of 1)"
+    enabled = _switch_of(ctx, statement, call)
+    if enabled is not None and "enabled=False" not in arguments:
+        arguments.append(f"enabled={enabled}")
+    return f"torch.amp.GradScaler({', '.join(arguments)})", update, ""
+
+
+def _switch_of(ctx: ModuleContext, statement: cst.CSTNode, call: cst.Call) -> str | None:
+    """The tests guarding a construction but the clause choosing its scale (``if loss_scale == 0:`` with
+    the other FP16_Optimizer in its ``else``): the scaler's ``enabled=``."""
+    conditions, _ = _guards(ctx, statement)
+    block = ctx.parent(statement)
+    owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    chain = ctx.parent(owner) if isinstance(owner, cst.Else) else owner
+    if isinstance(chain, cst.If) and isinstance(chain.orelse, cst.Else) and conditions:
+        # `if loss_scale == 0: dynamic else: static`: the choice of scale, not the fp16 switch
+        sides = [chain.body, chain.orelse.body]
+        wrapper = syntax.normalized(call.func)
+        if all(any(syntax.normalized(c.func) == wrapper for c in _calls_in(ctx, side)) for side in sides):
+            conditions = conditions[:-1]
+    enabled = _conjunction(conditions)
+    return syntax.code(enabled).strip() if enabled is not None else None
+
+
+def _calls_in(ctx: ModuleContext, node: cst.CSTNode) -> list[cst.Call]:
+    return sorted((n for n in ctx.walk(node) if isinstance(n, cst.Call)), key=ctx.order)
+
+
+def _halves_in_class(ctx: ModuleContext, call: cst.Call) -> str:
+    """``model.half()`` (and Apex's halving wrappers) in the class holding the construction's method:
+    what goes when the model stays float32."""
+    function = ctx.function_of(call)
+    owner = ctx.class_of_method(function) if function is not None else None
+    if owner is None:
+        return ""
+    found: list[str] = []
+    for node in _calls_in(ctx, owner):
+        func = node.func
+        halving = ctx.apex_path(func)
+        if (isinstance(func, cst.Attribute) and func.attr.value == "half" and not node.args) or (
+            halving is not None and halving[0] in _HALVING
+        ):
+            found.append(f"`{syntax.code(node).strip()}` at line {ctx.position(node)[0]} goes")
+    return ", ".join(found)
+
+
+def _holder_uses(
+    ctx: ModuleContext,
+    holder: str,
+    scalers: str | None,
+    scaler: str,
+    update: str,
+    flavor: str,
+    skip: tuple[cst.CSTNode, ...] = (),
+    scope: cst.CSTNode | None = None,
+) -> str:
+    """What each use of the optimizer held in ``holder`` becomes (``holder[key]`` when ``scalers``
+    names the container of the scalers kept beside a container of optimizers), line by line."""
+    found: list[str] = []
+    seen: set[int] = set()
+    base = holder.split(".")[0]
+    for name in ctx.nodes_of(cst.Name):
+        node: cst.CSTNode = name
+        if name.value != base or any(_inside(ctx, node, name) for node in skip):
+            continue
+        if scope is not None and ctx.scope_of(name) is not scope:
+            continue
+        while dotted_name(node) != holder:  # type: ignore[arg-type]
+            above = ctx.parent(node)
+            if not (isinstance(above, cst.Attribute) and above.value is node):
+                break
+            node = above
+        if dotted_name(node) != holder:  # type: ignore[arg-type]
+            continue
+        parent = ctx.parent(node)
+        expression: cst.CSTNode = node
+        here = scaler
+        if scalers is not None:
+            if not (isinstance(parent, cst.Subscript) and parent.value is node):
+                continue
+            expression = parent
+            key = syntax.code(parent.slice[0]).strip() if len(parent.slice) == 1 else "..."
+            here = f"{scalers}[{key}]"
+            parent = ctx.parent(parent)
+        held = syntax.code(expression).strip()
+        step_update = update.replace("{S}", here)
+        text: str | None
+        outer = ctx.parent(parent) if parent is not None else None
+        if isinstance(parent, cst.Attribute) and parent.value is expression:
+            attribute = parent.attr.value
+            call = outer if isinstance(outer, cst.Call) and outer.func is parent else None
+            arguments = [syntax.code(a.value).strip() for a in call.args] if call is not None else []
+            if attribute in ("param_groups", "state") or (attribute == "zero_grad" and flavor == "optimizers"):
+                text = None
+            elif call is None and _is_store(ctx, parent):
+                text = "it goes (a GradScaler takes its settings from its constructor)"
+            elif attribute == "backward" and arguments:
+                text = f"`{here}.scale({arguments[0]}).backward()`"
+            elif attribute == "step" and call is not None and not arguments:
+                text = f"`{here}.step({held})` then {step_update}"
+            elif attribute == "zero_grad" and call is not None:
+                text = f"`{held}.zero_grad(set_to_none=False)`"
+            elif attribute == "clip_master_grads" and arguments:
+                text = (
+                    f"`{here}.unscale_({held})` then `torch.nn.utils.clip_grad_norm_((p for group in "
+                    f'{held}.param_groups for p in group["params"]), {", ".join(arguments)})`'
+                )
+            elif attribute == "state_dict" and call is not None:
+                text = f'`{{"optimizer": {held}.state_dict(), "scaler": {here}.state_dict()}}`'
+            elif attribute == "load_state_dict" and len(arguments) == 1:
+                text = (
+                    f'`{held}.load_state_dict({arguments[0]}["optimizer"])` and '
+                    f'`{here}.load_state_dict({arguments[0]}["scaler"])` (a checkpoint Apex wrote holds neither)'
+                )
+            elif attribute in ("loss_scale", "cur_scale") and call is None:
+                text = f"`{here}.get_scale()`"
+            elif attribute == "overflow" and call is None:
+                text = (
+                    f"`{here}.get_scale() < scale_before` with `scale_before = {here}.get_scale()` taken before "
+                    f"`{here}.update()` (under a dynamic scale)"
+                )
+            else:
+                text = f"no GradScaler counterpart for `{held}.{attribute}`: " + _RECIPE
+            shown = syntax.code(call if call is not None else parent).strip()
+        elif isinstance(parent, cst.Arg) and isinstance(outer, cst.Call):
+            shown = syntax.code(outer).strip()
+            text = f"`{syntax.code(outer.func).strip()}` receives it: pass `{here}` along and write the same there"
+        else:
+            continue
+        if text is None or id(parent) in seen:
+            continue
+        seen.add(id(parent))
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        joint = " becomes " if text.startswith("`") and " receives it" not in text else ": "
+        found.append(f"line {ctx.position(expression)[0]} `{shown}`{joint}{text}")
+    found.sort(key=lambda item: int(item.split()[1]))
+    return "; ".join(found)
+
+
+def _inside(ctx: ModuleContext, outer: cst.CSTNode, node: cst.CSTNode) -> bool:
+    return any(ancestor is outer for ancestor in ctx.ancestors(node))
 
 
 def _read_pre2019(construction: _Construction, bound: dict[str, cst.Arg], defaults: tuple[float, int]) -> None:
@@ -1149,7 +1362,7 @@ class _Planner:
                 f"`return {name}` hands the optimizer to the callers, which call its backward and step: they would "
                 f"need the GradScaler too; return "
                 f"it with the optimizer (`return {name}, {self.scaler}`) and write `{self.scaler}.scale(loss).backward()`, "
-                f"`{self.scaler}.step({name})`, `{self.scaler}.update()` where they use it",
+                f"`{self.scaler}.step({name})`, `{self.scaler}.update()` where they use it" + self._callers(),
             )
         if not (isinstance(parent, cst.Attribute) and parent.value is node):
             raise _Blocked(
@@ -1180,6 +1393,80 @@ class _Planner:
         if handler is None:
             raise _Blocked(outer, self._advice(attribute))
         handler(outer)
+
+    def _callers(self) -> str:
+        """Where this module's callers of the set-up's function keep what it returns, and what each use
+        of it there becomes (MASS's ``self.optimizers = {"model": self.get_optimizer_fp("model")}``)."""
+        ctx = self.ctx
+        function = self.setup.scope
+        if not isinstance(function, cst.FunctionDef):
+            return ""
+        owner = ctx.class_of_method(function)
+        callee = f"self.{function.name.value}" if owner is not None else function.name.value
+        kept: dict[str, list[int]] = {}
+        scopes: dict[str, cst.CSTNode] = {}  # a name keeps it in the caller's scope only
+        for call in ctx.nodes_of(cst.Call):
+            if dotted_name(call.func) != callee:
+                continue
+            small = syntax.sole_statement(ctx.statement_of(call))
+            if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+                return ""
+            target = dotted_name(small.targets[0].target)
+            value = small.value
+            if target is None:
+                return ""
+            if "." not in target:
+                scopes[target] = ctx.scope_of(call)
+            if value is call:
+                kept.setdefault(target, []).append(ctx.position(call)[0])
+            elif isinstance(value, cst.Dict) and any(
+                isinstance(e, cst.DictElement) and e.value is call for e in value.elements
+            ):
+                kept.setdefault(f"{target}[...]", []).append(ctx.position(call)[0])
+            else:
+                return ""
+        if not kept:
+            return ""
+        recipes = [
+            (c, _scaler_recipe(ctx, c.call, c.statement, self.flavor, c.target)) for c in self.setup.constructions
+        ]
+        scalers_named = " or ".join(
+            f"`{creation}`{unknown}" + (f" where line {ctx.position(c.call)[0]} ran" if len(recipes) > 1 else "")
+            for c, (creation, _, unknown) in recipes
+        )
+        parts: list[str] = [
+            f"the scaler: {scalers_named}, built beside the optimizer"
+            + (" on both paths" if "enabled=" in scalers_named else "")
+            + ", over the float32 model (no "
+            "`.half()` wherever it is made float16) with every forward pass and loss under "
+            '`with torch.autocast("cuda", dtype=torch.float16):`'
+        ]
+        update = " or ".join(
+            recipe[1] + (f" where line {ctx.position(c.call)[0]} ran" if len(recipes) > 1 else "")
+            for c, recipe in recipes
+        )
+        for holder, lines in kept.items():
+            where = ("lines " if len(lines) > 1 else "line ") + ", ".join(str(line) for line in lines)
+            if holder.endswith("[...]"):
+                container = holder[: -len("[...]")]
+                last = container.rpartition(".")[2]
+                scalers = container[: len(container) - len(last)] + (
+                    last.replace("optimizer", "scaler") if "optimizer" in last else f"{last}_scalers"
+                )
+                uses = _holder_uses(ctx, container, scalers, "", update, self.flavor, scope=scopes.get(container))
+                parts.append(
+                    f"{where} {'keep' if len(lines) > 1 else 'keeps'} it in `{holder}`: keep its scaler under the "
+                    f"same key in `{scalers}`" + (f", and write at its uses: {uses}" if uses else "")
+                )
+            else:
+                last = holder.rpartition(".")[2]
+                scaler = holder[: len(holder) - len(last)] + self.scaler
+                uses = _holder_uses(ctx, holder, None, scaler, update, self.flavor, scope=scopes.get(holder))
+                parts.append(
+                    f"{where} {'keep' if len(lines) > 1 else 'keeps'} it in `{holder}`: keep its scaler in `{scaler}`"
+                    + (f", and write at its uses: {uses}" if uses else "")
+                )
+        return " (" + "; ".join(parts) + ")"
 
     def _passed_to_group_reader(self, node: cst.Name) -> bool:
         """Project mode: ``set_lr(optimizer, ...)`` where the imported ``set_lr`` uses that parameter only
@@ -1677,6 +1964,16 @@ class _Planner:
         # a helper that halves the model is kept float32 after too where a `.half()` is in sight (else the
         # model would stay float16 under the GradScaler)
         halved = self._halved_by_helpers(every_model=not halved) or halved
+        held = self._model_held_elsewhere()
+        if not halved and held is not None:
+            raise _Blocked(
+                self.setup.first.call,
+                f"the model it trains is `{syntax.code(held).strip()}` (line {ctx.position(held)[0]}), which this "
+                "function does not make (an attribute of the object, or an expression), so no `.half()` of it is in "
+                "sight: the rule keeps float32 only a model halved where FP16_Optimizer is set up; write instead the "
+                "float32 model (drop the `.half()` or network_to_half that makes it float16, wherever that is) with "
+                'every forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):`',
+            )
         if not halved:
             raise _Blocked(
                 self.setup.first.call,
@@ -1766,6 +2063,20 @@ class _Planner:
                 if name is not None:
                     found.setdefault(name, call)
         return found
+
+    def _model_held_elsewhere(self) -> cst.BaseExpression | None:
+        """The receiver of ``.parameters()`` feeding the optimizer when it is not a name of the set-up's
+        function (``getattr(self, module)``, ``self.model``: MASS's trainer), else None."""
+        ctx = self.ctx
+        for call in ctx.nodes_of(cst.Call):
+            func = call.func
+            if ctx.scope_of(call) is not self.setup.scope or ctx.position(call)[0] > self.start_line:
+                continue
+            if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
+                name = dotted_name(func.value)
+                if name is None or "." in name:
+                    return func.value
+        return None
 
     def _source_of_models(self) -> str:
         """``(line N: `model` comes from `load_model(...)`, imported from `utils`) `` where a trained
@@ -1947,16 +2258,29 @@ class _Planner:
         ctx = self.ctx
         code = syntax.code(call).strip()
         move = (
-            "remove it, or put it under the very `if` of the set-up (the model stays float32 under torch.autocast), "
-            "and run ampmigrate again"
+            "move it under the very `if` of the set-up, before the optimizer is built (the rule then keeps the model "
+            "float32 under torch.autocast; removed, no half would be in sight for the rule to keep), and run "
+            "ampmigrate again"
         )
         conditions, _ = _guards(ctx, statement)
         halving = {c for condition in conditions for c in _conjuncts(condition)}
         setup = {c for guard in self.guards for c in _conjuncts(guard)}
         tests = " and ".join(f"`{c}`" for c in sorted(halving)) or "always"
         if not (halving < setup) or ctx.position(statement)[0] >= self.start_line:
-            return f"`{code}` makes the model float16 under other tests than the FP16_Optimizer set-up's: " + move
+            return (
+                f"`{code}` makes the model float16 under other tests than the FP16_Optimizer set-up's: remove it, or "
+                "put it under the very `if` of the set-up (the model stays float32 under torch.autocast), and run "
+                "ampmigrate again"
+            )
         wider = f"`{code}` makes the model float16 where {tests} holds, also without the set-up's other tests"
+        stores = self._stores_before_setup()
+        if stores and all(self._on_setup_path(node) for node in stores):
+            extra = " and ".join(f"`{c}`" for c in sorted(setup - halving))
+            return (
+                f"{wider}, and where {extra} fails `{self.name}` is never built: nothing shows that the float16 "
+                "model goes unused on that path (no optimizer there to have stopped it), and the float32 model would "
+                f"take its place there; {move}"
+            )
         plain = self._plain_torch_optimizer()
         if isinstance(plain, cst.CSTNode):
             return (
@@ -2014,14 +2338,13 @@ class _Planner:
         return None
 
     def _plain_torch_optimizer(self) -> bool | cst.CSTNode:
-        """Whether every value the optimizer name holds before the set-up (in its scope) is built by a
-        ``torch.optim`` class, which has no ``backward``; else the assignment that is not, if any."""
+        """Whether every value the optimizer name holds before the set-up (in its scope) off the set-up's
+        own path is built by a ``torch.optim`` class, which has no ``backward``; else the assignment that
+        is not, if any (the optimizer the set-up wraps, built under all its tests, is not one of them)."""
         ctx = self.ctx
         built = False
-        for node in ctx.nodes_of(cst.Name):
-            if node.value != self.name or ctx.scope_of(node) is not self.setup.scope or not _is_store(ctx, node):
-                continue
-            if ctx.position(node)[0] >= self.start_line:
+        for node in self._stores_before_setup():
+            if self._on_setup_path(node):
                 continue
             small = syntax.sole_statement(ctx.statement_of(node))
             if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and small.targets[0].target is node):
@@ -2032,6 +2355,23 @@ class _Planner:
                 return node
             built = True
         return built
+
+    def _stores_before_setup(self) -> list[cst.Name]:
+        ctx = self.ctx
+        return [
+            node
+            for node in ctx.nodes_of(cst.Name)
+            if node.value == self.name
+            and ctx.scope_of(node) is self.setup.scope
+            and _is_store(ctx, node)
+            and ctx.position(node)[0] < self.start_line
+        ]
+
+    def _on_setup_path(self, node: cst.CSTNode) -> bool:
+        """Whether ``node``'s statement runs only where every test of the set-up holds."""
+        conditions, _ = _guards(self.ctx, self.ctx.statement_of(node))
+        own = {c for condition in conditions for c in _conjuncts(condition)}
+        return bool(self.guards) and {c for guard in self.guards for c in _conjuncts(guard)} <= own
 
     def _halved_again(
         self,
@@ -2467,6 +2807,107 @@ def _keep_fused_adam(ctx: ModuleContext, calls: list[cst.Call], at: int, contrib
         )
 
 
+_LOOKALIKE_KEYWORDS = frozenset({"dynamic_loss_scale", "static_loss_scale"})
+
+
+def _plan_lookalikes(ctx: ModuleContext) -> None:
+    """An Apex FusedAdam handed to a callable that is not Apex's FP16_Optimizer but takes its arguments
+    (``FP16_Optimizer_State(optimizer, dynamic_loss_scale=True)``, a project subclass of
+    apex.optimizers.FP16_Optimizer in another module, as microsoft/VLP's): that wrapper drives the
+    pre-2019 FusedAdam through its old step API, so the FusedAdam stays with it (apex_optimizers'
+    AdamW would break it), and the wrapper's finding names the code to write."""
+    wrappers: dict[int, tuple[cst.Call, list[cst.Call]]] = {}
+    for call in ctx.nodes_of(cst.Call):
+        if not call.args or call.args[0].keyword is not None or call.args[0].star or ctx.skipped(call):
+            continue
+        if _flavor(ctx, call) is not None or ctx.apex_path(call.func) is not None:
+            continue
+        if not {a.keyword.value for a in call.args if a.keyword is not None} & _LOOKALIKE_KEYWORDS:
+            continue
+        fused = _fused_adam_of(ctx, call)
+        # only the pre-2019 FusedAdam's own keywords prove it (DeepSpeed's FP16_Optimizer, which takes the
+        # same arguments, steps the current FusedAdam or any torch optimizer)
+        if fused is not None and {a.keyword.value for a in fused.args if a.keyword is not None} & _OLD_ONLY_KEYWORDS:
+            wrappers.setdefault(id(fused), (fused, []))[1].append(call)
+    for fused, calls in wrappers.values():
+        _drop_fused_adam_plan(ctx, fused)
+        found = ctx.apex_path(fused.func)
+        if found is not None:
+            ctx.consumed.discard(found[1])
+        lines = ", ".join(str(ctx.position(c)[0]) for c in calls)
+        ctx.report(
+            "AMP042",
+            fused,
+            f"apex.optimizers.FusedAdam kept: `{syntax.code(calls[0].func).strip()}` (line {lines}) wraps it with "
+            "apex.optimizers.FP16_Optimizer's arguments (a project subclass or copy of it), which drove the "
+            "pre-2019 FusedAdam through its old step(grads=..., scale=..., grad_norms=...) API, so the two stay "
+            "together (the finding there names the code to write)",
+        )
+        for call in calls:
+            ctx.report("AMP040", call, _lookalike_recipe(ctx, call, fused, calls))
+
+
+def _lookalike_recipe(ctx: ModuleContext, call: cst.Call, fused: cst.Call, calls: list[cst.Call]) -> str:
+    """What to write for one FP16_Optimizer look-alike call around the pre-2019 FusedAdam."""
+    wrapper = syntax.code(call.func).strip()
+    bound = syntax.bind_arguments(call, _PARAMETERS, partial=True)
+    dynamic = bound.get("dynamic_loss_scale")
+    static = bound.get("static_loss_scale")
+    scaler = ctx.options.scaler_name
+    if dynamic is not None and syntax.literal(dynamic.value) is True:
+        creation = 'torch.amp.GradScaler("cuda", growth_interval=1000)'
+        update = "`{S}.update()` then `if {S}.get_scale() < 1.0: {S}.update(new_scale=1.0)` (Apex's floor of 1)"
+    elif (dynamic is None or syntax.literal(dynamic.value) is False) and static is not None:
+        held = syntax.code(_as_float(static.value)).strip()
+        creation = f'torch.amp.GradScaler("cuda", init_scale={held})'
+        update = f"`{{S}}.update(new_scale={held})`"
+    else:
+        creation = 'torch.amp.GradScaler("cuda", ...)'
+        update = "`{S}.update()`"
+    statement = ctx.statement_of(call)
+    switch = _switch_of(ctx, statement, call)
+    if switch is not None:
+        creation = creation[:-1] + f", enabled={switch})"
+    small = syntax.sole_statement(statement)
+    target = (
+        dotted_name(small.targets[0].target)
+        if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1
+        else None
+    )
+    scope = ctx.scope_of(call)
+    halves = [
+        str(ctx.position(node)[0])
+        for node in ctx.nodes_of(cst.Call)
+        if isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "half"
+        and not node.args
+        and ctx.scope_of(node) is scope
+    ]
+    uses = ""
+    if target is not None:
+        skip = tuple(ctx.statement_of(c) for c in calls) + (ctx.statement_of(fused),)
+        uses = _holder_uses(
+            ctx, target, None, scaler, update, "optimizers", skip=skip, scope=scope if "." not in target else None
+        )
+    return (
+        f"`{wrapper}(...)` takes apex.optimizers.FP16_Optimizer's arguments around the pre-2019 FusedAdam at line "
+        f"{ctx.position(fused)[0]} (a project subclass or copy of apex.optimizers.FP16_Optimizer, which ampmigrate "
+        "does not migrate); write instead: the old FusedAdam's update in plain torch (`LegacyFusedAdam`, which "
+        "ampmigrate writes for Apex's own pair) with the same arguments, "
+        f"`{scaler} = {creation}`"
+        + (" on both paths" if switch is not None else "")
+        + ", the float32 model and inputs"
+        + (
+            f" (the `.half()` call{'s' if len(halves) > 1 else ''} at line{'s' if len(halves) > 1 else ''} "
+            f"{', '.join(halves)} go{'' if len(halves) > 1 else 'es'})"
+            if halves
+            else " (no .half())"
+        )
+        + ', every forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):`'
+        + (f", and at its uses: {uses}" if uses else "")
+    )
+
+
 def _is_contrib(ctx: ModuleContext, construction: cst.Call) -> bool:
     found = _flavor(ctx, construction)
     return found is not None and found[1] == "contrib"
@@ -2651,6 +3092,7 @@ def _has_fp16_optimizer(ctx: ModuleContext) -> bool:
 
 def plan(ctx: ModuleContext) -> None:
     _plan_helpers(ctx)
+    _plan_lookalikes(ctx)
     if not _has_fp16_optimizer(ctx):
         _plan_network_to_half(ctx)
     setups, blocked = _collect(ctx)
