@@ -317,7 +317,11 @@ def run_tool(tool_path: Path, target: Path, *flags: str) -> dict[str, Any]:
     """``python -m migrate TARGET FLAGS --output-format json`` of the checkout under test."""
     env = dict(os.environ, PYTHONPATH=str(tool_path))
     command = [sys.executable, "-m", "migrate", str(target), *flags, "--output-format", "json", "--jobs", "1"]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=TOOL_TIMEOUT_S)
+    # run from the checkout: `python -m` puts the working folder first on sys.path, so from
+    # another checkout it would measure that one
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=TOOL_TIMEOUT_S, cwd=tool_path.resolve()
+    )
     if result.returncode not in (0, 1, 2) or not result.stdout.strip().startswith("{"):
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"exit {result.returncode}: {' | '.join(tail)[:300]}")
