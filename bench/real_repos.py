@@ -317,7 +317,11 @@ def run_tool(tool_path: Path, target: Path, *flags: str) -> dict[str, Any]:
     """``python -m migrate TARGET FLAGS --output-format json`` of the checkout under test."""
     env = dict(os.environ, PYTHONPATH=str(tool_path))
     command = [sys.executable, "-m", "migrate", str(target), *flags, "--output-format", "json", "--jobs", "1"]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=TOOL_TIMEOUT_S)
+    # `python -m` puts the working directory first on sys.path, before PYTHONPATH: run from the
+    # checkout, or a bench started in another checkout would measure that one's migrate
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=TOOL_TIMEOUT_S, cwd=tool_path.resolve()
+    )
     if result.returncode not in (0, 1, 2) or not result.stdout.strip().startswith("{"):
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"exit {result.returncode}: {' | '.join(tail)[:300]}")
