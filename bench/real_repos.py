@@ -10,7 +10,7 @@ measured file by file:
   full       of those: changed or not, no Apex left (no apex import, no amp API call) and no
              finding that needs a human
   partly     changed, but Apex left or a finding needing review
-  findings   unchanged, with findings
+  findings   unchanged, with findings (or left out of the walk with a note saying why)
   silent     unchanged, no finding at all (Apex left without a word)
   failed     the tool reported the file as failed (unparsable, Python 2, ...)
   no-compile written files that do not compile (must be 0)
@@ -356,6 +356,12 @@ def _measure_copy(row: RepoRow, copy: Path, tool_path: Path, fake_root: Path) ->
 
     report = run_tool(tool_path, copy, "--write")
     results = {str(Path(entry["path"]).resolve().relative_to(copy.resolve())): entry for entry in report["files"]}
+    # files the walk left out with a word (a .gitignore pattern matching a tracked file that uses Apex)
+    noticed = set()
+    for notice in report.get("notices", []):
+        shown = Path(notice.partition(": ")[0]).resolve()
+        if shown.is_relative_to(copy.resolve()):
+            noticed.add(str(shown.relative_to(copy.resolve())))
 
     for rel, entry in results.items():
         if entry.get("written") and rel.endswith(".py"):
@@ -385,7 +391,7 @@ def _measure_copy(row: RepoRow, copy: Path, tool_path: Path, fake_root: Path) ->
         elif status == "changed":
             row.partly += 1
             row.note("partly", rel)
-        elif entry and entry["findings"]:
+        elif (entry and entry["findings"]) or rel in noticed:
             row.findings += 1
             row.note("findings", rel)
         else:

@@ -1385,15 +1385,29 @@ class ProjectPlan:
                 # it on, keeps it on an object) that trains; under Apex O1 its forward pass ran in
                 # float16 even with a plain loss.backward(), and would silently
                 # run in float32 once the initialize is gone
+                given = self._optimizer_to_project(path)
+                if given is not None:
+                    # named where it is a given module that trains without Apex's scale_loss
+                    # (microsoft/scene_graph_benchmark's do_train, with a GradScaler of its own)
+                    callee, line, module = given
+                    goes = (
+                        f"the model and optimizer go to `{callee}` at line {line}, from {self.display(module)}, "
+                        "which trains without Apex's scale_loss (a plain `loss.backward()` or a GradScaler of "
+                        "its own); Apex O1 ran its forward pass in float16"
+                    )
+                else:
+                    goes = (
+                        f"the model and optimizer leave `{setup}` for code out of sight (a caller, a trainer class "
+                        "or a module not given), whose forward pass Apex O1 ran in float16 even with a plain "
+                        "`loss.backward()` or none"
+                    )
                 reason = (
                     f"amp.initialize in `{setup}` is given an optimizer, but no backward in this module or in a "
-                    "project module it is linked to scales a loss with the GradScaler that would replace it: the "
-                    f"model and optimizer leave `{setup}` for code out of sight (a caller, a trainer class or a "
-                    "module not given), whose forward pass Apex O1 ran in float16 even with a plain "
-                    "`loss.backward()` or none; removing the initialize would run it in float32 without a word. Put "
+                    f"project module it is linked to scales a loss with the GradScaler that would replace it: {goes}; "
+                    "removing the initialize would run it in float32 without a word. Put "
                     'that step\'s forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):`, '
                     "give it a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
-                    "`scaler.update()`), or include its module, then run ampmigrate again"
+                    f"`scaler.update()`){'' if given else ', or include its module'}, then run ampmigrate again"
                 )
             elif path in alone and not _trains(path) and (handed := self._optimizer_out_of_sight(path)) is not None:
                 # the same, for an optimizer handed straight to library code (mmcv's build_runner,
@@ -1677,6 +1691,36 @@ class ProjectPlan:
             if imports_it.search(text) and _BACKPROPAGATES.search(text):
                 return True
         return False
+
+    def _optimizer_to_project(self, path: str) -> tuple[str, int, str] | None:
+        """The first call that hands what ``path``'s ``amp.initialize`` returned for its optimizer
+        to a function ``path`` imports from a given module that runs a backward: the function, the
+        line and the module; None if none does (read only for the rare module whose GradScaler no
+        backward uses)."""
+        tree = _tree(path)
+        if tree is None:
+            return None
+        trainers = {
+            alias: target
+            for edge, target in self.index.imported(self.index.modules[path])
+            if edge.names and edge.names != ("*",) and _backpropagates(target)
+            for alias in edge.aliases
+        }
+        for scope in ast.walk(tree):
+            if not isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            handed = _optimizer_names(scope)
+            if not handed:
+                continue
+            for node in _own_nodes(scope):
+                if not (isinstance(node, ast.Call) and node.lineno >= handed[1]):
+                    continue
+                if not (isinstance(node.func, ast.Name) and node.func.id in trainers):
+                    continue
+                arguments = [*node.args, *(keyword.value for keyword in node.keywords)]
+                if any(isinstance(name, ast.Name) and name.id in handed[0] for name in _walk_all(arguments)):
+                    return node.func.id, node.lineno, trainers[node.func.id]
+        return None
 
     def _thread(
         self, number: int, members: list[str], left: list[str], outcome: Mapping[str, Outcome]

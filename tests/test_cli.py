@@ -18,7 +18,7 @@ from migrate.cli import main
 
 # The engine rewrites this (no finding)...
 AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
-AUTOCAST_MIGRATED = 'import torch\n\nwith torch.autocast("cuda"):\n    y = 1\n'
+AUTOCAST_MIGRATED = 'import torch\n\nwith torch.autocast("cuda", dtype=torch.float16):\n    y = 1\n'
 # ...leaves this as it is, asking for review (AMP032)...
 NEEDS_REVIEW = "import torch\nfrom apex import amp\n\namp.half_function(torch.mm, torch.bmm)\n"
 # ...and never touches this.
@@ -56,7 +56,7 @@ def test_default_prints_diff_and_writes_nothing(tmp_path: Path, monkeypatch: pyt
     result = invoke(tmp_path, monkeypatch, ".")
     assert result.exit_code == 0
     assert "--- a/train.py\n+++ b/train.py\n" in result.stdout
-    assert '-with torch.cuda.amp.autocast():\n+with torch.autocast("cuda"):\n' in result.stdout
+    assert '-with torch.cuda.amp.autocast():\n+with torch.autocast("cuda", dtype=torch.float16):\n' in result.stdout
     assert "clean.py" not in result.stdout
     assert (tmp_path / "train.py").read_text() == AUTOCAST
     assert result.stderr.strip().splitlines()[-1] == (

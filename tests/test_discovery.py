@@ -247,3 +247,32 @@ def test_a_vendored_apex_checkout_is_left_out_with_a_notice(tmp_path: Path) -> N
     assert notices[0].display.endswith("apex")
     on_itself = list(iter_discover([tmp_path / "apex"], build_config([tmp_path / "apex"])))
     assert sum(isinstance(item, Candidate) for item in on_itself) == 4
+
+
+def test_an_ignored_file_that_uses_apex_gets_a_notice(tmp_path: Path) -> None:
+    """tianweiy/CenterPoint's .gitignore has `**dist**` (meant for dist/), which also matches the
+    tracked tools/dist_test.py, where Apex's convert_syncbn_model runs: the walk skips the file
+    as git would skip an untracked one, and says so, rather than leave Apex without a word. An
+    ignored file without Apex, and an ignored folder, stay silent."""
+    from migrate.discovery import IGNORED_APEX_FILE
+    from migrate.records import Notice
+
+    (tmp_path / ".gitignore").write_text("**dist**\nbuild/\n")
+    files = {
+        "tools/dist_test.py": "import apex\nmodel = apex.parallel.convert_syncbn_model(model)\n",
+        "tools/dist_utils.py": "import torch\n",
+        "build/lib/train.py": "from apex import amp\n",
+        "tools/train.py": "from apex import amp\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = list(iter_discover([tmp_path], build_config([tmp_path])))
+    taken = [item.display.rpartition(tmp_path.name + "/")[2] for item in found if isinstance(item, Candidate)]
+    assert taken == ["tools/train.py"]
+    notices = [item for item in found if isinstance(item, Notice)]
+    assert [(notice.display.rpartition(tmp_path.name + "/")[2], notice.message) for notice in notices] == [
+        ("tools/dist_test.py", IGNORED_APEX_FILE)
+    ]
+    unignored = build_config([tmp_path], respect_gitignore=False)
+    assert not [item for item in iter_discover([tmp_path], unignored) if isinstance(item, Notice)]

@@ -73,7 +73,7 @@ def test_device_and_dtype_options() -> None:
 def test_select_limits_the_rules() -> None:
     source = "import torch\nwith torch.cuda.amp.autocast():\n    pass\n" + BASIC.split("\n", 1)[1]
     result = migrate_source(source, Options(select=frozenset({"torch_cuda_amp"})))
-    assert 'torch.autocast("cuda")' in result.source
+    assert 'torch.autocast("cuda", dtype=torch.float16)' in result.source
     assert "amp.initialize" in result.source
 
 

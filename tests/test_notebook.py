@@ -119,14 +119,14 @@ def test_write_migrates_only_the_changed_cell_and_keeps_the_rest(
     written = (tmp_path / "train.ipynb").read_text(encoding="utf-8")
     expected_cells = json.loads(original)["cells"]
     expected_cells[4]["source"] = [
-        'with torch.autocast("cuda"):\n',
+        'with torch.autocast("cuda", dtype=torch.float16):\n',
         "    out = model(torch.ones(2))\n",
         "torch.ones?",
     ]
     assert json.loads(written)["cells"] == expected_cells  # magics, outputs, %%time cell untouched
     # Nothing but the one source line differs in the file itself.
     changed = [line for line in written.splitlines() if line not in original.splitlines()]
-    assert changed == ['    "with torch.autocast(\\"cuda\\"):\\n",']
+    assert changed == ['    "with torch.autocast(\\"cuda\\", dtype=torch.float16):\\n",']
     again = run_cli(tmp_path, monkeypatch, "--check", "train.ipynb")
     assert again.exit_code == 0, again.output
 
@@ -168,7 +168,7 @@ def test_crlf_and_bom_notebook_keeps_its_layout(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "nb.ipynb").write_bytes(b"\xef\xbb\xbf" + original.encode())
     result = run_cli(tmp_path, monkeypatch, "--write", "nb.ipynb")
     assert result.exit_code == 0, result.output
-    expected = original.replace("torch.cuda.amp.autocast()", 'torch.autocast(\\"cuda\\")')
+    expected = original.replace("torch.cuda.amp.autocast()", 'torch.autocast(\\"cuda\\", dtype=torch.float16)')
     assert (tmp_path / "nb.ipynb").read_bytes() == b"\xef\xbb\xbf" + expected.encode()
 
 
@@ -203,7 +203,7 @@ def test_shell_escape_continued_with_backslashes_is_one_magic(tmp_path: Path, mo
     assert "".join(written[0]["source"]).startswith(launch)
     assert (
         "".join(written[1]["source"])
-        == 'if True:\n    !echo a \\\n  b\n    with torch.autocast("cuda"):\n        y = 1'
+        == 'if True:\n    !echo a \\\n  b\n    with torch.autocast("cuda", dtype=torch.float16):\n        y = 1'
     )
 
 
@@ -249,4 +249,4 @@ def test_automagic_shell_lines_are_magics(tmp_path: Path, monkeypatch: pytest.Mo
     assert result.exit_code == 0, result.output
     written = ["".join(cell["source"]) for cell in json.loads((tmp_path / "tutorial.ipynb").read_text())["cells"]]
     assert written[1:3] == [cells[1]["source"], cells[2]["source"]]
-    assert written[3] == 'with torch.autocast("cuda"):\n    y = model(torch.ones(2))'
+    assert written[3] == 'with torch.autocast("cuda", dtype=torch.float16):\n    y = model(torch.ones(2))'

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
-MIGRATED = 'import torch\n\nwith torch.autocast("cuda"):\n    y = 1\n'
+MIGRATED = 'import torch\n\nwith torch.autocast("cuda", dtype=torch.float16):\n    y = 1\n'
 CLEAN = "import torch\n\nx = torch.ones(2)\n"
 
 pytestmark = [

@@ -437,3 +437,18 @@ def test_runner_hook_setup_beside_a_copy_of_the_model_stays(tmp_path: Path) -> N
     assert _tree(root) == before
     creator = next(d.message for r in results if r.path.endswith("apis.py") for d in r.diagnostics)
     assert "ema.py copies or pickles the model" in creator
+
+
+def test_an_initialize_handed_to_a_given_trainer_names_it(tmp_path: Path) -> None:
+    """microsoft/scene_graph_benchmark: tools/train_net.py's amp.initialize hands the model and
+    optimizer to do_train in a module that is given and trains them with a GradScaler of its own.
+    The setup stays (AMP025), and the message names that module instead of calling the training
+    code out of sight."""
+    case = FIXTURES / "initialize_handed_to_a_loop_with_its_own_scaler" / "in"
+    root = tmp_path / "tree"
+    shutil.copytree(case, root)
+    results = run([root], Config(write=True, jobs=1))
+    assert _tree(root) == _tree(case)
+    frozen = [d.message for r in results for d in r.diagnostics if d.code == "AMP025"]
+    assert len(frozen) == 1
+    assert "engine/loop.py" in frozen[0] and "out of sight" not in frozen[0]

@@ -25,7 +25,7 @@ from migrate.engine import MigrationResult
 from migrate.runner import FileResult, Status, execute, run
 
 AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
-MIGRATED = 'import torch\n\nwith torch.autocast("cuda"):\n    y = 1\n'
+MIGRATED = 'import torch\n\nwith torch.autocast("cuda", dtype=torch.float16):\n    y = 1\n'
 ROOT = Path(__file__).resolve().parents[1]
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork, /proc and rlimits: Linux")

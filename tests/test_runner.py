@@ -14,7 +14,7 @@ from migrate.engine import InternalError, MigrationResult
 from migrate.runner import Status, run
 
 AUTOCAST = "import torch\n\nwith torch.cuda.amp.autocast():\n    y = 1\n"
-MIGRATED_LINE = 'with torch.autocast("cuda"):'
+MIGRATED_LINE = 'with torch.autocast("cuda", dtype=torch.float16):'
 
 
 def write_tree(root: Path, files: dict[str, bytes | str]) -> None:

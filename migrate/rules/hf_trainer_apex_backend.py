@@ -64,7 +64,7 @@ After::
 
         def training_step(self, model, inputs):
             if self.use_amp:
-                with torch.autocast("cuda"):
+                with torch.autocast("cuda", dtype=torch.float16):
                     loss = model(inputs)
             else:
                 loss = model(inputs)

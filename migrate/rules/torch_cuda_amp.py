@@ -20,7 +20,7 @@ After::
 
     import torch
 
-    with torch.autocast("cuda", enabled=use_amp):
+    with torch.autocast("cuda", dtype=torch.float16, enabled=use_amp):
         out = model(x)
     scaler = torch.amp.GradScaler("cuda")
 
@@ -32,7 +32,11 @@ Not rewritten
 Safety
     Exact: the old forms are thin deprecated wrappers of the new ones (PyTorch 2.4
     deprecated them). ``autocast``'s positional arguments are given their names, since
-    ``torch.autocast`` takes the device first.
+    ``torch.autocast`` takes the device first. The old ``autocast`` defaulted to
+    ``dtype=torch.float16`` ("cuda") or ``torch.bfloat16`` ("cpu"), while ``torch.autocast``
+    without a dtype takes the one in force where it is built: nested in an autocast of another
+    dtype (model code run under a bfloat16 region), or after ``torch.set_autocast_dtype``, it
+    would cast to that one. So the default is written out (not for ``enabled=False``).
 
 References
     pytorch/pytorch: torch/cuda/amp/autocast_mode.py, torch/amp/autocast_mode.py,
@@ -52,6 +56,8 @@ RULE = "torch_cuda_amp"
 # the parameters of the deprecated autocast, in positional order
 _AUTOCAST_PARAMETERS = ("enabled", "dtype", "cache_enabled")
 _MOVABLE = {"autocast", "GradScaler", "custom_fwd", "custom_bwd"}
+# the dtype each deprecated autocast class defaulted to
+_DEFAULT_DTYPE = {"cuda": "torch.float16", "cpu": "torch.bfloat16"}
 
 
 def _deprecated_target(ctx: ModuleContext, func: cst.BaseExpression) -> tuple[str, str, str] | None:
@@ -123,15 +129,31 @@ def _movable(statement: cst.Import | cst.ImportFrom) -> bool:
     )
 
 
+def _pins_dtype(call: cst.Call) -> bool:
+    """Whether the rewrite of this deprecated ``autocast(...)`` call writes its dtype: the old
+    class defaulted to float16 ("cuda") or bfloat16 ("cpu"), while ``torch.autocast`` without
+    one takes the dtype in force where it is built (an enclosing autocast's, or
+    ``torch.set_autocast_dtype``'s). Not written where the call names a dtype, or is
+    ``enabled=False`` (no cast to make)."""
+    bound = syntax.bind_arguments(call, _AUTOCAST_PARAMETERS)
+    if bound is None or "dtype" in bound:
+        return False
+    return "enabled" not in bound or syntax.literal(bound["enabled"].value) is not False
+
+
 def _rewrite_call(device: str, obj: str, spelling: str, call: cst.Call) -> cst.Call | None:
     device_arg = syntax.string(device)
     if obj == "autocast":
+        pinned = _pins_dtype(call)
         args = syntax.with_keywords(call, _AUTOCAST_PARAMETERS)
         if args is None:
             return None
         call = call.with_changes(args=args)
         func = syntax.dotted("torch.autocast") if spelling == "dotted" else call.func
-        return syntax.prepend_args(call.with_changes(func=func), [cst.Arg(device_arg)])
+        first = [cst.Arg(device_arg)]
+        if pinned:
+            first.append(syntax.keyword("dtype", syntax.dotted(_DEFAULT_DTYPE[device])))
+        return syntax.prepend_args(call.with_changes(func=func), first)
     if obj == "GradScaler":
         if any(arg.star for arg in call.args):
             return None
@@ -224,6 +246,8 @@ class _Finder:
             return _rewrite_call(device, obj, spelling, updated) or updated
 
         ctx.plan.replace[node] = rewrite
+        if obj == "autocast" and _pins_dtype(node):
+            ctx.plan.needs_torch_import = True  # the dtype is spelled torch.float16
         if spelling == "dotted":
             ctx.consumed.add(node.func)
 

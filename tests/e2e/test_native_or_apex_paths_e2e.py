@@ -55,7 +55,10 @@ def test_both_loops_are_migrated_with_autocast() -> None:
     assert not [line for line in migrated.source.splitlines() if line.startswith(("import apex", "from apex"))]
     assert "amp.scale_loss" not in migrated.source
     assert not {"AMP020", "AMP022", "AMP025"} & {finding.code for finding in migrated.findings}
-    assert 'torch.autocast("cuda", enabled=enable_autocast or grad_scaler.is_enabled())' in migrated.source
+    assert (
+        'torch.autocast("cuda", dtype=torch.float16, enabled=enable_autocast or grad_scaler.is_enabled())'
+        in migrated.source
+    )
 
 
 @pytest.mark.parametrize("loop", LOOPS)
