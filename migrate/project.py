@@ -26,6 +26,7 @@ from migrate import apex_copies, factories, gradient_norms, halving_helpers, run
 from migrate.amp_api_names import CASTING as _CAST_FUNCTION_APIS
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
+from migrate.pytree import own_nodes
 from migrate.roots import may_share_a_program, project_root
 
 # amp functions whose call on a name that no import binds means "the amp module came
@@ -1616,7 +1617,7 @@ class ProjectPlan:
             handed = _optimizer_names(scope)
             if not handed:
                 continue
-            for node in _own_nodes(scope):
+            for node in own_nodes(scope):
                 if not isinstance(node, ast.Call) or node.lineno < handed[1]:
                     continue
                 root = node.func
@@ -1712,7 +1713,7 @@ class ProjectPlan:
             handed = _optimizer_names(scope)
             if not handed:
                 continue
-            for node in _own_nodes(scope):
+            for node in own_nodes(scope):
                 if not (isinstance(node, ast.Call) and node.lineno >= handed[1]):
                     continue
                 if not (isinstance(node.func, ast.Name) and node.func.id in trainers):
@@ -2188,7 +2189,7 @@ def _inside_torch_or_apex(module: str) -> bool:
 def _optimizer_names(scope: ast.Module | ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set[str], int] | None:
     """The names that hold the optimizer an ``<amp>.initialize(model, optimizer, ...)`` of
     ``scope`` (itself, not a nested function) was given and returned, with the call's line."""
-    for node in _own_nodes(scope):
+    for node in own_nodes(scope):
         if not (
             isinstance(node, ast.Assign)
             and isinstance(node.value, ast.Call)
@@ -2208,16 +2209,6 @@ def _optimizer_names(scope: ast.Module | ast.FunctionDef | ast.AsyncFunctionDef)
                 names.update(name.id for name in _walk_all([target.elts[1]]) if isinstance(name, ast.Name))
         return names, node.lineno
     return None
-
-
-def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of ``scope``'s own code, not those of the functions and classes it defines."""
-    pending = deque(ast.iter_child_nodes(scope))
-    while pending:
-        node = pending.popleft()
-        yield node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            pending.extend(ast.iter_child_nodes(node))
 
 
 def _walk_all(nodes: Iterable[ast.AST]) -> Iterator[ast.AST]:

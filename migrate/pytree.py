@@ -9,6 +9,8 @@ forgets it when the file is done.
 from __future__ import annotations
 
 import ast
+from collections import deque
+from collections.abc import Iterator
 
 _latest: tuple[str, ast.Module] | None = None
 
@@ -33,3 +35,14 @@ def forget() -> None:
     """Drop the kept tree (a large module's tree is worth freeing between files)."""
     global _latest
     _latest = None
+
+
+def own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``scope``'s own code (a function's, or the module's), breadth first: not
+    those of the functions, classes and lambdas it defines, which run at another time."""
+    pending = deque(ast.iter_child_nodes(scope))
+    while pending:
+        node = pending.popleft()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))

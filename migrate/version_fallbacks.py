@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
+from migrate.pytree import own_nodes
+
 # the first torch release whose native API the migrated code needs (torch.amp.GradScaler("cuda"))
 NEEDED = (2, 3)
 _VERSION_CALLS = frozenset({"LooseVersion", "StrictVersion", "parse", "Version", "parse_version"})
@@ -102,16 +104,6 @@ class Fallback:
     names: frozenset[str]
 
 
-def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of a function's (or the module's) own code, not of functions, classes or lambdas in it."""
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            stack.extend(ast.iter_child_nodes(node))
-
-
 def fallbacks(tree: ast.Module) -> list[Fallback]:
     """The fallbacks of the module: their ``else:`` uses Apex's amp (and maybe more of Apex)."""
     amp = amp_bound(tree.body)
@@ -121,8 +113,8 @@ def fallbacks(tree: ast.Module) -> list[Fallback]:
         *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
     ]
     for scope in scopes:
-        parents = {id(child): node for node in _own_nodes(scope) for child in ast.iter_child_nodes(node)}
-        for node in _own_nodes(scope):
+        parents = {id(child): node for node in own_nodes(scope) for child in ast.iter_child_nodes(node)}
+        for node in own_nodes(scope):
             if isinstance(node, ast.If) and is_fallback(node, parents.get(id(node))):
                 names = amp_bound(node.orelse)
                 used = {n.id for statement in node.orelse for n in ast.walk(statement) if isinstance(n, ast.Name)}
@@ -149,7 +141,7 @@ def none_bindings_only(scope: ast.AST, name: str, dead: list[ast.stmt], paramete
     if not parameter and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         if any(a.arg == name for a in [*_parameters(scope), scope.args.vararg, scope.args.kwarg] if a is not None):
             return False
-    for node in _own_nodes(scope):
+    for node in own_nodes(scope):
         if hasattr(node, "lineno") and _inside(node, dead):
             continue
         if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
@@ -264,7 +256,7 @@ def none_only(
 def _callees_given(scope: ast.AST, name: str) -> list[str]:
     """The names of the functions ``scope`` calls with ``name`` as an argument (``f`` of ``x.f(...)``)."""
     found = []
-    for node in _own_nodes(scope):
+    for node in own_nodes(scope):
         if not isinstance(node, ast.Call):
             continue
         given = [*node.args, *(k.value for k in node.keywords)]
