@@ -180,6 +180,9 @@ def _migrate(source: str, options: Options, parsed: Parsed | None = None) -> Mig
     outcome = run_rules(module, source, options)
     new_module = outcome.module
     new_source = render(module, new_module, source) if new_module is not module else source
+    if new_source.startswith("\n") and not source.startswith("\n"):
+        # the blank lines that followed a removed first statement (an Apex import) would open the file
+        new_source = new_source.lstrip("\n")
     if new_source != source:
         try:
             _compile(new_source, "<migrated>")

@@ -33,6 +33,14 @@ def test_file_without_apex_is_returned_untouched() -> None:
     assert not result.changed and result.findings == ()
 
 
+def test_a_removed_first_import_leaves_no_blank_line_at_the_top() -> None:
+    source = (
+        "from apex.parallel import DistributedDataParallel as DDP\n\nimport torch\n\nm = DDP(torch.nn.Linear(2, 2))\n"
+    )
+    result = migrate_source(source)
+    assert result.source.startswith("import torch\n")
+
+
 def test_crlf_line_endings_survive() -> None:
     result = migrate_source(BASIC.replace("\n", "\r\n"))
     assert result.changed

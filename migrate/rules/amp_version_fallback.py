@@ -7,7 +7,8 @@ What it rewrites
     ``amp.initialize(...)``, ``amp.register_float_function(...)`` and a checkpoint load given
     ``amp=amp``. On every torch the migrated code can run on (2.3 and newer) the test is true:
     the Apex branch never runs. The test goes and its native branch takes its place; the Apex
-    branch goes with it. Where a function's ``amp`` (``amp, scaler = None, None`` before the
+    branch goes with it, and so does the import of the version class (``LooseVersion``) where
+    only the test used it. Where a function's ``amp`` (``amp, scaler = None, None`` before the
     test) thus only ever holds None, the module's own functions it is passed to lose their
     Apex code for it: ``if amp is not None: ...`` goes (its ``else:`` stays in its place), and
     ``if scaler is not None: scaler.scale(loss).backward() else: with amp.scale_loss(...)``
@@ -45,8 +46,6 @@ Before::
         train_one_epoch(model, optimizer, loader, amp, scaler)
 
 After::
-
-    from distutils.version import LooseVersion
 
     import torch
 
@@ -100,8 +99,9 @@ import libcst as cst
 
 from migrate import version_fallbacks
 from migrate.rules import _syntax as syntax
-from migrate.rules._context import ModuleContext
+from migrate.rules._context import ModuleContext, dotted_name
 from migrate.rules._setup import amp_references
+from migrate.rules.amp_import import drop_aliases
 
 RULE = "amp_version_fallback"
 
@@ -317,6 +317,36 @@ def _apply(ctx: ModuleContext, fold: _Fold) -> None:
         ctx.dropped.append(branch.body)
 
 
+# the modules whose version classes the tests compare with, and those classes
+_VERSION_MODULES = frozenset({"distutils.version", "packaging.version", "pkg_resources"})
+
+
+def _drop_version_imports(ctx: ModuleContext, tests: list[cst.BaseExpression]) -> None:
+    """A ``from distutils.version import LooseVersion`` (or packaging's, pkg_resources') that
+    only the dropped tests used goes with them."""
+    if not tests:
+        return
+    for statement in ctx.nodes_of(cst.ImportFrom):
+        if statement.module is None or dotted_name(statement.module) not in _VERSION_MODULES:
+            continue
+        if isinstance(statement.names, cst.ImportStar) or ctx.function_of(statement) is not None:
+            continue
+        unused = set()
+        for alias in statement.names:
+            local = alias.asname.name if alias.asname is not None else alias.name
+            if not isinstance(local, cst.Name):
+                continue
+            uses = [
+                name
+                for name in ctx.nodes_of(cst.Name)
+                if name.value == local.value and not _inside(ctx, name, [statement]) and name is not local
+            ]
+            if uses and all(_inside(ctx, name, tests) for name in uses):
+                unused.add(alias)
+        if unused:
+            drop_aliases(ctx, statement, unused)
+
+
 def plan(ctx: ModuleContext) -> None:
     tree = _tree(ctx)
     if tree is None:
@@ -324,6 +354,7 @@ def plan(ctx: ModuleContext) -> None:
     choices = _fallbacks(ctx, tree)
     for choice in choices:
         _drop_fallback(ctx, choice)
+    _drop_version_imports(ctx, [choice.test for choice in choices])
     dead: list[cst.CSTNode] = [choice.orelse for choice in choices if choice.orelse is not None]
     for owner, name in sorted(_none_only(ctx, tree)):
         function = _function(ctx, owner)
