@@ -82,6 +82,14 @@ def sole_statement(line: cst.CSTNode) -> cst.BaseSmallStatement | None:
     return None
 
 
+def name_assignment(line: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
+    """(``x``, value) for a line ``x = value`` (one target, a plain name)."""
+    small = sole_statement(line)
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+        return small.targets[0].target.value, small.value
+    return None
+
+
 def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """``node`` and everything below it, for nodes the module's index does not hold (built by a
     rule, or parsed from text): ``ModuleContext.walk`` would not enter them."""

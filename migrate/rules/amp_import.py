@@ -392,15 +392,8 @@ def _default_the_flags_overwrite(
 
 def _flag_set(statement: cst.CSTNode) -> str | None:
     """``NAME`` for a line ``NAME = <literal>``."""
-    small = syntax.sole_statement(statement)
-    if (
-        isinstance(small, cst.Assign)
-        and len(small.targets) == 1
-        and isinstance(small.targets[0].target, cst.Name)
-        and syntax.literal(small.value) is not ...
-    ):
-        return small.targets[0].target.value
-    return None
+    assigned = syntax.name_assignment(statement)
+    return assigned[0] if assigned is not None and syntax.literal(assigned[1]) is not ... else None
 
 
 _LOG_CALLS = frozenset({"print", "debug", "info", "warning", "warn", "log"})

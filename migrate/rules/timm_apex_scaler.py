@@ -142,12 +142,9 @@ def _rebound(ctx: ModuleContext, local: str) -> bool:
     return False
 
 
-def _assigned(statement: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
-    """(``x``, value) for a line ``x = value``."""
-    small = syntax.sole_statement(statement)
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-        return small.targets[0].target.value, small.value
-    return None
+def _is_o1(level: cst.Arg) -> bool:
+    """``opt_level="O1"``."""
+    return level.keyword is not None and level.keyword.value == "opt_level" and syntax.literal(level.value) == "O1"
 
 
 def _initialize_of_o1(ctx: ModuleContext, call: cst.Call) -> cst.SimpleStatementLine | None:
@@ -168,7 +165,7 @@ def _initialize_of_o1(ctx: ModuleContext, call: cst.Call) -> cst.SimpleStatement
     if not all(isinstance(p, (cst.Name, cst.Attribute)) for p in positional):
         return None
     level = call.args[2]
-    if level.keyword is None or level.keyword.value != "opt_level" or syntax.literal(level.value) != "O1":
+    if not _is_o1(level):
         return None
     assert isinstance(line, cst.SimpleStatementLine)
     return line
@@ -187,15 +184,17 @@ def _autocast_factory(ctx: ModuleContext, block: cst.IndentedBlock, suppress: st
         if isinstance(parent, cst.IndentedBlock):
             statements = list(parent.body)
             for statement in statements[: statements.index(node)]:  # type: ignore[arg-type]
-                assigned = _assigned(statement)
+                assigned = syntax.name_assignment(statement)
                 if assigned is not None and isinstance(assigned[1], cst.Name) and assigned[1].value == suppress:
                     candidates.append(assigned[0])
         node = parent
-    set_in_branch = {assigned[0] for statement in block.body if (assigned := _assigned(statement)) is not None}
+    set_in_branch = {
+        assigned[0] for statement in block.body if (assigned := syntax.name_assignment(statement)) is not None
+    }
     assignments = [
         assigned
         for statement in ctx.walk(function, into_definitions=False)
-        if (assigned := _assigned(statement)) is not None
+        if (assigned := syntax.name_assignment(statement)) is not None
     ]
     for name in candidates:
         if name not in set_in_branch and any(
@@ -317,7 +316,7 @@ def _inference_initialize(ctx: ModuleContext, call: cst.Call) -> cst.If | None:
         return None
     if syntax.code(small.targets[0].target) != syntax.code(model.value):
         return None
-    if level.keyword is None or level.keyword.value != "opt_level" or syntax.literal(level.value) != "O1":
+    if not _is_o1(level):
         return None
     block = ctx.parent(line)
     statement = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
@@ -375,7 +374,7 @@ def _inference_recipe(ctx: ModuleContext, use: AmpCall) -> tuple[cst.If, cst.If,
     for name in ctx.walk(function, into_definitions=False):
         if isinstance(name, cst.Name) and name.value == factory and ctx.position(name)[0] < start:
             statement = ctx.statement_of(name)
-            if _assigned(statement) is None or ctx.position(statement)[0] != ctx.position(name)[0]:
+            if syntax.name_assignment(statement) is None or ctx.position(statement)[0] != ctx.position(name)[0]:
                 return None
     return guard, clause, factory
 
