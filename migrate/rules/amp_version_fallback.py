@@ -97,7 +97,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate import version_fallbacks
+from migrate import pytree, version_fallbacks
 from migrate.rules import _syntax as syntax
 from migrate.rules._context import ModuleContext, dotted_name
 from migrate.rules._setup import amp_references
@@ -122,10 +122,7 @@ class _Fold:
 def _tree(ctx: ModuleContext) -> ast.Module | None:
     if "__version__" not in ctx.source and not ctx.options.facts.none_only:  # (None or empty: nothing to fold)
         return None
-    try:
-        return ast.parse(ctx.source)
-    except (SyntaxError, ValueError):
-        return None
+    return pytree.parse(ctx.source)  # the engine's tree (it checked the syntax), not a second parse
 
 
 def _fallbacks(ctx: ModuleContext, tree: ast.Module) -> list[cst.If]:
