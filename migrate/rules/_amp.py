@@ -8,10 +8,12 @@ three ways, tried in this order:
 1. directly (``_direct_access``): as the same name in the home function, in a closure
    defined there, or anywhere when the scaler lives at module level (a module-level
    script, or a factory function's scaler moved up there); as ``<self>.<name>`` in any
-   method of the home class;
+   method of the home class, and as ``<self>.<attr>.<name>`` in a method of a class that
+   holds an instance of it in ``self.<attr>`` (``_holders``);
 2. through a threaded parameter (``_thread_parameter``): a plain module-level function
    whose callers all reach the scaler gets it as a new parameter, and each caller passes
-   it by keyword;
+   it by keyword (a ``functools.partial(f, ...)`` binding of it counts as a caller and gets
+   the keyword; the function must be named nowhere else, where it would be called without);
 3. not at all: the use is reported (AMP022) instead of guessed.
 
 The vocabulary: ``scaler_access(node)`` answers "which scaler, spelled how, at node"
@@ -30,7 +32,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._bindings import dotted_name, is_import_fallback
+from migrate.rules._bindings import dotted_name, imported_name, is_import_fallback
+from migrate.rules._holders import held_before, holders
 
 if TYPE_CHECKING:  # _context builds the model
     from migrate.rules._context import ModuleContext
@@ -101,6 +104,9 @@ class AmpModel:
         self.private_uses: list[cst.Attribute] = []
         self.other_attributes: list[cst.Attribute] = []  # amp.X that is not called
         self.calls_by_function_name: dict[str, list[cst.Call]] = defaultdict(list)
+        # `functools.partial(f, ...)` calls, by the name of the function they bind
+        self.partials_by_function_name: dict[str, list[cst.Call]] = defaultdict(list)
+        self._holders: dict[cst.ClassDef, dict[cst.ClassDef, str]] = {}
         self.scalers: list[Scaler] = []
         # optimizer steps already rewritten (-> their optimizer key) and statements already
         # followed by an update: several scalers may share one training step
@@ -115,12 +121,24 @@ class AmpModel:
 
     def _collect(self) -> None:
         ctx = self.ctx
+        partial = {"functools.partial"}
+        imported = imported_name(ctx, frozenset({"functools"}), "partial")
+        if imported is not None:
+            partial.add(imported[0])
         for node in ctx.nodes_of(cst.Call):
             found = ctx.amp_api(node.func)
             if found is not None:
                 self.calls.append(AmpCall(found[0], node, found[1]))
             if isinstance(node.func, cst.Name):
                 self.calls_by_function_name[node.func.value].append(node)
+            if (
+                dotted_name(node.func) in partial
+                and node.args
+                and node.args[0].keyword is None
+                and not node.args[0].star
+                and isinstance(node.args[0].value, cst.Name)
+            ):
+                self.partials_by_function_name[node.args[0].value.value].append(node)
         for name in ctx.nodes_of(cst.Name):
             self._classify_reference(name)
 
@@ -169,7 +187,7 @@ class AmpModel:
         function = self.ctx.function_of(node)
         candidates = sorted(self.scalers, key=lambda s: s.function is not function)
         for scaler in candidates:
-            expression = self._direct_access(scaler, function)
+            expression = self._direct_access(scaler, function, node)
             if expression is not None:
                 return ScalerAccess(scaler, expression)
         received = self.ctx.handles.received_in(function) if self.ctx.handles.any else None
@@ -201,14 +219,17 @@ class AmpModel:
         if home is None and klass is None:
             return True
         function = self.ctx.function_of(node)
-        return self._in_home(home, klass, function) or (
+        return self._reaches_home(home, klass, node) or (
             function is not None and self._can_thread(home, klass, function, frozenset())
         )
 
-    def _direct_access(self, scaler: Scaler, function: cst.FunctionDef | None) -> cst.BaseExpression | None:
+    def _direct_access(
+        self, scaler: Scaler, function: cst.FunctionDef | None, at: cst.CSTNode | None = None
+    ) -> cst.BaseExpression | None:
         """The scaler's expression inside ``function`` without new parameters, if any:
         its name at module level or in its own function, ``<self>.<name>`` in a method of
-        its class. A closure sees what its enclosing functions see.
+        its class, ``<self>.<attr>.<name>`` at ``at`` in a method of a class holding one
+        (``_holders``). A closure sees what its enclosing functions see.
         """
         ctx = self.ctx
         if scaler.access is not None:
@@ -227,13 +248,39 @@ class AmpModel:
             elif scaler.function is current:
                 return cst.Name(scaler.name)
             current = ctx.function_of(current)
+        if scaler.klass is not None and at is not None:
+            held = self._held(scaler.klass, at)
+            if held is not None:
+                return cst.Attribute(cst.Attribute(cst.Name(held[0]), cst.Name(held[1])), cst.Name(scaler.name))
         return None
+
+    def _held(self, klass: cst.ClassDef, at: cst.CSTNode) -> tuple[str, str] | None:
+        """(self, attribute) where the code at ``at``, in a method of a class that keeps an
+        instance of ``klass`` in ``self.<attribute>``, surely finds one there (``_holders``)."""
+        ctx = self.ctx
+        function = ctx.function_of(at)
+        holder = ctx.class_of_method(function) if function is not None else None
+        if function is None or holder is None or holder is klass:
+            return None
+        if klass not in self._holders:
+            self._holders[klass] = holders(ctx, klass)
+        attribute = self._holders[klass].get(holder)
+        owner = ctx.self_name(function)
+        if attribute is None or owner is None or not held_before(ctx, owner, attribute, at):
+            return None
+        return owner, attribute
+
+    def _reaches_home(self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, at: cst.CSTNode) -> bool:
+        """Whether the code at ``at`` runs in a scaler's home (``_in_home``) or, for a scaler on
+        ``self``, reaches it through an object of its class that it holds."""
+        function = self.ctx.function_of(at)
+        return self._in_home(home, klass, function) or (klass is not None and self._held(klass, at) is not None)
 
     def access_in(self, scaler: Scaler, node: cst.CSTNode) -> cst.BaseExpression | None:
         """How the code at ``node`` reaches ``scaler``: directly, or through the parameter threaded
         into its function; None where neither (nothing is planned here)."""
         function = self.ctx.function_of(node)
-        direct = self._direct_access(scaler, function)
+        direct = self._direct_access(scaler, function, node)
         if direct is not None:
             return direct
         if function is not None and self._threaded.get((id(scaler), function)) is True:
@@ -258,7 +305,9 @@ class AmpModel:
         self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, function: cst.FunctionDef, seen: frozenset
     ) -> bool:
         """Whether the scaler can become a parameter of ``function``: a plain module-level
-        function whose every caller in this file is in the home or can be threaded itself."""
+        function whose every caller in this file (a ``functools.partial`` binding of it too)
+        is in the home or can be threaded itself, and that nothing else names (a function
+        handed on as a value would be called without the scaler)."""
         ctx = self.ctx
         params = function.params
         if (
@@ -267,14 +316,45 @@ class AmpModel:
             or isinstance(params.star_arg, cst.Param)
             or params.kwonly_params
             or params.posonly_params
+            or not self._only_called(function)
         ):
             return False
-        callers = self.calls_by_function_name.get(function.name.value, [])
+        callers = self._callers(function)
         return bool(callers) and all(
-            self._in_home(home, klass, (caller := ctx.function_of(call)))
-            or (caller is not None and self._can_thread(home, klass, caller, seen | {function}))
+            self._reaches_home(home, klass, call)
+            or (
+                (caller := ctx.function_of(call)) is not None
+                and self._can_thread(home, klass, caller, seen | {function})
+            )
             for call in callers
         )
+
+    def _callers(self, function: cst.FunctionDef) -> list[cst.Call]:
+        """The calls of a module-level function and the ``functools.partial`` calls binding it."""
+        name = function.name.value
+        return [*self.calls_by_function_name.get(name, []), *self.partials_by_function_name.get(name, [])]
+
+    def _only_called(self, function: cst.FunctionDef) -> bool:
+        """Whether every use of the function's name in this module calls it, or binds it with
+        ``functools.partial`` to a local name that is only called (``backwards = partial(f, fp16)``,
+        then ``backwards(loss, opt)`` in the same function)."""
+        ctx = self.ctx
+        name = function.name.value
+        partials = {id(arg.value) for call in self.partials_by_function_name.get(name, []) for arg in call.args[:1]}
+        for node in ctx.nodes_of(cst.Name):
+            if node.value != name or node is function.name:
+                continue
+            parent = ctx.parent(node)
+            if isinstance(parent, cst.Attribute) and parent.attr is node:
+                continue
+            if isinstance(parent, cst.Arg) and parent.keyword is node:
+                continue
+            if isinstance(parent, cst.Call) and parent.func is node:
+                continue
+            if id(node) in partials and partial_bound_calls(ctx, ctx.parent(parent)) is not None:  # type: ignore[arg-type]
+                continue
+            return False
+        return True
 
     def _thread_parameter(self, scaler: Scaler, function: cst.FunctionDef) -> bool:
         """Make ``scaler`` a parameter of ``function`` if every caller can pass it.
@@ -292,9 +372,9 @@ class AmpModel:
     def _plan_threaded_parameter(self, scaler: Scaler, function: cst.FunctionDef) -> None:
         """The new parameter of ``function`` and the keyword each caller passes it with."""
         ctx = self.ctx
-        for call in self.calls_by_function_name[function.name.value]:
+        for call in self._callers(function):
             caller = ctx.function_of(call)
-            expression = self._direct_access(scaler, caller)
+            expression = self._direct_access(scaler, caller, call)
             if expression is None and caller is not None and self._thread_parameter(scaler, caller):
                 expression = cst.Name(scaler.name)
             if expression is None:  # ruled out by _can_thread
@@ -445,3 +525,40 @@ def _library_trainer_branch(ctx: ModuleContext, node: cst.CSTNode) -> str | None
         'native backend (`half_precision_backend="auto"`, the default), whose branch here scales the loss with '
         f"`{owner}.scaler`, then delete this `{owner}.use_apex` branch and the Apex import"
     )
+
+
+def partial_bound_calls(ctx: ModuleContext, partial: cst.CSTNode | None) -> list[cst.Call] | None:
+    """For ``g = functools.partial(f, ...)`` in a function: the calls ``g(...)`` there, when ``g`` is
+    bound once in that function and every use of it is such a call; None otherwise."""
+    if not isinstance(partial, cst.Call):
+        return None
+    assign = ctx.parent(partial)
+    function = ctx.function_of(partial)
+    if (
+        function is None
+        or not isinstance(assign, cst.Assign)
+        or assign.value is not partial
+        or len(assign.targets) != 1
+        or not isinstance(assign.targets[0].target, cst.Name)
+    ):
+        return None
+    bound = assign.targets[0].target
+    calls: list[cst.Call] = []
+    for node in ctx.walk(function.body):
+        if not isinstance(node, cst.Name) or node.value != bound.value or node is bound:
+            continue
+        parent = ctx.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            continue
+        if isinstance(parent, cst.Arg) and parent.keyword is node:
+            continue
+        if (
+            isinstance(parent, cst.Call)
+            and parent.func is node
+            and ctx.function_of(parent) is function
+            and ctx.position(parent) > ctx.position(partial)
+        ):
+            calls.append(parent)
+            continue
+        return None
+    return calls

@@ -404,3 +404,40 @@ class Indexer:
                 self.other_imports[scope][bound].append(node)
                 continue
             self.imports[scope][bound].append(Binding(*classified, alias, node))
+
+
+def imported_name(ctx: ModuleContext, modules: frozenset[str], name: str) -> tuple[str, cst.ImportFrom] | None:
+    """The local name of ``from <module> import <name>`` (a module-level import, the name
+    bound nowhere else), with its import statement."""
+    found = None
+    for statement in ctx.nodes_of(cst.ImportFrom):
+        if statement.module is None or dotted_name(statement.module) not in modules or statement.relative:
+            continue
+        if isinstance(statement.names, cst.ImportStar) or ctx.function_of(statement) is not None:
+            continue
+        for alias in statement.names:
+            if dotted_name(alias.name) == name:
+                if found is not None:
+                    return None
+                found = (bound_name(alias), statement)
+    if found is None or rebound(ctx, found[0]):
+        return None
+    return found
+
+
+def rebound(ctx: ModuleContext, local: str) -> bool:
+    """Whether code binds ``local`` (an assignment, def, class, parameter, ``as`` or loop target)."""
+    for name in ctx.nodes_of(cst.Name):
+        if name.value != local:
+            continue
+        parent = ctx.parent(name)
+        if isinstance(parent, cst.AsName) and isinstance(ctx.parent(parent), cst.ImportAlias):
+            continue  # the import itself
+        bound = (
+            (isinstance(parent, cst.AssignTarget) and parent.target is name)
+            or (isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param, cst.AsName)) and parent.name is name)
+            or (isinstance(parent, cst.For) and parent.target is name)
+        )
+        if bound:
+            return True
+    return False

@@ -303,12 +303,22 @@ def _forward_statement(
 
 
 def parameter_callers(
-    ctx: ModuleContext, function: cst.FunctionDef, parameter: str, calls_by_name: dict[str, list[cst.Call]]
+    ctx: ModuleContext,
+    function: cst.FunctionDef,
+    parameter: str,
+    calls_by_name: dict[str, list[cst.Call]],
+    partials_by_name: dict[str, list[cst.Call]] | None = None,
 ) -> list[tuple[cst.Call, cst.BaseExpression]]:
-    """Call sites of ``function`` in this file with the argument given for ``parameter``."""
+    """Call sites of ``function`` in this file with the argument given for ``parameter``; for
+    ``g = functools.partial(function, a)`` (``partials_by_name``), the calls ``g(...)`` (or the
+    ``partial`` call itself where it binds the parameter)."""
     names = [param.name.value for param in function.params.params]
     if parameter not in names:
         return []
+    found_in_partials: list[tuple[cst.Call, cst.BaseExpression]] = []
+    if partials_by_name is not None and ctx.class_of_method(function) is None:
+        for partial in partials_by_name.get(function.name.value, []):
+            found_in_partials.extend(_partial_callers(ctx, partial, names, parameter))
     klass = ctx.class_of_method(function)
     if klass is not None:
         names = names[1:]  # called as self.f(...)
@@ -325,6 +335,30 @@ def parameter_callers(
     found: list[tuple[cst.Call, cst.BaseExpression]] = []
     for call in candidates:
         bound = syntax.bind_arguments(call, names, partial=True)
+        if bound is not None and parameter in bound:
+            found.append((call, bound[parameter].value))
+    return found + found_in_partials
+
+
+def _partial_callers(
+    ctx: ModuleContext, partial: cst.Call, names: list[str], parameter: str
+) -> list[tuple[cst.Call, cst.BaseExpression]]:
+    """The argument ``partial(f, ...)`` gives ``parameter`` (with the partial call), or, where it
+    leaves it open, each call of the name it is bound to with the argument given there."""
+    from migrate.rules._amp import partial_bound_calls  # _amp builds on _context, as this module does
+
+    given = partial.args[1:]
+    positional = [arg for arg in given if arg.keyword is None]
+    if any(arg.star for arg in given):
+        return []
+    if parameter in names[: len(positional)]:
+        return [(partial, positional[names.index(parameter)].value)]
+    keyword = next((arg for arg in given if arg.keyword is not None and arg.keyword.value == parameter), None)
+    if keyword is not None:
+        return [(partial, keyword.value)]
+    found: list[tuple[cst.Call, cst.BaseExpression]] = []
+    for call in partial_bound_calls(ctx, partial) or []:
+        bound = syntax.bind_arguments(call, names[len(positional) :], partial=True)
         if bound is not None and parameter in bound:
             found.append((call, bound[parameter].value))
     return found

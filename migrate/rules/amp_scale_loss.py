@@ -150,7 +150,9 @@ def _plan_autocast(
         while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):
             root = root.value if not isinstance(root, cst.Call) else root.func
         if function is not None and isinstance(root, cst.Name):
-            for caller, argument in parameter_callers(ctx, function, root.value, model.calls_by_function_name):
+            for caller, argument in parameter_callers(
+                ctx, function, root.value, model.calls_by_function_name, model.partials_by_function_name
+            ):
                 found = forward_span(ctx, ctx.statement_of(caller), argument, scaler.model_names)
                 if found is None:
                     ctx.report("AMP020", caller)
@@ -562,7 +564,9 @@ def _managed_optimizers(
     function = ctx.function_of(call)
     if function is not None and isinstance(optimizers, cst.Name):
         # `def backward(loss, optimizer)`: the steps are of what the callers pass
-        for caller, argument in parameter_callers(ctx, function, optimizers.value, model.calls_by_function_name):
+        for caller, argument in parameter_callers(
+            ctx, function, optimizers.value, model.calls_by_function_name, model.partials_by_function_name
+        ):
             keys |= _optimizer_keys(ctx, argument, caller)
     return keys
 
@@ -661,7 +665,8 @@ def _site_callers(
     frontier = [f for f in functions if f is not None]
     while frontier:
         function = frontier.pop()
-        for call in model.calls_by_function_name.get(function.name.value, []):
+        name = function.name.value
+        for call in [*model.calls_by_function_name.get(name, []), *model.partials_by_function_name.get(name, [])]:
             caller = ctx.function_of(call)
             if caller not in result:
                 result.add(caller)
@@ -697,7 +702,19 @@ def _plan_steps(ctx: ModuleContext, model: AmpModel, scaler: Scaler, keys: set[s
     scaler.stepped |= keys
     per_loop = _rewrite_steps(ctx, model, steps)
     for stepped in per_loop.values():
-        for anchor in _update_anchors(ctx, stepped):
+        anchors = _update_anchors(ctx, stepped)
+        if anchors is None:
+            ctx.report(
+                "AMP022",
+                sites[0],
+                "an optimizer passed to amp.scale_loss steps twice in one iteration, once in a branch and once "
+                "after it, and no step that always runs before the second one can take the `scaler.update()` "
+                "GradScaler needs between them, so the amp setup stays as it was: call `scaler.update()` after the "
+                "first step by hand, then run ampmigrate again",
+            )
+            ctx.unfinished.extend(use.base for use in model.of("scale_loss") if use.call in sites)
+            return
+        for anchor in anchors:
             _plan_update(ctx, model, scaler, anchor)
 
 
@@ -875,27 +892,18 @@ def _branch_path(ctx: ModuleContext, statement: cst.CSTNode) -> list[tuple[cst.I
     return path[::-1]
 
 
-def _update_anchors(ctx: ModuleContext, stepped: list[tuple[cst.CSTNode, str]]) -> list[cst.CSTNode]:
+def _update_anchors(ctx: ModuleContext, stepped: list[tuple[cst.CSTNode, str]]) -> list[cst.CSTNode] | None:
     """Where ``scaler.update()`` goes: after the last step of each iteration.
 
-    Steps in exclusive branches of an `if` each get their own update. Steps in one
-    block get one update after the last, or one more each time an optimizer steps a
-    second time (GradScaler allows one step per optimizer between updates).
+    Steps in exclusive branches of an `if` each get their own update. Steps get one
+    update after the last, or one more each time an optimizer steps a second time
+    (GradScaler allows one step per optimizer between updates); None where that extra
+    update cannot go after a step that always runs before the second one.
     """
     statements = [statement for statement, _ in stepped]
     blocks = {id(ctx.block_of(statement)) for statement in statements}
     if len(blocks) == 1:
-        anchors: list[cst.CSTNode] = []
-        seen: set[str] = set()
-        previous: cst.CSTNode | None = None
-        for statement, key in stepped:
-            if key in seen and previous is not None:
-                anchors.append(previous)
-                seen = set()
-            seen.add(key)
-            previous = statement
-        anchors.append(statements[-1])
-        return list(dict.fromkeys(anchors))
+        return list(dict.fromkeys([*(_restepped(stepped) or []), statements[-1]]))
     paths = {statement: _branch_path(ctx, statement) for statement in statements}
     depth = 0
     while True:
@@ -911,8 +919,16 @@ def _update_anchors(ctx: ModuleContext, stepped: list[tuple[cst.CSTNode, str]]) 
             anchors = []
             for side in (True, False):
                 group = [(s, k) for s, k in stepped if paths[s][depth][1] is side]
-                anchors.extend(_update_anchors(ctx, group))
+                found = _update_anchors(ctx, group)
+                if found is None:
+                    return None
+                anchors.extend(found)
             return anchors
+    # an optimizer stepped again later in the iteration (once in an `if`, once after it) needs an
+    # update after the step before: GradScaler allows one step per optimizer between updates
+    again = _restepped(sorted(stepped, key=lambda found: ctx.position(found[0])), ctx)
+    if again is None:
+        return None
     last = statements[-1]
     common = set.intersection(*[set(map(id, _blocks(ctx, s))) for s in statements])
     for block in _blocks(ctx, last):  # innermost first
@@ -920,8 +936,30 @@ def _update_anchors(ctx: ModuleContext, stepped: list[tuple[cst.CSTNode, str]]) 
             current = last
             while ctx.block_of(current) is not block:
                 current = ctx.statement_of(ctx.owner_of_block(ctx.block_of(current)))  # type: ignore[arg-type]
-            return [current]
-    return [last]
+            return list(dict.fromkeys([*again, current]))
+    return list(dict.fromkeys([*again, last]))
+
+
+def _restepped(stepped: list[tuple[cst.CSTNode, str]], ctx: ModuleContext | None = None) -> list[cst.CSTNode] | None:
+    """The steps (in order) right before a step of an optimizer already stepped since the last of them.
+
+    With ``ctx`` (steps in different blocks), such a step must run whenever the earlier step of
+    that optimizer does (every block around it is around that one too); None where one does not:
+    an update there would be skipped on the path that steps the optimizer twice."""
+    anchors: list[cst.CSTNode] = []
+    seen: dict[str, cst.CSTNode] = {}
+    previous: cst.CSTNode | None = None
+    for statement, key in stepped:
+        if key in seen and previous is not None:
+            if ctx is not None and not {id(b) for b in _blocks(ctx, previous)} <= {
+                id(b) for b in _blocks(ctx, seen[key])
+            }:
+                return None
+            anchors.append(previous)
+            seen = {}
+        seen[key] = statement
+        previous = statement
+    return anchors
 
 
 def _blocks(ctx: ModuleContext, statement: cst.CSTNode) -> list[cst.CSTNode]:

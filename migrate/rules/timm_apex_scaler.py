@@ -96,50 +96,13 @@ import libcst as cst
 
 from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall
-from migrate.rules._bindings import bound_name
+from migrate.rules._bindings import bound_name, imported_name, rebound
 from migrate.rules._context import ModuleContext, dotted_name
 from migrate.rules.amp_import import drop_aliases
 
 RULE = "timm_apex_scaler"
 
 _TIMM_UTILS = frozenset({"timm.utils", "timm.utils.cuda"})
-
-
-def _imported(ctx: ModuleContext, modules: frozenset[str], name: str) -> tuple[str, cst.ImportFrom] | None:
-    """The local name of ``from <module> import <name>`` (a module-level import, the name
-    bound nowhere else), with its import statement."""
-    found = None
-    for statement in ctx.nodes_of(cst.ImportFrom):
-        if statement.module is None or dotted_name(statement.module) not in modules or statement.relative:
-            continue
-        if isinstance(statement.names, cst.ImportStar) or ctx.function_of(statement) is not None:
-            continue
-        for alias in statement.names:
-            if dotted_name(alias.name) == name:
-                if found is not None:
-                    return None
-                found = (bound_name(alias), statement)
-    if found is None or _rebound(ctx, found[0]):
-        return None
-    return found
-
-
-def _rebound(ctx: ModuleContext, local: str) -> bool:
-    """Whether code binds ``local`` (an assignment, def, class, parameter, ``as`` or loop target)."""
-    for name in ctx.nodes_of(cst.Name):
-        if name.value != local:
-            continue
-        parent = ctx.parent(name)
-        if isinstance(parent, cst.AsName) and isinstance(ctx.parent(parent), cst.ImportAlias):
-            continue  # the import itself
-        bound = (
-            (isinstance(parent, cst.AssignTarget) and parent.target is name)
-            or (isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param, cst.AsName)) and parent.name is name)
-            or (isinstance(parent, cst.For) and parent.target is name)
-        )
-        if bound:
-            return True
-    return False
 
 
 def _is_o1(level: cst.Arg) -> bool:
@@ -220,7 +183,7 @@ def _native_autocast(ctx: ModuleContext) -> str:
     functools where no name is in its way; a lambda where ``functools`` names something else
     (or is imported only inside a function), which the loop's ``amp_autocast()`` calls alike."""
     arguments = f'"{ctx.options.device}", dtype=torch.{ctx.options.dtype}'
-    found = _imported(ctx, frozenset({"functools"}), "partial")
+    found = imported_name(ctx, frozenset({"functools"}), "partial")
     if found is not None:
         return f"{found[0]}(torch.autocast, {arguments})"
     imported = any(
@@ -228,7 +191,7 @@ def _native_autocast(ctx: ModuleContext) -> str:
         for statement in ctx.nodes_of(cst.Import)
         for alias in statement.names
     )
-    if imported and not _rebound(ctx, "functools"):
+    if imported and not rebound(ctx, "functools"):
         return f"functools.partial(torch.autocast, {arguments})"
     if "functools" not in ctx.all_names():
         ctx.plan.imports.add("functools")
@@ -238,7 +201,7 @@ def _native_autocast(ctx: ModuleContext) -> str:
 
 def _utils_module(ctx: ModuleContext) -> str | None:
     """The name timm.utils is bound to: ``from timm import utils`` or ``import timm.utils as utils``."""
-    found = _imported(ctx, frozenset({"timm"}), "utils")
+    found = imported_name(ctx, frozenset({"timm"}), "utils")
     if found is not None:
         return found[0]
     names = [
@@ -248,7 +211,7 @@ def _utils_module(ctx: ModuleContext) -> str | None:
         for alias in node.names
         if dotted_name(alias.name) == "timm.utils" and alias.asname is not None
     ]
-    return names[0] if len(names) == 1 and not _rebound(ctx, names[0]) else None
+    return names[0] if len(names) == 1 and not rebound(ctx, names[0]) else None
 
 
 @dataclass(frozen=True)
@@ -265,9 +228,9 @@ class _Recipe:
 def _recipe(ctx: ModuleContext, use: AmpCall, made: list[cst.Call], utils: str | None) -> _Recipe | str:
     """The native recipe for ``use`` (an amp.initialize), or why there is none (``utils``: the
     name of ``from timm import utils`` where the scalers are reached as ``utils.ApexScaler``)."""
-    imported = _imported(ctx, _TIMM_UTILS, "NativeScaler")
+    imported = imported_name(ctx, _TIMM_UTILS, "NativeScaler")
     native = f"{utils}.NativeScaler" if utils is not None else imported[0] if imported is not None else None
-    suppress = _imported(ctx, frozenset({"contextlib"}), "suppress")
+    suppress = imported_name(ctx, frozenset({"contextlib"}), "suppress")
     line = _initialize_of_o1(ctx, use.call)
     if line is None:
         return (
@@ -351,7 +314,7 @@ def _inference_recipe(ctx: ModuleContext, use: AmpCall) -> tuple[cst.If, cst.If,
     takes the call then."""
     guard = _inference_initialize(ctx, use.call)
     function = ctx.function_of(use.call)
-    suppress = _imported(ctx, frozenset({"contextlib"}), "suppress")
+    suppress = imported_name(ctx, frozenset({"contextlib"}), "suppress")
     if guard is None or function is None or suppress is None:
         return None
     flag = syntax.code(guard.test)
@@ -406,7 +369,7 @@ def _plan_inference(ctx: ModuleContext) -> None:
 
 def plan(ctx: ModuleContext) -> None:
     _plan_inference(ctx)
-    apex_scaler = _imported(ctx, _TIMM_UTILS, "ApexScaler")
+    apex_scaler = imported_name(ctx, _TIMM_UTILS, "ApexScaler")
     module = _utils_module(ctx) if apex_scaler is None else None
     if apex_scaler is not None:
         spelled = apex_scaler[0]
