@@ -209,7 +209,18 @@ class AmpModel:
         if found is None:
             migrated_nothing = not self.scalers and any(call.api in ("initialize", "init") for call in self.calls)
             code = "AMP023" if not self.scalers and not migrated_nothing else "AMP022"
-            self.ctx.report(code, node, _library_trainer_branch(self.ctx, node) if code == "AMP023" else None)
+            message = _library_trainer_branch(self.ctx, node) if code == "AMP023" else None
+            if migrated_nothing:
+                # the scaler is missing because the set-up stayed: say where, not that it is out of reach
+                setups = [call for call in self.calls if call.api in ("initialize", "init")]
+                lines = sorted({self.ctx.position(call.call)[0] for call in setups})
+                where = ", ".join(map(str, lines))
+                message = (
+                    f"amp.{setups[0].api} (line{'s' if len(lines) > 1 else ''} {where}) was left as it was (its finding "
+                    "there says why), so no GradScaler replaces it and this stays as it was too: fix what that "
+                    "finding names, then run ampmigrate again"
+                )
+            self.ctx.report(code, node, message)
         return found
 
     def can_reach(self, home: cst.FunctionDef | None, klass: cst.ClassDef | None, node: cst.CSTNode) -> bool:
