@@ -889,18 +889,37 @@ def _without_optimizers(bound: dict[str, cst.Arg]) -> bool:
     )
 
 
-def _opt_level(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> tuple[str | None, cst.BaseExpression | None] | None:
+def _opt_level(
+    ctx: ModuleContext, bound: dict[str, cst.Arg], call: cst.Call
+) -> tuple[str | None, cst.BaseExpression | None] | None:
     """The literal opt level, or the expression choosing it at run time; None (reported) if invalid."""
     level_arg = bound.get("opt_level")
     if level_arg is None:
         return "O1", None
     value = syntax.literal(level_arg.value)
+    if value is ... and isinstance(level_arg.value, cst.Name):
+        value = _assigned_literal(ctx, level_arg.value.value, call)
     if isinstance(value, str) and value in ("O0", "O1", "O2", "O3"):
         return value, None
     if value is ...:
         return None, level_arg.value
     ctx.report("AMP005", level_arg, f"opt_level={value!r} is not one of O0-O3 (Apex raised at run time)")
     return None
+
+
+def _assigned_literal(ctx: ModuleContext, name: str, call: cst.Call) -> object:
+    """The literal a name holds at ``call``: ``opt_level = 'O1'`` earlier in the same block, the
+    statements between naming it nowhere (``if HALF: opt_level = 'O1'; net, opt = amp.initialize(...,
+    opt_level=opt_level)``, efficientdet.pytorch); ``...`` where not known."""
+    statement = ctx.statement_of(call)
+    body = list(ctx.block_of(statement).body)
+    for earlier in reversed(body[: body.index(statement)]):
+        assigned = syntax.name_assignment(earlier)
+        if assigned is not None and assigned[0] == name:
+            return syntax.literal(assigned[1])
+        if any(isinstance(node, cst.Name) and node.value == name for node in ctx.walk(earlier)):
+            return ...
+    return ...
 
 
 def _enabled_flag(
@@ -925,7 +944,7 @@ def _enabled_flag(
 
 def _read_settings(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> _Settings | None:
     """When amp is on (opt level, ``enabled=``, guarding ifs) and where the scaler is created."""
-    level_read = _opt_level(ctx, found.bound)
+    level_read = _opt_level(ctx, found.bound, found.call)
     if level_read is None:
         return None
     level, level_expression = level_read
