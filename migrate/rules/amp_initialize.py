@@ -912,7 +912,7 @@ def _assigned_literal(ctx: ModuleContext, name: str, call: cst.Call) -> object:
     statements between naming it nowhere (``if HALF: opt_level = 'O1'; net, opt = amp.initialize(...,
     opt_level=opt_level)``, efficientdet.pytorch); ``...`` where not known."""
     statement = ctx.statement_of(call)
-    body = list(ctx.block_of(statement).body)
+    body: list[cst.CSTNode] = list(ctx.block_of(statement).body)
     for earlier in reversed(body[: body.index(statement)]):
         assigned = syntax.name_assignment(earlier)
         if assigned is not None and assigned[0] == name:
