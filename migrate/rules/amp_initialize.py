@@ -717,11 +717,19 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
             arg.keyword.value for arg in call.args if arg.keyword is not None and arg.keyword.value not in PARAMETERS
         ]
         what = f"the keyword {', '.join(unknown)} (not an amp.initialize argument)" if unknown else "*args/**kwargs"
+        native = _native_scaler_beside(ctx, call)
         ctx.report(
             "AMP010",
             call,
             f"amp.initialize with {what}: delete the call and create "
-            '`scaler = torch.amp.GradScaler("cuda")` where the training loop can reach it',
+            '`scaler = torch.amp.GradScaler("cuda")` where the training loop can reach it'
+            + (
+                f"; this class already makes a native one (`{ctx.code(native)}`, line {ctx.position(native)[0]}) "
+                "for its torch.amp path: train through that path and delete this Apex branch with the amp calls "
+                "made under the same switch"
+                if native is not None
+                else ""
+            ),
         )
         return None
 
@@ -733,6 +741,26 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
         optimizers, inference = None, True
     alias = _result_alias(target, models, optimizers) if target is not None else None
     return SetupCall(use, statement, bound, models, inference, alias)
+
+
+def _native_scaler_beside(ctx: ModuleContext, call: cst.Call) -> cst.Call | None:
+    """A GradScaler the class around ``call`` makes itself (``self.amp_grad_scaler = TorchGradScaler()``
+    beside the Apex branch, facebookresearch/ClassyVision and vissl), if any."""
+    function = ctx.function_of(call)
+    klass = ctx.class_of_method(function) if function is not None else None
+    if klass is None:
+        return None
+    for node in ctx.walk(klass):
+        if not isinstance(node, cst.Call):
+            continue
+        name = dotted_name(node.func)
+        binding = ctx.resolve(name, node) if name is not None and "." not in name else None
+        native = (
+            binding is not None and binding.kind == "torch_amp" and binding.target.endswith("GradScaler")
+        ) or name in ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.GradScaler")
+        if native:
+            return node
+    return None
 
 
 def _found_none(ctx: ModuleContext, statement: cst.CSTNode, value: cst.BaseExpression) -> bool:
