@@ -4,9 +4,12 @@ What it rewrites
     The ``with`` block goes and every use of the scaled loss becomes
     ``scaler.scale(loss)``, keeping backward's arguments. The forward pass and loss
     computation feeding the loss move under ``torch.autocast`` (found by following the
-    loss back to the model call, also across a ``backward(self, loss)`` helper). Each
-    ``step()`` of an optimizer passed to ``scale_loss`` becomes ``scaler.step(opt)``,
-    followed by one ``scaler.update()`` after the last step of the iteration.
+    loss back to the model call, also across a ``backward(self, loss)`` helper and the
+    ``g = functools.partial(helper, ...)`` that binds one). Each ``step()`` of an optimizer
+    passed to ``scale_loss`` becomes ``scaler.step(opt)``, followed by one
+    ``scaler.update()`` after the last step of the iteration, and one more after a step of
+    an optimizer that steps again later in the iteration (GradScaler allows one step per
+    optimizer between updates).
     ``delay_unscale`` (gradient accumulation), ``loss_id`` and ``model`` go: the steps the
     code already guards are the accumulation boundary, and one scaler serves all losses.
     A ``step()`` right after ``zero_grad()`` has no gradients to apply and stays as it was
