@@ -1276,8 +1276,17 @@ class ProjectPlan:
         def apis(path: str) -> set[str]:
             return modules[path].amp_apis if path in modules else set()
 
+        def trains(path: str) -> bool:
+            # its own amp calls, and those through the amp module kept on an object or passed in
+            # (`self.amp = amp` then `self.amp.scale_loss(...)`: adik0861/RetinaNet train_epoch.py)
+            if path not in modules:
+                return False
+            summary = modules[path]
+            carried = {use.api for use in (*summary.unbound_uses, *summary.parameter_uses)}
+            return bool((summary.amp_apis | carried) & {"initialize", "scale_loss"})
+
         # an inference amp.init has no bearing: removed, it leaves float32 code the helpers suit
-        training = [path for path in outcome if apis(path) & {"initialize", "scale_loss"}]
+        training = [path for path in outcome if trains(path)]
         kept = [path for path in training if outcome[path].amp_left]
         migrated = [path for path in training if outcome[path].amp_migrated]
         found: dict[str, str] = {}
@@ -1410,7 +1419,11 @@ class ProjectPlan:
                     "give it a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
                     f"`scaler.update()`){'' if given else ', or include its module'}, then run ampmigrate again"
                 )
-            elif path in alone and not _trains(path) and (handed := self._optimizer_out_of_sight(path)) is not None:
+            elif (
+                (path in alone or self._no_member_shares_its_setup(path))
+                and not _trains(path)
+                and (handed := self._optimizer_out_of_sight(path)) is not None
+            ):
                 # the same, for an optimizer handed straight to library code (mmcv's build_runner,
                 # a trainer class of a package): that code trains it out of sight
                 callee, line = handed
@@ -1602,6 +1615,24 @@ class ProjectPlan:
                     "migrate it first)"
                 )
         return None
+
+    def _no_member_shares_its_setup(self, path: str) -> bool:
+        """Whether no other module of ``path``'s group can run its training under ``path``'s
+        amp.initialize: each one that calls amp makes an amp.initialize of its own (a training
+        script beside a helper module whose learning-rate finder initializes amp again for
+        a library: RobbieEarle/vector_projects trainer.py and util.py), so nothing threads
+        ``path``'s scaler anywhere."""
+        modules = self.index.modules
+        for group in self.groups:
+            if path not in group.paths:
+                continue
+            for other in group.paths:
+                summary = modules[other]
+                calls = summary.amp_apis | {use.api for use in (*summary.unbound_uses, *summary.parameter_uses)}
+                if other != path and calls - {"initialize"} - _CAST_FUNCTION_APIS and "initialize" not in calls:
+                    return False
+            return True
+        return True
 
     def _optimizer_out_of_sight(self, path: str) -> tuple[str, int] | None:
         """The first call that hands what ``path``'s ``amp.initialize`` returned for its optimizer

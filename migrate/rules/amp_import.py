@@ -560,6 +560,9 @@ def _why_its_flags_matter(
     exported = ctx.options.facts.exported
     if flags & exported or "*" in exported:
         return f"other modules import the flag it sets ({spelled}) from here"
+    returning = _function_returning(ctx, flags)
+    if returning is not None:
+        return f"`{returning}()` returns the flag it sets ({spelled}) to its callers, where code may still import Apex under it"
     for scope_imports in ctx.imports.values():
         for bindings in scope_imports.values():
             for binding in bindings:
@@ -754,6 +757,19 @@ def drop_aliases(ctx: ModuleContext, statement: cst.Import | cst.ImportFrom, ali
     ctx.plan.replace[statement] = shrink
 
 
+def _function_returning(ctx: ModuleContext, flags: set[str]) -> str | None:
+    """The name of a function of the module that returns one of the probe's ``flags``
+    (``def is_apex_available(): return _has_apex`` in a vendored Hugging Face file_utils.py), or
+    None: its callers may import Apex under it, so the flag must keep saying whether Apex is installed."""
+    for node in ctx.walk(ctx.module):
+        if isinstance(node, cst.Return) and node.value is not None:
+            function = ctx.function_of(node)
+            names = {dotted_name(name) for name in ctx.walk(node.value) if isinstance(name, (cst.Name, cst.Attribute))}
+            if function is not None and names & flags:
+                return function.name.value
+    return None
+
+
 def _escaping_probe(ctx: ModuleContext, binding: Binding) -> bool:
     """Whether an amp import nothing here uses only sets a flag that code elsewhere reads, and so
     reports AMP043: ``def is_apex_available(): try: from apex import amp ... return True``, or a
@@ -773,7 +789,7 @@ def _escaping_probe(ctx: ModuleContext, binding: Binding) -> bool:
             for name in [dotted_name(node.target)]
             if name is not None
         }
-        if not (flags & exported or "*" in exported):
+        if not (flags & exported or "*" in exported or _function_returning(ctx, flags) is not None):
             return False
     ctx.report(
         "AMP043",
