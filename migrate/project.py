@@ -1252,8 +1252,11 @@ class ProjectPlan:
                 if kept_by != facts.amp_kept_by:
                     again[path] = replace(facts, amp_kept_by=kept_by)
                 continue
-            # every module that took amp from here no longer uses it
-            again[path] = replace(facts, exported=facts.exported - self.index.modules[path].amp_names - {"*"})
+            # every module that took amp from here no longer uses it (once: what else other modules
+            # import from here stays exported, and facts that did not change would never settle)
+            exported = facts.exported - self.index.modules[path].amp_names - {"*"}
+            if exported != facts.exported:
+                again[path] = replace(facts, exported=exported)
         if not again:
             # once every amp setup has settled: which of them stay on Apex is known only then
             for path, reason in self._cast_functions_beside_apex(outcome).items():
