@@ -45,7 +45,8 @@ Not rewritten (reported instead)
     name whose uses here were migrated but that other modules import from this one, or that
     ``__all__`` lists: its import stays and the message names them), an
     ``import apex`` that only checks that Apex is installed (AMP043; one whose ``try`` only
-    imports Apex and ignores its failure, ``except ImportError: pass``, goes). Their imports stay so
+    imports Apex and ignores its failure, ``except ImportError: pass`` or only a message that
+    Apex is missing, goes). Their imports stay so
     the code keeps running where Apex is installed.
 
 References
@@ -591,8 +592,11 @@ def _probe_kept_because(
 
 
 def _failure_ignored(owner: cst.Try) -> bool:
-    """A ``try`` whose every handler catches ImportError and only passes, without ``else`` or
-    ``finally``: what its body imports is optional and nothing marks whether it was found."""
+    """A ``try`` whose every handler catches ImportError (or everything: ``except:``,
+    ``except Exception:``) and only passes or says that Apex is missing
+    (``print("No APEX!")``), without ``else`` or ``finally``: what its body imports is
+    optional and nothing marks whether it was found. Once the code needs no Apex, the message
+    would only announce a missing package nothing uses."""
     if owner.orelse is not None or owner.finalbody is not None or not owner.handlers:
         return False
     # its body only imports Apex: deleting one import lets no other code run where it did not
@@ -610,21 +614,21 @@ def _failure_ignored(owner: cst.Try) -> bool:
     for handler in owner.handlers:
         caught = handler.type
         names = [element.value for element in caught.elements] if isinstance(caught, cst.Tuple) else [caught]
-        if not all(
-            isinstance(name, cst.Name) and name.value in ("ImportError", "ModuleNotFoundError") for name in names
+        if caught is not None and not all(
+            isinstance(name, cst.Name) and name.value in _IMPORT_ERRORS for name in names
         ):
             return False
         block = handler.body
-        passes: list[cst.CSTNode] = (
-            [small for line in block.body if isinstance(line, cst.SimpleStatementLine) for small in line.body]
-            if isinstance(block, cst.IndentedBlock)
-            else list(block.body)
-        )
         if isinstance(block, cst.IndentedBlock) and not all(
             isinstance(line, cst.SimpleStatementLine) for line in block.body
         ):
             return False
-        if not all(isinstance(small, cst.Pass) for small in passes):
+        lines = block.body if isinstance(block, cst.IndentedBlock) else [block]
+        if not all(
+            isinstance(small, cst.Pass) or _announces_apex(cst.SimpleStatementLine(body=[small]))
+            for line in lines
+            for small in line.body  # type: ignore[attr-defined]
+        ):
             return False
     return True
 
