@@ -619,15 +619,13 @@ def _failure_ignored(owner: cst.Try) -> bool:
         ):
             return False
         block = handler.body
-        if isinstance(block, cst.IndentedBlock) and not all(
-            isinstance(line, cst.SimpleStatementLine) for line in block.body
-        ):
-            return False
-        lines = block.body if isinstance(block, cst.IndentedBlock) else [block]
+        smalls: list[cst.BaseSmallStatement] = []
+        for line in block.body if isinstance(block, cst.IndentedBlock) else [block]:
+            if not isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+                return False
+            smalls.extend(line.body)
         if not all(
-            isinstance(small, cst.Pass) or _announces_apex(cst.SimpleStatementLine(body=[small]))
-            for line in lines
-            for small in line.body  # type: ignore[attr-defined]
+            isinstance(small, cst.Pass) or _announces_apex(cst.SimpleStatementLine(body=[small])) for small in smalls
         ):
             return False
     return True
