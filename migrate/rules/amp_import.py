@@ -619,13 +619,13 @@ def _failure_ignored(owner: cst.Try) -> bool:
         ):
             return False
         block = handler.body
-        smalls: list[cst.BaseSmallStatement] = []
+        said: list[cst.BaseSmallStatement] = []
         for line in block.body if isinstance(block, cst.IndentedBlock) else [block]:
             if not isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
                 return False
-            smalls.extend(line.body)
+            said.extend(line.body)
         if not all(
-            isinstance(small, cst.Pass) or _announces_apex(cst.SimpleStatementLine(body=[small])) for small in smalls
+            isinstance(small, cst.Pass) or _announces_apex(cst.SimpleStatementLine(body=[small])) for small in said
         ):
             return False
     return True
