@@ -901,7 +901,18 @@ def _report_leftovers(
                         anchor = (
                             binding.statement if isinstance(binding.statement.names, cst.ImportStar) else binding.alias
                         )
-                        ctx.report("AMP040", anchor, f"{binding.target}: {_replacement(binding.target)}")
+                        kept = _kept_by_their_rule(ctx, [name for name in uses if name not in ctx.consumed])
+                        ctx.report(
+                            "AMP040",
+                            anchor,
+                            (
+                                f"{binding.target}: {_replacement(binding.target)}"
+                                if kept is None
+                                else f"{binding.target} stays imported: its uses here are kept on purpose "
+                                f"({kept}: see the findings there, which name the code to write); delete "
+                                f"`{syntax.code(binding.statement).strip()}` once they are migrated"
+                            ),
+                        )
                     elif scope is ctx.module and not isinstance(binding.statement.names, cst.ImportStar):
                         _report_exported(ctx, binding, bound)
                 elif binding.kind == "apex" and id(binding.alias) not in reported:
@@ -924,6 +935,23 @@ def _report_leftovers(
                                 f"in this module uses the name, and it stays: {why}"
                             ),
                         )
+
+
+def _kept_by_their_rule(ctx: ModuleContext, uses: list[cst.Name]) -> str | None:
+    """The lines where a rule said why it kept each of ``uses`` (AMP042), or None when some
+    use has no such word: then the import's own message says what to write (a generic "use
+    torch.optim.AdamW" would contradict a rule that kept the optimizer for its wrapper)."""
+    kept = {(finding.line, finding.column) for finding in ctx.findings if finding.code == "AMP042"}
+    lines = []
+    for name in uses:
+        line, column = ctx.position(name)
+        if (line, column) not in kept:
+            return None
+        lines.append(line)
+    if not lines:
+        return None
+    shown = sorted(set(lines))
+    return f"line{'s' if len(shown) > 1 else ''} {', '.join(str(line) for line in shown)}"
 
 
 def _report_exported(ctx: ModuleContext, binding: Binding, bound: str) -> None:
