@@ -698,11 +698,8 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
     call = use.call
     statement = ctx.statement_of(call)
     small = syntax.sole_statement(statement)
-    if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1:
-        target: cst.BaseExpression | None = small.targets[0].target
-    elif isinstance(small, cst.Expr) and small.value is call:
-        target = None
-    else:
+    target: cst.BaseExpression | None = syntax.target_of(statement, call)
+    if target is None and not (isinstance(small, cst.Expr) and small.value is call):
         ctx.report(
             "AMP010",
             call,
