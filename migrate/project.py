@@ -1406,12 +1406,12 @@ class ProjectPlan:
                     goes = (
                         f"the model and optimizer go to `{callee}` at line {line}, from {self.display(module)}, "
                         "which trains without Apex's scale_loss (a plain `loss.backward()` or a GradScaler of "
-                        "its own); Apex O1 ran its forward pass in float16"
+                        "its own); Apex (at O1, O2 or O3) ran its forward pass in float16"
                     )
                 else:
                     goes = (
                         f"the model and optimizer leave `{setup}` for code out of sight (a caller, a trainer class "
-                        "or a module not given), whose forward pass Apex O1 ran in float16 even with a plain "
+                        "or a module not given), whose forward pass Apex (at O1, O2 or O3) ran in float16 even with a plain "
                         "`loss.backward()` or none"
                     )
                 reason = (
@@ -1432,7 +1432,7 @@ class ProjectPlan:
                 callee, line = handed
                 reason = (
                     f"amp.initialize is given an optimizer, and what it returns is handed to `{callee}` at line "
-                    f"{line}, code out of sight that may train with it: Apex O1 ran that training's forward pass "
+                    f"{line}, code out of sight that may train with it: Apex (at O1, O2 or O3) ran that training's forward pass "
                     "in float16 even with a plain `loss.backward()`, and removing the initialize would run it in "
                     "float32 without a word, while the GradScaler that would replace it reaches no backward. Put "
                     'that code\'s forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):` '
