@@ -1610,10 +1610,10 @@ class ProjectPlan:
             creator = os.path.abspath(other) == os.path.abspath(path)
             calls = [text.count("\n", 0, at) + 1 for at in _calls_of(built, text)]
             if creator:
-                # the calls that build the setup's runner (those of each branch of its ``if``) are
+                # the calls that build the setup's runner (one in each branch of its ``if``) are
                 # one, and one ``register_training_hooks`` on it is expected
-                inside = [line for line in calls if setup.span[0] <= line <= setup.span[1]]
-                calls = [line for line in calls if line not in inside] + inside[:1]
+                inside = [line for line in calls if line in setup.builds]
+                calls = [line for line in calls if line not in setup.builds] + inside[:1]
             allowed = 1 if creator else 0
             if others is None and (
                 len(calls) > (2 * allowed if "register_training_hooks" in text else allowed)

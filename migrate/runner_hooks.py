@@ -49,6 +49,8 @@ class RunnerSetup:
     # a plain call, but the runner is built in a block that may not run after it, or may leave
     # the name bound to another runner (an ``if`` with no ``else``, a loop)
     branched: bool = False
+    # the lines of the statements that bind the runner there (one per branch of that ``if``)
+    builds: tuple[int, ...] = ()
 
 
 def runner_setup(tree: ast.Module, optimizers: set[str], initialize_line: int) -> RunnerSetup | None:
@@ -107,6 +109,11 @@ def runner_setup(tree: ast.Module, optimizers: set[str], initialize_line: int) -
                     (top.lineno, top.end_lineno or top.lineno) if top is not None else (0, 0),
                     scope.lineno if not isinstance(scope, ast.Module) else 0,
                     branched,
+                    tuple(
+                        node.lineno
+                        for node in (_statements([top]) if top is not None else ())
+                        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [runner]
+                    ),
                 )
         return None
     return None

@@ -469,6 +469,22 @@ def test_runner_hook_named_anywhere_else_keeps_the_setup(tmp_path: Path, edit: t
     assert f"{where} may hand them to it" in creator
 
 
+def test_another_runner_in_a_branch_of_the_if_that_picks_the_runner_stays(tmp_path: Path) -> None:
+    """The branches of the if/else that builds the runner count as one construction only where
+    each call binds the runner: a spare runner built beside it could run the registered hook."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_class_picked_in_an_if_else" / "in", root)
+    train = root / "vidlib" / "apis" / "train.py"
+    text = train.read_text()
+    built = "        runner = Runner(model, optimizer=optimizer, work_dir=cfg.work_dir)\n"
+    assert built in text
+    train.write_text(text.replace(built, built.replace("runner =", "spare =") + built))
+    before = _tree(root)
+    creator = _runner_messages(root)["vidlib/apis/train.py"]
+    assert _tree(root) == before
+    assert "vidlib/apis/train.py may build another runner" in creator
+
+
 def test_runner_built_in_two_ifs_says_so(tmp_path: Path) -> None:
     """SwinTransformer/Video-Swin-Transformer picks the runner class in an if/else after the
     initialize (migrated: fixtures/project/runner_class_picked_in_an_if_else); built in two ifs
