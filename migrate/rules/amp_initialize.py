@@ -730,7 +730,7 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
             "amp.initialize with *args/**kwargs: the settings it applies (opt_level, loss_scale, num_losses, ...) are "
             "known only at run time, so the code they ask for cannot be written here. Spell them out in the call "
             '(`amp.initialize(model, optimizer, opt_level="O1")`) and run ampmigrate again; or, for O1 with a '
-            'dynamic scale: delete the call, create `scaler = torch.amp.GradScaler("cuda")` where the training '
+            'dynamic scale, delete the call, create `scaler = torch.amp.GradScaler("cuda")` where the training '
             'loop can reach it, and run the forward pass and loss under `torch.autocast("cuda", dtype=torch.float16)` '
             "(the call removed alone would train in float32)",
         )
