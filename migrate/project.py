@@ -1633,6 +1633,11 @@ class ProjectPlan:
                     f"{self.display(other)} imports Apex too, and is not among them (include it in the run, or "
                     "migrate it first)"
                 )
+            imported = _IMPORTS_BY_NAME.search(text)
+            if private is None and imported is not None:
+                # a module imported by a string (a config's) could be the one that holds them
+                at = text.count("\n", 0, imported.start()) + 1
+                private = f"`{imported.group(1)}` at {self.display(other)}:{at}"
             if private is None and mentioned is not None and mentioned.search(text):
                 tree = _tree(other)
                 foreign = (
@@ -2135,6 +2140,7 @@ _AMP_INITIALIZE = re.compile(rb"\bamp\s*\.\s*initialize\s*\(")
 # `copy.deepcopy(model)`, `torch.save(model, ...)`: the instance attribute `model.forward` the
 # migration sets would not follow the copy
 _COPIES_THE_MODEL = re.compile(r"\b(deepcopy|torch\.save|pickle\.dumps?)\(\s*(self\.|runner\.)?model\b")
+_IMPORTS_BY_NAME = re.compile(r"\b(import_module|__import__|import_modules_from_strings)\s*\(")
 _IMPORTS_APEX = re.compile(r"^\s*(import\s+apex\b|from\s+apex\b)", re.M)
 
 

@@ -455,6 +455,14 @@ def test_runner_hook_another_runner_could_get_names_how(tmp_path: Path, case: st
         ),
         # the class kept as a value: any code could make one from it
         (("sslib/hooks/keep.py", "from .step_hook import StepHook\n\nKEPT = [StepHook]\n"), "sslib/hooks/keep.py:3"),
+        # a module imported by a config's string could be the hooks package
+        (
+            (
+                "sslib/plugins.py",
+                "import importlib\n\n\ndef load(cfg):\n    return importlib.import_module(cfg.module)\n",
+            ),
+            "sslib/plugins.py:5",
+        ),
     ],
 )
 def test_runner_hook_named_anywhere_else_keeps_the_setup(tmp_path: Path, edit: tuple[str, str], where: str) -> None:
