@@ -1526,8 +1526,15 @@ class ProjectPlan:
             return None
         threading = runner_hooks.threading(trees) if setup.plain else None
         scalers = result.scalers
-        other = self._other_runners(path, related, setup.builder, trees) if threading else None
-        if not setup.plain:
+        other = self._other_runners(path, related, setup, trees) if threading else None
+        if setup.branched:
+            why = (
+                f"the runner is built at line {setup.line} in a block of the function that may not build it on every "
+                "path after the call (it is migrated where that statement is in the function's own block, or in an "
+                "`if` whose every branch, `else` included, binds the runner once in plain statements): "
+                f"`{setup.runner}.scaler = scaler` after it could miss the runner the hooks run on"
+            )
+        elif not setup.plain:
             why = (
                 'it is migrated only where the call is `amp.initialize(model, optimizer, opt_level="O1")` in the '
                 "function that builds the runner (in the same block, or in `if`s there), and this one is not"
@@ -1581,29 +1588,54 @@ class ProjectPlan:
             )
         return reasons
 
-    def _other_runners(self, path: str, related: list[str], builder: str, trees: dict[str, ast.Module]) -> str | None:
+    def _other_runners(
+        self, path: str, related: list[str], setup: runner_hooks.RunnerSetup, trees: dict[str, ast.Module]
+    ) -> str | None:
         """Why the runner ``path`` builds may not be the only one to run the hooks and runner methods
         of ``related``: another ``builder(...)`` call or ``register_training_hooks(...)``
         (config-driven) in the program's files, a construction of one of their classes by name, or
         a module of the program that imports Apex and is not among them (not given, or another
-        setup); None if nothing does (read only for a runner setup)."""
+        setup); None if nothing does (read only for a runner setup).
+
+        Other runners do not count where no other runner can get one of those classes: each is
+        undecorated (no registry), and the program names it only where it is defined, imported
+        and, in the function that builds the setup's runner, made for that runner alone
+        (``migrate.runner_hooks.foreign_uses``), with no module that holds it read as a value
+        (``getattr(hooks, cfg.type)``): open-mmlab/OpenSelfSup's ``_non_dist_train``, whose runner
+        is given the optimizer hook's config, cannot build its ``DistOptimizerHook``."""
         classes = {node.name for tree in trees.values() for node in tree.body if isinstance(node, ast.ClassDef)}
         constructed = (
             re.compile(r"\b(" + "|".join(re.escape(name) for name in sorted(classes)) + r")\s*\(") if classes else None
         )
-        built = re.compile(rf"\b{re.escape(builder.split('.')[-1])}\s*\(|\bregister_training_hooks\s*\(")
+        mentioned = (
+            re.compile(r"\b(" + "|".join(re.escape(name) for name in sorted(classes)) + r")\b") if classes else None
+        )
+        built = re.compile(rf"\b{re.escape(setup.builder.split('.')[-1])}\s*\(|\bregister_training_hooks\s*\(")
         folders = [_import_root(p) for p in [path, *related]]
         top = os.path.commonpath(folders)
         members = {os.path.abspath(p) for p in [path, *related]}
+        others: str | None = None  # the first other runner or construction of a class, by name
+        holders: set[str] = set()  # the modules that hold one of the classes, by their last name
+        private: str | None = None  # where another runner could get one of the classes
+        files = []
         for read, other in enumerate(_python_files(top), start=1):
             if read > _RUNNER_FILES_READ:
                 return f"the program under {top} has more than {_RUNNER_FILES_READ} files to search for other runners"
+            files.append(other)
             text = _text(other)
-            allowed = 1 if os.path.abspath(other) == os.path.abspath(path) else 0
-            if len(_calls_of(built, text)) > (2 * allowed if "register_training_hooks" in text else allowed) or (
-                constructed is not None and _calls_of(constructed, text)
+            creator = os.path.abspath(other) == os.path.abspath(path)
+            calls = [text.count("\n", 0, at) + 1 for at in _calls_of(built, text)]
+            if creator:
+                # the calls that build the setup's runner (one in each branch of its ``if``) are
+                # one, and one ``register_training_hooks`` on it is expected
+                inside = [line for line in calls if line in setup.builds]
+                calls = [line for line in calls if line not in setup.builds] + inside[:1]
+            allowed = 1 if creator else 0
+            if others is None and (
+                len(calls) > (2 * allowed if "register_training_hooks" in text else allowed)
+                or (constructed is not None and _calls_of(constructed, text))
             ):
-                return (
+                others = (
                     f"{self.display(other)} may build another runner (or register hooks from a config) that would "
                     "run them without it"
                 )
@@ -1616,6 +1648,56 @@ class ProjectPlan:
                 return (
                     f"{self.display(other)} imports Apex too, and is not among them (include it in the run, or "
                     "migrate it first)"
+                )
+            imported = _IMPORTS_BY_NAME.search(text)
+            if private is None and imported is not None:
+                # a module imported by a string (a config's) could be the one that holds them
+                at = text.count("\n", 0, imported.start()) + 1
+                private = f"`{imported.group(1)}` at {self.display(other)}:{at}"
+            if private is None and mentioned is not None and mentioned.search(text):
+                tree = _tree(other)
+                foreign = (
+                    runner_hooks.foreign_uses(tree, classes, setup.function if creator else 0, setup.runner)
+                    if tree is not None
+                    else "?:0"
+                )
+                if foreign is not None:
+                    name, line = foreign.rsplit(":", 1)
+                    private = f"`{name}` at {self.display(other)}:{line}"
+                holders.add(_module_stem(other))
+        if others is None:
+            return None
+        if private is not None:
+            # what keeps a hook class from being only the setup runner's
+            return (
+                f"{others}, and {private} may hand them to it (a hook class made only in the function that "
+                "builds this runner and registered only on it, with no registry, subclass, string or lookup by "
+                "name in the program, would not keep it)"
+            )
+        if not classes or not holders or not self._built_once(path, setup):
+            return others
+        # a module that star-imports one that holds them holds them too
+        stars = re.compile(r"^\s*from\s+\S*?\b(" + "|".join(map(re.escape, sorted(holders))) + r")\s+import\s+\*", re.M)
+        for other in files:
+            if stars.search(_text(other)):
+                holders.add(_module_stem(other))
+                # its names read by a string (``globals()[cfg.type]``) would find them too
+                tree = _tree(other)
+                found = runner_hooks.foreign_uses(tree, classes, 0, setup.runner) if tree is not None else "?:0"
+                if found is not None:
+                    return f"{others}, and {self.display(other)} star-imports their classes and reads its names by a string"
+        named = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b")
+        for other in files:
+            text = _text(other)
+            if not named.search(text):
+                continue
+            tree = _tree(other)
+            found = runner_hooks.module_values(tree, holders) if tree is not None else "?:0"
+            if found is not None:
+                name, line = found.rsplit(":", 1)
+                return (
+                    f"{others}, and `{name}` at {self.display(other)}:{line} reads a module that holds their "
+                    "classes as a value (a lookup by a config's name could build one there)"
                 )
         return None
 
@@ -1636,6 +1718,25 @@ class ProjectPlan:
                     return False
             return True
         return True
+
+    def _built_once(self, path: str, setup: runner_hooks.RunnerSetup) -> bool:
+        """Whether the function that builds the setup's runner binds the runner's name only there."""
+        tree = _tree(path)
+        if tree is None:
+            return False
+        function = next(
+            (
+                node
+                for node in ast.walk(tree)
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno == setup.function
+            ),
+            None,
+        )
+        return function is not None and all(
+            setup.span[0] <= node.lineno <= setup.span[1]
+            for node in ast.walk(function)
+            if isinstance(node, ast.Name) and node.id == setup.runner and isinstance(node.ctx, ast.Store)
+        )
 
     def _optimizer_out_of_sight(self, path: str) -> tuple[str, int] | None:
         """The first call that hands what ``path``'s ``amp.initialize`` returned for its optimizer
@@ -2073,6 +2174,7 @@ _AMP_INITIALIZE = re.compile(rb"\bamp\s*\.\s*initialize\s*\(")
 # `copy.deepcopy(model)`, `torch.save(model, ...)`: the instance attribute `model.forward` the
 # migration sets would not follow the copy
 _COPIES_THE_MODEL = re.compile(r"\b(deepcopy|torch\.save|pickle\.dumps?)\(\s*(self\.|runner\.)?model\b")
+_IMPORTS_BY_NAME = re.compile(r"\b(import_module|__import__|import_modules_from_strings)\s*\(")
 _IMPORTS_APEX = re.compile(r"^\s*(import\s+apex\b|from\s+apex\b)", re.M)
 
 
@@ -2165,6 +2267,12 @@ def _calls_of(pattern: re.Pattern[str], text: str) -> list[int]:
         if not re.fullmatch(r"\s*(def|class)\s+", text[line_start : match.start()]):
             found.append(match.start())
     return found
+
+
+def _module_stem(path: str) -> str:
+    """The last name of the module at ``path`` (its package's, for an ``__init__.py``)."""
+    name = os.path.basename(path)[:-3]
+    return os.path.basename(os.path.dirname(os.path.abspath(path))) if name == "__init__" else name
 
 
 def _import_root(path: str) -> str:

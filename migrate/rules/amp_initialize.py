@@ -713,12 +713,23 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
         unknown = [
             arg.keyword.value for arg in call.args if arg.keyword is not None and arg.keyword.value not in PARAMETERS
         ]
-        what = f"the keyword {', '.join(unknown)} (not an amp.initialize argument)" if unknown else "*args/**kwargs"
+        if unknown:
+            ctx.report(
+                "AMP010",
+                call,
+                f"amp.initialize with the keyword {', '.join(unknown)} (not an amp.initialize argument): delete the "
+                'call and create `scaler = torch.amp.GradScaler("cuda")` where the training loop can reach it',
+            )
+            return None
         ctx.report(
             "AMP010",
             call,
-            f"amp.initialize with {what}: delete the call and create "
-            '`scaler = torch.amp.GradScaler("cuda")` where the training loop can reach it',
+            "amp.initialize with *args/**kwargs: the settings it applies (opt_level, loss_scale, num_losses, ...) are "
+            "known only at run time, so the code they ask for cannot be written here. Spell them out in the call "
+            '(`amp.initialize(model, optimizer, opt_level="O1")`) and run ampmigrate again; or, for O1 with a '
+            'dynamic scale, delete the call, create `scaler = torch.amp.GradScaler("cuda")` where the training '
+            'loop can reach it, and run the forward pass and loss under `torch.autocast("cuda", dtype=torch.float16)` '
+            "(the call removed alone would train in float32)",
         )
         return None
 
