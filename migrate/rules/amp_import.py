@@ -800,6 +800,14 @@ def _value_use(ctx: ModuleContext, name: cst.Name) -> str:
     statement = " ".join(ctx.code(ctx.statement_of(name)).split())
     if len(statement) > 100:
         statement = statement[:97] + "..."
+    refused = ctx.carriers.refused.get(name)
+    if refused is not None:
+        return (
+            f"`{statement}` stores the Apex amp module for code that scales through the attribute, which "
+            f"ampmigrate would make a GradScaler, but {refused}: make the GradScaler by hand (`init_scale=`, "
+            "`scaler.update(new_scale=...)` after each step where the scale is static) or pass a dynamic scale, "
+            "then run ampmigrate again"
+        )
     if any(isinstance(node, cst.AssignTarget) for node in ctx.ancestors(name)):
         return (
             f"`{statement}` binds the name of the Apex amp module to another value: on the paths where it holds "
