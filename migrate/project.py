@@ -729,13 +729,15 @@ def _join_carriers(index: ProjectIndex, parent: dict[str, str], find: Callable[[
     stored = {path: index.modules[path].amp_stores for path in parent if index.modules[path].amp_stores}
     read = {path: index.modules[path].carried_uses for path in parent if index.modules[path].carried_uses}
     pairs = [(a, b) for a in stored for b in read if find(a) != find(b) and stored[a] & read[b]]
+    files: list[tuple[str, bytes]] = []  # the project's files, read once for every pair
     for a, b in pairs:
-        if find(a) != find(b) and _imported_together(index, a, b):
+        if find(a) != find(b) and _imported_together(index, a, b, files):
             parent[find(a)] = find(b)
 
 
-def _imported_together(index: ProjectIndex, a: str, b: str) -> bool:
-    """Whether some module of the project imports both ``a`` and ``b`` (by their module names)."""
+def _imported_together(index: ProjectIndex, a: str, b: str, files: list[tuple[str, bytes]]) -> bool:
+    """Whether some module of the project imports both ``a`` and ``b`` (by their module names);
+    ``files`` holds the project's files once read (filled here the first time)."""
     for path, summary in index.modules.items():
         if path not in (a, b) and {a, b} <= {target for _, target in index.imported(summary)}:
             return True
@@ -749,8 +751,10 @@ def _imported_together(index: ProjectIndex, a: str, b: str) -> bool:
                 re.M,
             )
         )
-    for path, data in _project_files([a, b], {a, b}):
-        if all(pattern.search(data) for pattern in patterns):
+    if not files:
+        files.extend(_project_files([a, b], set()))
+    for path, data in files:
+        if path not in (a, b) and all(pattern.search(data) for pattern in patterns):
             joiner = summarize(path, data.decode("utf-8", "replace"))
             if joiner is not None:
                 probe = ProjectIndex([*index.modules.values(), joiner])
