@@ -714,10 +714,53 @@ def amp_groups(index: ProjectIndex) -> list[Group]:
         for target in index.reached_amp_modules(path):
             if target in parent:
                 parent[find(path)] = find(target)
+    _join_carriers(index, parent, find)
     groups: dict[str, list[str]] = {}
     for path in amp_modules:
         groups.setdefault(find(path), []).append(path)
     return [Group(sorted(paths)) for paths in groups.values()]
+
+
+def _join_carriers(index: ProjectIndex, parent: dict[str, str], find: Callable[[str], str]) -> None:
+    """Join a module that stores the amp module on an object (``model.amp = amp`` in a set-up
+    helper) and one that calls amp through that attribute (``self.amp.scale_loss``) where a third
+    module imports both (argus-alaska's train.py builds the model from one and hands it to the
+    other's helper): they are one setup, the attribute its carrier."""
+    stored = {path: index.modules[path].amp_stores for path in parent if index.modules[path].amp_stores}
+    read = {path: index.modules[path].carried_uses for path in parent if index.modules[path].carried_uses}
+    pairs = [(a, b) for a in stored for b in read if find(a) != find(b) and stored[a] & read[b]]
+    files: list[tuple[str, bytes]] = []  # the project's files, read once for every pair
+    for a, b in pairs:
+        if find(a) != find(b) and _imported_together(index, a, b, files):
+            parent[find(a)] = find(b)
+
+
+def _imported_together(index: ProjectIndex, a: str, b: str, files: list[tuple[str, bytes]]) -> bool:
+    """Whether some module of the project imports both ``a`` and ``b`` (by their module names);
+    ``files`` holds the project's files once read (filled here the first time)."""
+    for path, summary in index.modules.items():
+        if path not in (a, b) and {a, b} <= {target for _, target in index.imported(summary)}:
+            return True
+    # the module that joins them may use no amp itself, so the run did not index it
+    patterns = []
+    for path in (a, b):
+        stem = os.path.basename(os.path.dirname(path)) if path.endswith("__init__.py") else os.path.basename(path)[:-3]
+        patterns.append(
+            re.compile(
+                rf"^[ \t]*(?:from[ \t]+\S*\b{re.escape(stem)}[ \t]+import\b|import[ \t]+.*\b{re.escape(stem)}\b)".encode(),
+                re.M,
+            )
+        )
+    if not files:
+        files.extend(_project_files([a, b], set()))
+    for path, data in files:
+        if path not in (a, b) and all(pattern.search(data) for pattern in patterns):
+            joiner = summarize(path, data.decode("utf-8", "replace"))
+            if joiner is not None:
+                probe = ProjectIndex([*index.modules.values(), joiner])
+                if {a, b} <= {target for _, target in probe.imported(joiner)}:
+                    return True
+    return False
 
 
 def module_facts(index: ProjectIndex) -> dict[str, ModuleFacts]:
@@ -836,6 +879,7 @@ class ProjectPlan:
         self._find_gradient_norms()
         self._find_halving_helpers()
         self._find_none_only({os.path.abspath(folder) for folder in searched or ()})
+        self._find_held_defaults({os.path.abspath(folder) for folder in searched or ()})
         # per folder, the project modules each module there imports (see _may_run_together)
         self._importers: dict[str, set[frozenset[str]]] = {}
         # setups handed to a library's runner, being migrated: their modules, each with why it
@@ -1101,6 +1145,38 @@ class ProjectPlan:
             module = given.get(path, path)
             pairs = frozenset(found.get(path, ()))
             self.facts[module] = replace(self.facts.get(module, ModuleFacts()), none_only=pairs)
+
+    def _find_held_defaults(self, searched: set[str]) -> None:
+        """Tell each given module which parameters of its top-level functions, handed to amp.initialize
+        as its loss_scale (``initialize_amp(model, loss_scale="dynamic")``, argus-alaska's helper),
+        every call in the project leaves at their default: the scale is that default's there."""
+        for path, summary in self.index.modules.items():
+            if not summary.given or "initialize" not in summary.amp_apis or "loss_scale" not in _text(path):
+                continue
+            tree = _tree(path)
+            if tree is None:
+                continue
+            wanted = _loss_scale_parameters(tree)
+            if not wanted:
+                continue
+            files = list(_project_files([path, *(os.path.join(f, "-") for f in sorted(searched))], set()))
+            if not files or len(files) >= _CARRIER_SCAN_FILES:
+                continue  # the project was not read whole: a call out of sight may give it a scale
+
+            def spelled(word: str, files: list[tuple[str, bytes]] = files) -> list[tuple[str, ast.Module]] | None:
+                pattern = re.compile(rb"\b" + re.escape(word.encode()) + rb"\b")
+                found = []
+                for other, data in files:
+                    if pattern.search(data):
+                        try:
+                            found.append((os.path.abspath(other), ast.parse(data)))
+                        except (SyntaxError, ValueError):
+                            return None  # its calls cannot be read
+                return found
+
+            held = version_fallbacks.defaults_held(os.path.abspath(path), tree, wanted, spelled)
+            if held:
+                self.facts[path] = replace(self.facts.get(path, ModuleFacts()), held_defaults=frozenset(held))
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""
@@ -2281,6 +2357,27 @@ def _import_root(path: str) -> str:
     while os.path.exists(os.path.join(folder, "__init__.py")) and os.path.dirname(folder) != folder:
         folder = os.path.dirname(folder)
     return folder
+
+
+def _loss_scale_parameters(tree: ast.Module) -> list[tuple[str, str]]:
+    """(function, parameter) for each top-level function whose ``X.initialize(..., loss_scale=P)``
+    passes its parameter ``P`` (with a default) as the loss scale."""
+    found = []
+    for statement in tree.body:
+        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        arguments = statement.args
+        positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]]
+        with_default = set(positional[len(positional) - len(arguments.defaults) :]) | {
+            a.arg for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None
+        }
+        for node in own_nodes(statement):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "initialize":
+                for keyword in node.keywords:
+                    if keyword.arg == "loss_scale" and isinstance(keyword.value, ast.Name):
+                        if keyword.value.id in with_default and (statement.name, keyword.value.id) not in found:
+                            found.append((statement.name, keyword.value.id))
+    return found
 
 
 def _tree(path: str) -> ast.Module | None:

@@ -818,6 +818,24 @@ def _value_use(ctx: ModuleContext, name: cst.Name) -> str:
     statement = " ".join(ctx.code(ctx.statement_of(name)).split())
     if len(statement) > 100:
         statement = statement[:97] + "..."
+    function = ctx.function_of(name)
+    if isinstance(parent, cst.Return) and parent.value is name and function is not None:
+        return (
+            f"`return {name.value}` hands the Apex amp module to the callers of `{function.name.value}`, where "
+            "ampmigrate does not follow it (what they call through it stays, AMP026): have each caller make the "
+            'GradScaler where it calls `.initialize(...)` (`scaler = torch.amp.GradScaler("cuda", enabled=...)`, '
+            "the forward pass under `torch.autocast`) and use it for the rest (`scaler.scale(loss).backward()`, "
+            "`scaler.step(optimizer)`, `scaler.update()`, `scaler.state_dict()`), with no amp module returned, then "
+            "run ampmigrate again"
+        )
+    refused = ctx.carriers.refused.get(name)
+    if refused is not None:
+        return (
+            f"`{statement}` stores the Apex amp module for code that scales through the attribute, which "
+            f"ampmigrate would make a GradScaler, but {refused}: make the GradScaler by hand (`init_scale=`, "
+            "`scaler.update(new_scale=...)` after each step where the scale is static) or pass a dynamic scale, "
+            "then run ampmigrate again"
+        )
     if any(isinstance(node, cst.AssignTarget) for node in ctx.ancestors(name)):
         return (
             f"`{statement}` binds the name of the Apex amp module to another value: on the paths where it holds "
