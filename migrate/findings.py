@@ -76,6 +76,15 @@ CODES: dict[str, Code] = {
         "Read the message: decide the scaler's settings by hand and remove the argument.",
         False,
     ),
+    "AMP006": Code(
+        "loss-scale-parameter-at-default",
+        "amp.initialize took its loss_scale from a parameter of its function that every call in the "
+        "project leaves at its default: the GradScaler was made for that default.",
+        "Nothing, for the project as it is. The parameter is no longer read: a call that passes "
+        "another loss_scale needs the scaler made by hand (`init_scale=`, and "
+        "`scaler.update(new_scale=...)` for a static scale).",
+        True,
+    ),
     "AMP010": Code(
         "initialize-shape-not-supported",
         "This amp.initialize call is not a plain assignment the tool can replace "

@@ -49,6 +49,10 @@ class ModuleFacts:
     # fallbacks of torch version tests go (``migrate.version_fallbacks``); their code goes with them.
     # None where no project plan looked (the module looks at its own functions alone)
     none_only: frozenset[tuple[str, str]] | None = None
+    # (function name, parameter): parameters that amp.initialize is given as its loss_scale and that
+    # every call of their top-level function in the project leaves at their default
+    # (``version_fallbacks.holds_default``): the scale is that default's
+    held_defaults: frozenset[tuple[str, str]] = frozenset()
     # where the carrier holds the amp module: the ``if`` tests on the way to each store (``<obj>`` for
     # the object, True for a body, False for an else); the readers' own tests must say the same
     carrier_conditions: tuple[tuple[str, bool], ...] | None = None

@@ -714,10 +714,53 @@ def amp_groups(index: ProjectIndex) -> list[Group]:
         for target in index.reached_amp_modules(path):
             if target in parent:
                 parent[find(path)] = find(target)
+    _join_carriers(index, parent, find)
     groups: dict[str, list[str]] = {}
     for path in amp_modules:
         groups.setdefault(find(path), []).append(path)
     return [Group(sorted(paths)) for paths in groups.values()]
+
+
+def _join_carriers(index: ProjectIndex, parent: dict[str, str], find: Callable[[str], str]) -> None:
+    """Join a module that stores the amp module on an object (``model.amp = amp`` in a set-up
+    helper) and one that calls amp through that attribute (``self.amp.scale_loss``) where a third
+    module imports both (argus-alaska's train.py builds the model from one and hands it to the
+    other's helper): they are one setup, the attribute its carrier."""
+    stored = {path: index.modules[path].amp_stores for path in parent if index.modules[path].amp_stores}
+    read = {path: index.modules[path].carried_uses for path in parent if index.modules[path].carried_uses}
+    pairs = [(a, b) for a in stored for b in read if find(a) != find(b) and stored[a] & read[b]]
+    files: list[tuple[str, bytes]] = []  # the project's files, read once for every pair
+    for a, b in pairs:
+        if find(a) != find(b) and _imported_together(index, a, b, files):
+            parent[find(a)] = find(b)
+
+
+def _imported_together(index: ProjectIndex, a: str, b: str, files: list[tuple[str, bytes]]) -> bool:
+    """Whether some module of the project imports both ``a`` and ``b`` (by their module names);
+    ``files`` holds the project's files once read (filled here the first time)."""
+    for path, summary in index.modules.items():
+        if path not in (a, b) and {a, b} <= {target for _, target in index.imported(summary)}:
+            return True
+    # the module that joins them may use no amp itself, so the run did not index it
+    patterns = []
+    for path in (a, b):
+        stem = os.path.basename(os.path.dirname(path)) if path.endswith("__init__.py") else os.path.basename(path)[:-3]
+        patterns.append(
+            re.compile(
+                rf"^[ \t]*(?:from[ \t]+\S*\b{re.escape(stem)}[ \t]+import\b|import[ \t]+.*\b{re.escape(stem)}\b)".encode(),
+                re.M,
+            )
+        )
+    if not files:
+        files.extend(_project_files([a, b], set()))
+    for path, data in files:
+        if path not in (a, b) and all(pattern.search(data) for pattern in patterns):
+            joiner = summarize(path, data.decode("utf-8", "replace"))
+            if joiner is not None:
+                probe = ProjectIndex([*index.modules.values(), joiner])
+                if {a, b} <= {target for _, target in probe.imported(joiner)}:
+                    return True
+    return False
 
 
 def module_facts(index: ProjectIndex) -> dict[str, ModuleFacts]:
@@ -836,6 +879,7 @@ class ProjectPlan:
         self._find_gradient_norms()
         self._find_halving_helpers()
         self._find_none_only({os.path.abspath(folder) for folder in searched or ()})
+        self._find_held_defaults({os.path.abspath(folder) for folder in searched or ()})
         # per folder, the project modules each module there imports (see _may_run_together)
         self._importers: dict[str, set[frozenset[str]]] = {}
         # setups handed to a library's runner, being migrated: their modules, each with why it
@@ -1102,6 +1146,38 @@ class ProjectPlan:
             pairs = frozenset(found.get(path, ()))
             self.facts[module] = replace(self.facts.get(module, ModuleFacts()), none_only=pairs)
 
+    def _find_held_defaults(self, searched: set[str]) -> None:
+        """Tell each given module which parameters of its top-level functions, handed to amp.initialize
+        as its loss_scale (``initialize_amp(model, loss_scale="dynamic")``, argus-alaska's helper),
+        every call in the project leaves at their default: the scale is that default's there."""
+        for path, summary in self.index.modules.items():
+            if not summary.given or "initialize" not in summary.amp_apis or "loss_scale" not in _text(path):
+                continue
+            tree = _tree(path)
+            if tree is None:
+                continue
+            wanted = _loss_scale_parameters(tree)
+            if not wanted:
+                continue
+            files = list(_project_files([path, *(os.path.join(f, "-") for f in sorted(searched))], set()))
+            if not files or len(files) >= _CARRIER_SCAN_FILES:
+                continue  # the project was not read whole: a call out of sight may give it a scale
+
+            def spelled(word: str, files: list[tuple[str, bytes]] = files) -> list[tuple[str, ast.Module]] | None:
+                pattern = re.compile(rb"\b" + re.escape(word.encode()) + rb"\b")
+                found = []
+                for other, data in files:
+                    if pattern.search(data):
+                        try:
+                            found.append((os.path.abspath(other), ast.parse(data)))
+                        except (SyntaxError, ValueError):
+                            return None  # its calls cannot be read
+                return found
+
+            held = version_fallbacks.defaults_held(os.path.abspath(path), tree, wanted, spelled)
+            if held:
+                self.facts[path] = replace(self.facts.get(path, ModuleFacts()), held_defaults=frozenset(held))
+
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""
         for number, group in enumerate(self.groups):
@@ -1252,8 +1328,11 @@ class ProjectPlan:
                 if kept_by != facts.amp_kept_by:
                     again[path] = replace(facts, amp_kept_by=kept_by)
                 continue
-            # every module that took amp from here no longer uses it
-            again[path] = replace(facts, exported=facts.exported - self.index.modules[path].amp_names - {"*"})
+            # every module that took amp from here no longer uses it (once: what else other modules
+            # import from here stays exported, and facts that did not change would never settle)
+            exported = facts.exported - self.index.modules[path].amp_names - {"*"}
+            if exported != facts.exported:
+                again[path] = replace(facts, exported=exported)
         if not again:
             # once every amp setup has settled: which of them stay on Apex is known only then
             for path, reason in self._cast_functions_beside_apex(outcome).items():
@@ -1276,8 +1355,17 @@ class ProjectPlan:
         def apis(path: str) -> set[str]:
             return modules[path].amp_apis if path in modules else set()
 
+        def trains(path: str) -> bool:
+            # its own amp calls, and those through the amp module kept on an object or passed in
+            # (`self.amp = amp` then `self.amp.scale_loss(...)`: adik0861/RetinaNet train_epoch.py)
+            if path not in modules:
+                return False
+            summary = modules[path]
+            carried = {use.api for use in (*summary.unbound_uses, *summary.parameter_uses)}
+            return bool((summary.amp_apis | carried) & {"initialize", "scale_loss"})
+
         # an inference amp.init has no bearing: removed, it leaves float32 code the helpers suit
-        training = [path for path in outcome if apis(path) & {"initialize", "scale_loss"}]
+        training = [path for path in outcome if trains(path)]
         kept = [path for path in training if outcome[path].amp_left]
         migrated = [path for path in training if outcome[path].amp_migrated]
         found: dict[str, str] = {}
@@ -1394,12 +1482,12 @@ class ProjectPlan:
                     goes = (
                         f"the model and optimizer go to `{callee}` at line {line}, from {self.display(module)}, "
                         "which trains without Apex's scale_loss (a plain `loss.backward()` or a GradScaler of "
-                        "its own); Apex O1 ran its forward pass in float16"
+                        "its own); Apex (at O1, O2 or O3) ran its forward pass in float16"
                     )
                 else:
                     goes = (
                         f"the model and optimizer leave `{setup}` for code out of sight (a caller, a trainer class "
-                        "or a module not given), whose forward pass Apex O1 ran in float16 even with a plain "
+                        "or a module not given), whose forward pass Apex (at O1, O2 or O3) ran in float16 even with a plain "
                         "`loss.backward()` or none"
                     )
                 reason = (
@@ -1410,13 +1498,17 @@ class ProjectPlan:
                     "give it a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
                     f"`scaler.update()`){'' if given else ', or include its module'}, then run ampmigrate again"
                 )
-            elif path in alone and not _trains(path) and (handed := self._optimizer_out_of_sight(path)) is not None:
+            elif (
+                (path in alone or self._no_member_shares_its_setup(path))
+                and not _trains(path)
+                and (handed := self._optimizer_out_of_sight(path)) is not None
+            ):
                 # the same, for an optimizer handed straight to library code (mmcv's build_runner,
                 # a trainer class of a package): that code trains it out of sight
                 callee, line = handed
                 reason = (
                     f"amp.initialize is given an optimizer, and what it returns is handed to `{callee}` at line "
-                    f"{line}, code out of sight that may train with it: Apex O1 ran that training's forward pass "
+                    f"{line}, code out of sight that may train with it: Apex (at O1, O2 or O3) ran that training's forward pass "
                     "in float16 even with a plain `loss.backward()`, and removing the initialize would run it in "
                     "float32 without a word, while the GradScaler that would replace it reaches no backward. Put "
                     'that code\'s forward pass and loss under `with torch.autocast("cuda", dtype=torch.float16):` '
@@ -1510,8 +1602,15 @@ class ProjectPlan:
             return None
         threading = runner_hooks.threading(trees) if setup.plain else None
         scalers = result.scalers
-        other = self._other_runners(path, related, setup.builder, trees) if threading else None
-        if not setup.plain:
+        other = self._other_runners(path, related, setup, trees) if threading else None
+        if setup.branched:
+            why = (
+                f"the runner is built at line {setup.line} in a block of the function that may not build it on every "
+                "path after the call (it is migrated where that statement is in the function's own block, or in an "
+                "`if` whose every branch, `else` included, binds the runner once in plain statements): "
+                f"`{setup.runner}.scaler = scaler` after it could miss the runner the hooks run on"
+            )
+        elif not setup.plain:
             why = (
                 'it is migrated only where the call is `amp.initialize(model, optimizer, opt_level="O1")` in the '
                 "function that builds the runner (in the same block, or in `if`s there), and this one is not"
@@ -1565,29 +1664,54 @@ class ProjectPlan:
             )
         return reasons
 
-    def _other_runners(self, path: str, related: list[str], builder: str, trees: dict[str, ast.Module]) -> str | None:
+    def _other_runners(
+        self, path: str, related: list[str], setup: runner_hooks.RunnerSetup, trees: dict[str, ast.Module]
+    ) -> str | None:
         """Why the runner ``path`` builds may not be the only one to run the hooks and runner methods
         of ``related``: another ``builder(...)`` call or ``register_training_hooks(...)``
         (config-driven) in the program's files, a construction of one of their classes by name, or
         a module of the program that imports Apex and is not among them (not given, or another
-        setup); None if nothing does (read only for a runner setup)."""
+        setup); None if nothing does (read only for a runner setup).
+
+        Other runners do not count where no other runner can get one of those classes: each is
+        undecorated (no registry), and the program names it only where it is defined, imported
+        and, in the function that builds the setup's runner, made for that runner alone
+        (``migrate.runner_hooks.foreign_uses``), with no module that holds it read as a value
+        (``getattr(hooks, cfg.type)``): open-mmlab/OpenSelfSup's ``_non_dist_train``, whose runner
+        is given the optimizer hook's config, cannot build its ``DistOptimizerHook``."""
         classes = {node.name for tree in trees.values() for node in tree.body if isinstance(node, ast.ClassDef)}
         constructed = (
             re.compile(r"\b(" + "|".join(re.escape(name) for name in sorted(classes)) + r")\s*\(") if classes else None
         )
-        built = re.compile(rf"\b{re.escape(builder.split('.')[-1])}\s*\(|\bregister_training_hooks\s*\(")
+        mentioned = (
+            re.compile(r"\b(" + "|".join(re.escape(name) for name in sorted(classes)) + r")\b") if classes else None
+        )
+        built = re.compile(rf"\b{re.escape(setup.builder.split('.')[-1])}\s*\(|\bregister_training_hooks\s*\(")
         folders = [_import_root(p) for p in [path, *related]]
         top = os.path.commonpath(folders)
         members = {os.path.abspath(p) for p in [path, *related]}
+        others: str | None = None  # the first other runner or construction of a class, by name
+        holders: set[str] = set()  # the modules that hold one of the classes, by their last name
+        private: str | None = None  # where another runner could get one of the classes
+        files = []
         for read, other in enumerate(_python_files(top), start=1):
             if read > _RUNNER_FILES_READ:
                 return f"the program under {top} has more than {_RUNNER_FILES_READ} files to search for other runners"
+            files.append(other)
             text = _text(other)
-            allowed = 1 if os.path.abspath(other) == os.path.abspath(path) else 0
-            if len(_calls_of(built, text)) > (2 * allowed if "register_training_hooks" in text else allowed) or (
-                constructed is not None and _calls_of(constructed, text)
+            creator = os.path.abspath(other) == os.path.abspath(path)
+            calls = [text.count("\n", 0, at) + 1 for at in _calls_of(built, text)]
+            if creator:
+                # the calls that build the setup's runner (one in each branch of its ``if``) are
+                # one, and one ``register_training_hooks`` on it is expected
+                inside = [line for line in calls if line in setup.builds]
+                calls = [line for line in calls if line not in setup.builds] + inside[:1]
+            allowed = 1 if creator else 0
+            if others is None and (
+                len(calls) > (2 * allowed if "register_training_hooks" in text else allowed)
+                or (constructed is not None and _calls_of(constructed, text))
             ):
-                return (
+                others = (
                     f"{self.display(other)} may build another runner (or register hooks from a config) that would "
                     "run them without it"
                 )
@@ -1601,7 +1725,94 @@ class ProjectPlan:
                     f"{self.display(other)} imports Apex too, and is not among them (include it in the run, or "
                     "migrate it first)"
                 )
+            imported = _IMPORTS_BY_NAME.search(text)
+            if private is None and imported is not None:
+                # a module imported by a string (a config's) could be the one that holds them
+                at = text.count("\n", 0, imported.start()) + 1
+                private = f"`{imported.group(1)}` at {self.display(other)}:{at}"
+            if private is None and mentioned is not None and mentioned.search(text):
+                tree = _tree(other)
+                foreign = (
+                    runner_hooks.foreign_uses(tree, classes, setup.function if creator else 0, setup.runner)
+                    if tree is not None
+                    else "?:0"
+                )
+                if foreign is not None:
+                    name, line = foreign.rsplit(":", 1)
+                    private = f"`{name}` at {self.display(other)}:{line}"
+                holders.add(_module_stem(other))
+        if others is None:
+            return None
+        if private is not None:
+            # what keeps a hook class from being only the setup runner's
+            return (
+                f"{others}, and {private} may hand them to it (a hook class made only in the function that "
+                "builds this runner and registered only on it, with no registry, subclass, string or lookup by "
+                "name in the program, would not keep it)"
+            )
+        if not classes or not holders or not self._built_once(path, setup):
+            return others
+        # a module that star-imports one that holds them holds them too
+        stars = re.compile(r"^\s*from\s+\S*?\b(" + "|".join(map(re.escape, sorted(holders))) + r")\s+import\s+\*", re.M)
+        for other in files:
+            if stars.search(_text(other)):
+                holders.add(_module_stem(other))
+                # its names read by a string (``globals()[cfg.type]``) would find them too
+                tree = _tree(other)
+                found = runner_hooks.foreign_uses(tree, classes, 0, setup.runner) if tree is not None else "?:0"
+                if found is not None:
+                    return f"{others}, and {self.display(other)} star-imports their classes and reads its names by a string"
+        named = re.compile(r"\b(" + "|".join(map(re.escape, sorted(holders))) + r")\b")
+        for other in files:
+            text = _text(other)
+            if not named.search(text):
+                continue
+            tree = _tree(other)
+            found = runner_hooks.module_values(tree, holders) if tree is not None else "?:0"
+            if found is not None:
+                name, line = found.rsplit(":", 1)
+                return (
+                    f"{others}, and `{name}` at {self.display(other)}:{line} reads a module that holds their "
+                    "classes as a value (a lookup by a config's name could build one there)"
+                )
         return None
+
+    def _no_member_shares_its_setup(self, path: str) -> bool:
+        """Whether no other module of ``path``'s group can run its training under ``path``'s
+        amp.initialize: each one that calls amp makes an amp.initialize of its own (a training
+        script beside a helper module whose learning-rate finder initializes amp again for
+        a library: RobbieEarle/vector_projects trainer.py and util.py), so nothing threads
+        ``path``'s scaler anywhere."""
+        modules = self.index.modules
+        for group in self.groups:
+            if path not in group.paths:
+                continue
+            for other in group.paths:
+                summary = modules[other]
+                calls = summary.amp_apis | {use.api for use in (*summary.unbound_uses, *summary.parameter_uses)}
+                if other != path and calls - {"initialize"} - _CAST_FUNCTION_APIS and "initialize" not in calls:
+                    return False
+            return True
+        return True
+
+    def _built_once(self, path: str, setup: runner_hooks.RunnerSetup) -> bool:
+        """Whether the function that builds the setup's runner binds the runner's name only there."""
+        tree = _tree(path)
+        if tree is None:
+            return False
+        function = next(
+            (
+                node
+                for node in ast.walk(tree)
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno == setup.function
+            ),
+            None,
+        )
+        return function is not None and all(
+            setup.span[0] <= node.lineno <= setup.span[1]
+            for node in ast.walk(function)
+            if isinstance(node, ast.Name) and node.id == setup.runner and isinstance(node.ctx, ast.Store)
+        )
 
     def _optimizer_out_of_sight(self, path: str) -> tuple[str, int] | None:
         """The first call that hands what ``path``'s ``amp.initialize`` returned for its optimizer
@@ -2039,6 +2250,7 @@ _AMP_INITIALIZE = re.compile(rb"\bamp\s*\.\s*initialize\s*\(")
 # `copy.deepcopy(model)`, `torch.save(model, ...)`: the instance attribute `model.forward` the
 # migration sets would not follow the copy
 _COPIES_THE_MODEL = re.compile(r"\b(deepcopy|torch\.save|pickle\.dumps?)\(\s*(self\.|runner\.)?model\b")
+_IMPORTS_BY_NAME = re.compile(r"\b(import_module|__import__|import_modules_from_strings)\s*\(")
 _IMPORTS_APEX = re.compile(r"^\s*(import\s+apex\b|from\s+apex\b)", re.M)
 
 
@@ -2133,12 +2345,39 @@ def _calls_of(pattern: re.Pattern[str], text: str) -> list[int]:
     return found
 
 
+def _module_stem(path: str) -> str:
+    """The last name of the module at ``path`` (its package's, for an ``__init__.py``)."""
+    name = os.path.basename(path)[:-3]
+    return os.path.basename(os.path.dirname(os.path.abspath(path))) if name == "__init__" else name
+
+
 def _import_root(path: str) -> str:
     """The folder ``path``'s absolute imports start from: the first above its package chain."""
     folder = os.path.dirname(os.path.abspath(path))
     while os.path.exists(os.path.join(folder, "__init__.py")) and os.path.dirname(folder) != folder:
         folder = os.path.dirname(folder)
     return folder
+
+
+def _loss_scale_parameters(tree: ast.Module) -> list[tuple[str, str]]:
+    """(function, parameter) for each top-level function whose ``X.initialize(..., loss_scale=P)``
+    passes its parameter ``P`` (with a default) as the loss scale."""
+    found = []
+    for statement in tree.body:
+        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        arguments = statement.args
+        positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]]
+        with_default = set(positional[len(positional) - len(arguments.defaults) :]) | {
+            a.arg for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None
+        }
+        for node in own_nodes(statement):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "initialize":
+                for keyword in node.keywords:
+                    if keyword.arg == "loss_scale" and isinstance(keyword.value, ast.Name):
+                        if keyword.value.id in with_default and (statement.name, keyword.value.id) not in found:
+                            found.append((statement.name, keyword.value.id))
+    return found
 
 
 def _tree(path: str) -> ast.Module | None:

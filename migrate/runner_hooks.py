@@ -30,8 +30,10 @@ class RunnerSetup:
 
     ``plain``: the call is ``amp.initialize(model, optimizer, opt_level="O1")`` (the model maybe
     moved, ``model.cuda()``) in the same block of the function as the statement that builds the
-    runner, or in ``if``s there: the only shape migrated (the scaler a plain dynamic one, the
-    model's forward under float16 autocast where the call was)."""
+    runner, or in ``if``s there, and the runner built after it in that block or in an ``if``/``else``
+    whose every branch builds it: the only shape migrated (the scaler a plain dynamic one, the
+    model's forward under float16 autocast where the call was). ``branched``: that call, with the
+    runner built in another block (an ``if`` with no ``else``, a loop)."""
 
     runner: str  # the name the runner is bound to
     builder: str  # the call that builds it (``build_runner``)
@@ -40,6 +42,15 @@ class RunnerSetup:
     given: str  # the model expression the initialize was given (``model.cuda()``)
     guards: tuple[str, ...]  # the ``if`` tests that guard the initialize, outermost first
     plain: bool = False
+    # the lines of the function's own statement that builds the runner: that call's, or an ``if``
+    # whose every branch binds the runner to a construction (the scaler goes after its last line)
+    span: tuple[int, int] = (0, 0)
+    function: int = 0  # the line of the ``def`` of the function that builds it
+    # a plain call, but the runner is built in a block that may not run after it, or may leave
+    # the name bound to another runner (an ``if`` with no ``else``, a loop)
+    branched: bool = False
+    # the lines of the statements that bind the runner there (one per branch of that ``if``)
+    builds: tuple[int, ...] = ()
 
 
 def runner_setup(tree: ast.Module, optimizers: set[str], initialize_line: int) -> RunnerSetup | None:
@@ -69,25 +80,88 @@ def runner_setup(tree: ast.Module, optimizers: set[str], initialize_line: int) -
             handed = [*built.args, *(keyword.value for keyword in built.keywords)]
             names = {node.id for node in _walk_all(handed) if isinstance(node, ast.Name)}
             if names & optimizers and model.id in names:
+                runner = statement.targets[0].id
+                # the statement of the function's own block that builds it: the call's, or an
+                # ``if``/``else`` that builds a runner on each branch (mmaction's train_model
+                # picks the runner class there); ``runner.scaler = scaler`` goes after it
+                top = next((s for s in scope.body if s.lineno <= statement.lineno <= (s.end_lineno or 0)), None)
                 plain = (
                     len(call.args) == 2
                     and not isinstance(call.args[0], (ast.List, ast.Tuple))
                     and not _uses_scaler_attribute(tree)
                     and [(k.arg, ast.unparse(k.value)) for k in call.keywords] in ([], [("opt_level", "'O1'")])
-                    and statement in scope.body
                     and not isinstance(scope, ast.Module)
                 )
+                built_once = (
+                    top is not None
+                    and (top is statement or (isinstance(top, ast.If) and _builds_on_every_branch(top, runner)))
+                    and top.lineno > initialize_line
+                )
+                branched = plain and not built_once
                 return RunnerSetup(
-                    statement.targets[0].id,
+                    runner,
                     ast.unparse(built.func),
                     statement.lineno,
                     model.id,
                     ast.unparse(call.args[0]),
                     guards,
-                    plain,
+                    plain and built_once,
+                    (top.lineno, top.end_lineno or top.lineno) if top is not None else (0, 0),
+                    scope.lineno if not isinstance(scope, ast.Module) else 0,
+                    branched,
+                    tuple(
+                        node.lineno
+                        for node in (_statements([top]) if top is not None else ())
+                        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [runner]
+                    ),
                 )
         return None
     return None
+
+
+def _builds_on_every_branch(branch: ast.If, runner: str) -> bool:
+    """Whether each branch of ``branch`` (its ``elif``s and an ``else`` it must have) is plain
+    statements, no block, that bind ``runner`` once, to a call: after it, the runner is the one
+    built there whichever branch ran."""
+    for body in (branch.body, branch.orelse):
+        if len(body) == 1 and isinstance(body[0], ast.If):
+            if not _builds_on_every_branch(body[0], runner):
+                return False
+            continue
+        if not body or any(isinstance(statement, _BLOCKS) for statement in body):
+            return False
+        binds = [
+            statement
+            for statement in body
+            for node in ast.walk(statement)
+            if isinstance(node, ast.Name) and node.id == runner and isinstance(node.ctx, ast.Store)
+        ]
+        if not (
+            len(binds) == 1
+            and isinstance(binds[0], ast.Assign)
+            and [ast.unparse(target) for target in binds[0].targets] == [runner]
+            and isinstance(binds[0].value, ast.Call)
+        ):
+            return False
+    return True
+
+
+_BLOCKS: tuple[type[ast.stmt], ...] = (
+    ast.If,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+    ast.Return,
+    ast.Raise,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Match,
+    *((ast.TryStar,) if hasattr(ast, "TryStar") else ()),
+)
 
 
 @dataclass(frozen=True)
@@ -217,7 +291,7 @@ def creator_sentence(setup: RunnerSetup, others: list[str], why: str) -> str:
     ``why`` ampmigrate did not write it."""
     enabled = setup.guards[0] if len(setup.guards) == 1 else " and ".join(f"({guard})" for guard in setup.guards)
     scaler = "`scaler = " + 'torch.amp.GradScaler("cuda"' + (f", enabled=bool({enabled}))`" if enabled else ")`")
-    if not setup.plain:
+    if not (setup.plain or setup.branched):
         scaler = (
             "the GradScaler this call's settings ask for (as ampmigrate writes it for one script: a static "
             "`loss_scale` held with `update(new_scale=...)` in the hook, too)"
@@ -230,7 +304,9 @@ def creator_sentence(setup: RunnerSetup, others: list[str], why: str) -> str:
         f"{setup.line}, whose training step runs in the library (the forward pass in its `train_step`) with hooks "
         f"and runner methods found through a registry, not imports, that call Apex amp: {', '.join(others)}; "
         f"the runner would carry the GradScaler to them, but {why}. By hand: "
-        f"`{setup.runner}.scaler = scaler` right after line {setup.line}, with {scaler} made {where}; "
+        f"`{setup.runner}.scaler = scaler` right after line {setup.line if setup.span[0] in (0, setup.line) else setup.span[1]}"
+        + (" (and after each other statement that builds a runner the hooks run on)" if setup.branched else "")
+        + f", with {scaler} made {where}; "
         f"in place of this call {recast}"
         f'`{setup.model}.forward = torch.autocast("cuda", dtype=torch.float16)({setup.model}.forward)` (Apex O1 '
         "ran the library's forward pass in float16, and removing the call alone would run it in float32 without "
@@ -395,3 +471,134 @@ def _statements(statements: list[ast.stmt]) -> Iterator[ast.stmt]:
 def _walk_all(nodes: list[ast.expr]) -> Iterator[ast.AST]:
     for node in nodes:
         yield from ast.walk(node)
+
+
+def foreign_uses(tree: ast.Module, names: set[str], creator: int, runner: str) -> str | None:
+    """The first use in ``tree`` of one of ``names`` (the classes of a runner setup's hooks and
+    runner methods) that may put one of them on a runner other than the setup's: anything but
+    its undecorated definition, an import, a string of ``__all__``, and, in the function at line
+    ``creator`` (0: none in this module), ``hook = Name(...)`` handed only to that function's
+    ``runner.register_training_hooks(...)`` / ``runner.register_hook(...)``. A decorator (a
+    registry), a subclass, a string a config could name it by, an attribute ``module.Name`` and
+    a namespace read by name (``globals()``, ``eval``) all count. ``"name:line"``, or None."""
+    tracked = set(names)
+    holds = False
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name.split(".")[-1] in names or alias.name == "*":
+                    tracked.add(alias.asname or alias.name.split(".")[-1])
+                    holds = True
+        elif isinstance(node, ast.ClassDef) and node.name in names:
+            holds = True
+            if node.decorator_list:
+                return f"{node.name}:{node.lineno}"
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    function = next(
+        (
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno == creator
+        ),
+        None,
+    )
+    inside = set(ast.walk(function)) if function is not None else set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in tracked:
+            owner = parents.get(parents.get(node))  # type: ignore[arg-type]
+            if not (
+                isinstance(owner, ast.Assign | ast.AugAssign)
+                and [ast.unparse(t) for t in getattr(owner, "targets", [getattr(owner, "target", None)])] == ["__all__"]
+            ):
+                return f"{node.value}:{node.lineno}"
+        elif isinstance(node, ast.Attribute) and node.attr in tracked:
+            return f"{node.attr}:{node.lineno}"
+        elif isinstance(node, ast.Name) and node.id in tracked and node.id != "*":
+            if not (node in inside and _handed_to_runner(node, parents, function, runner)):  # type: ignore[arg-type]
+                return f"{node.id}:{node.lineno}"
+        elif holds and _reads_namespace(node):
+            return f"{ast.unparse(node)}:{getattr(node, 'lineno', 0)}"
+    return None
+
+
+def module_values(tree: ast.Module, stems: set[str]) -> str | None:
+    """The first use in ``tree`` of a module whose last name is one of ``stems`` (those that hold a
+    setup's hook classes) as a value, not ``module.attribute`` nor a call: ``getattr(hooks,
+    cfg.type)``, ``obj_from_dict(cfg, hooks)`` could build a hook from a config's string.
+    ``"module:line"``, or None."""
+    imported: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                imported[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                imported[alias.asname or alias.name] = f"{node.module or ''}.{alias.name}"
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Name, ast.Attribute)) or not isinstance(node.ctx, ast.Load):
+            continue
+        parent = parents.get(node)
+        if isinstance(parent, ast.Attribute) or (isinstance(parent, ast.Call) and parent.func is node):
+            continue
+        root = node
+        while isinstance(root, ast.Attribute):
+            root = root.value  # type: ignore[assignment]
+        if not isinstance(root, ast.Name) or root.id not in imported:
+            continue
+        dotted = ast.unparse(node).replace(root.id, imported[root.id], 1)
+        if dotted.split(".")[-1] in stems:
+            return f"{ast.unparse(node)}:{node.lineno}"
+    return None
+
+
+def _handed_to_runner(
+    name: ast.Name, parents: dict[ast.AST, ast.AST], function: ast.FunctionDef | ast.AsyncFunctionDef, runner: str
+) -> bool:
+    """Whether ``name`` is called, in ``function``, for a hook that only its runner gets:
+    ``hook = Name(...)`` with ``hook`` read only as an argument of ``runner.register_*(...)``, or
+    ``Name(...)`` such an argument itself."""
+    call = parents.get(name)
+    if not (isinstance(call, ast.Call) and call.func is name):
+        return False
+    holder = parents.get(call)
+    if isinstance(holder, ast.keyword):
+        holder = parents.get(holder)
+    if _registers_on(holder, runner):
+        return True
+    if not (isinstance(holder, ast.Assign) and len(holder.targets) == 1 and isinstance(holder.targets[0], ast.Name)):
+        return False
+    hook = holder.targets[0].id
+    uses = [node for node in ast.walk(function) if isinstance(node, ast.Name) and node.id == hook]
+    for use in uses:
+        if use is holder.targets[0]:
+            continue
+        owner = parents.get(use)
+        if isinstance(owner, ast.keyword):
+            owner = parents.get(owner)
+        if not (isinstance(use.ctx, ast.Load) and _registers_on(owner, runner) and use.lineno > holder.lineno):
+            return False
+    return True
+
+
+def _registers_on(node: ast.AST | None, runner: str) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("register_training_hooks", "register_hook")
+        and ast.unparse(node.func.value) == runner
+    )
+
+
+def _reads_namespace(node: ast.AST) -> bool:
+    """``globals()``, ``locals()``, ``vars()``, ``eval``/``exec``, ``sys.modules`` or ``__dict__``:
+    a module's names read by a string."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return node.func.id in ("globals", "locals", "eval", "exec", "__import__") or (
+            node.func.id == "vars" and not node.args
+        )
+    return isinstance(node, ast.Attribute) and (
+        node.attr == "__dict__" or ast.unparse(node) == "sys.modules" or node.attr == "import_module"
+    )

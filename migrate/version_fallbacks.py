@@ -283,23 +283,60 @@ def _holds_none(
 ) -> bool:
     """Whether every use of the function's name in the project is a call that gives ``parameter``
     None, a name that holds only None where it is, or nothing (its default being None)."""
+    if not none_bindings_only(definition.function, parameter, [], parameter=True):
+        return False  # the body sets it to something else (`amp = amp or get_amp()`)
+    given = _given(definition, parameter, spelling)
+    if given is None or not given:
+        return False
+    default = _defaults(definition).get(parameter)
+    return all(
+        (
+            _is_none(default)
+            if value is None
+            else _is_none(value) or (isinstance(value, ast.Name) and value.id in holds.get(id(scope), ()))
+        )
+        for scope, value in given
+    )
+
+
+def holds_default(definition: _Definition, parameter: str, spelling: list[tuple[str, ast.Module]]) -> bool:
+    """Whether ``parameter`` of the function has a default that every use of the function's name in
+    the project leaves it at (each a call that gives it nothing), and the body never rebinds it."""
+    if parameter not in _defaults(definition) or not none_bindings_only(
+        definition.function, parameter, [], parameter=True
+    ):
+        return False
+    given = _given(definition, parameter, spelling)
+    return given is not None and bool(given) and all(value is None for _, value in given)
+
+
+def _defaults(definition: _Definition) -> dict[str, ast.expr]:
+    arguments = definition.function.args
+    positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]]
+    defaults = dict(zip(reversed(positional), reversed(arguments.defaults)))
+    defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
+    return defaults
+
+
+def _given(
+    definition: _Definition, parameter: str, spelling: list[tuple[str, ast.Module]]
+) -> list[tuple[ast.AST, ast.expr | None]] | None:
+    """What each call of the function in the project gives ``parameter`` (None: nothing), with the
+    scope of the call; None where some use of its name is no call that can be read so (the function
+    passed as a value, imported under another name, called with ``*args``), [] where none calls it."""
     function = definition.function
     arguments = function.args
     if arguments.vararg is not None or arguments.kwarg is not None:
-        return False
+        return None
     positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]]
     if definition.method:
         if any(isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod") for d in function.decorator_list):
-            return False
+            return None
         positional = positional[1:]
     if parameter not in positional and parameter not in [a.arg for a in arguments.kwonlyargs]:
-        return False
-    if not none_bindings_only(function, parameter, [], parameter=True):
-        return False  # the body sets it to something else (`amp = amp or get_amp()`)
-    defaults = dict(zip(reversed(positional), reversed(arguments.defaults)))
-    defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
+        return None
     name = function.name
-    calls = 0
+    found: list[tuple[ast.AST, ast.expr | None]] = []
     for _, tree in spelling:
         # a bare `f(...)` in a module that defines its own `f` calls that one
         own = tree is not definition.tree or definition.method
@@ -311,27 +348,22 @@ def _holds_none(
                 continue  # a definition of that name
             if isinstance(node, ast.alias):
                 if node.asname not in (None, name):
-                    return False  # imported under another name: its calls are not seen
+                    return None  # imported under another name: its calls are not seen
                 continue
             if not (isinstance(parent, ast.Call) and parent.func is node):
-                return False  # the function used as a value: who knows what it is given
+                return None  # the function used as a value: who knows what it is given
             call = parent
-            calls += 1
             if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-                return False
+                return None
             value: ast.expr | None = next((k.value for k in call.keywords if k.arg == parameter), None)
             index = positional.index(parameter) if parameter in positional else len(call.args)
             # a method called through its class (`C.f(obj, ...)`) takes one more positional argument
             if definition.method and index - 1 < len(call.args) and value is None:
-                return False
+                return None
             if value is None and index < len(call.args):
                 value = call.args[index]
-            if value is None:
-                if not _is_none(defaults.get(parameter)):
-                    return False
-            elif not (_is_none(value) or (isinstance(value, ast.Name) and value.id in holds.get(id(scope), ()))):
-                return False
-    return calls > 0
+            found.append((scope, value))
+    return found
 
 
 def _uses(tree: ast.Module, name: str) -> Iterator[tuple[ast.AST, ast.AST, ast.AST | None]]:
@@ -356,3 +388,25 @@ def _uses(tree: ast.Module, name: str) -> Iterator[tuple[ast.AST, ast.AST, ast.A
             yield from visit(child, inner, node)
 
     yield from visit(tree, tree, None)
+
+
+def defaults_held(
+    path: str,
+    tree: ast.Module,
+    wanted: list[tuple[str, str]],
+    spelled: Callable[[str], list[tuple[str, ast.Module]] | None],
+) -> set[tuple[str, str]]:
+    """Of the (top-level function, parameter) pairs ``wanted`` of the module ``tree`` at ``path``, those
+    every call in the project leaves at the parameter's default (``holds_default``)."""
+    found: set[tuple[str, str]] = set()
+    for function, parameter in wanted:
+        spelling = spelled(function)
+        if spelling is None:
+            continue
+        if not any(other == path for other, _ in spelling):
+            spelling = [(path, tree), *spelling]
+        spelling = [(other, tree if other == path else parsed) for other, parsed in spelling]
+        definitions = [d for d in _definitions(spelling, function) if d.path == path and not d.method]
+        if len(definitions) == 1 and holds_default(definitions[0], parameter, spelling):
+            found.add((function, parameter))
+    return found

@@ -33,10 +33,12 @@ def test_an_unmigratable_use_keeps_the_import_with_the_exact_replacement() -> No
     assert result.source == source
     messages = {f.code: f.message for f in result.findings}
     assert messages["AMP042"] == "FusedLayerNorm has no parameter fused: remove `fused=...` (not an Apex argument)"
-    # the class is named exactly, also where it is imported from the module that defines it
+    # the class is named exactly, also where it is imported from the module that defines it, and
+    # the import points at the use's own finding rather than repeating a generic replacement
     assert messages["AMP040"] == (
-        "apex.normalization.fused_layer_norm.FusedLayerNorm: use `torch.nn.LayerNorm(normalized_shape, eps=eps, "
-        "elementwise_affine=elementwise_affine)`"
+        "apex.normalization.fused_layer_norm.FusedLayerNorm stays imported: its uses here are kept on purpose "
+        "(line 5: see the findings there, which name the code to write); delete "
+        "`from apex.normalization.fused_layer_norm import FusedLayerNorm` once they are migrated"
     )
 
 

@@ -415,6 +415,96 @@ def test_runner_hook_setup_run_on_part_of_the_tree_stays(tmp_path: Path) -> None
     assert "imports Apex too, and is not among them (include it in the run" in creator
 
 
+def _runner_messages(root: Path) -> dict[str, str]:
+    return {
+        Path(result.path).resolve().relative_to(root.resolve()).as_posix(): diagnostic.message
+        for result in _migrate_tree(root)
+        for diagnostic in result.diagnostics
+        if diagnostic.code == "AMP025"
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "blocker"),
+    [
+        ("runner_hook_also_in_a_registry_stays", "sslib/hooks/__init__.py:6 may hand them to it"),
+        ("runner_hook_module_read_by_name_stays", "sslib/apis.py:43 reads a module that holds"),
+    ],
+)
+def test_runner_hook_another_runner_could_get_names_how(tmp_path: Path, case: str, blocker: str) -> None:
+    """open-mmlab/OpenSelfSup: another runner in the program is harmless only while no runner but
+    the setup's can get the hook class; where one could, the finding names the code that could."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / case / "in", root)
+    before = _tree(root)
+    creator = _runner_messages(root)["sslib/apis.py"]
+    assert _tree(root) == before
+    assert "sslib/apis.py may build another runner" in creator
+    assert blocker in creator
+
+
+@pytest.mark.parametrize(
+    ("edit", "where"),
+    [
+        # a config that names the hook class: a registry or a lookup could build it from there
+        (("configs/fp16.py", 'optimizer_config = dict(type="StepHook", use_fp16=True)\n'), "configs/fp16.py:1"),
+        # a subclass runs the hook's method on whatever runner it is given
+        (
+            ("sslib/hooks/slow.py", "from .step_hook import StepHook\n\n\nclass SlowStepHook(StepHook):\n    pass\n"),
+            "sslib/hooks/slow.py:4",
+        ),
+        # the class kept as a value: any code could make one from it
+        (("sslib/hooks/keep.py", "from .step_hook import StepHook\n\nKEPT = [StepHook]\n"), "sslib/hooks/keep.py:3"),
+        # a module imported by a config's string could be the hooks package
+        (
+            (
+                "sslib/plugins.py",
+                "import importlib\n\n\ndef load(cfg):\n    return importlib.import_module(cfg.module)\n",
+            ),
+            "sslib/plugins.py:5",
+        ),
+    ],
+)
+def test_runner_hook_named_anywhere_else_keeps_the_setup(tmp_path: Path, edit: tuple[str, str], where: str) -> None:
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_hook_made_only_for_the_set_up_runner" / "in", root)
+    name, text = edit
+    (root / name).parent.mkdir(exist_ok=True)
+    (root / name).write_text(text)
+    before = _tree(root)
+    creator = _runner_messages(root)["sslib/apis.py"]
+    assert _tree(root) == before
+    assert f"{where} may hand them to it" in creator
+
+
+def test_another_runner_in_a_branch_of_the_if_that_picks_the_runner_stays(tmp_path: Path) -> None:
+    """The branches of the if/else that builds the runner count as one construction only where
+    each call binds the runner: a spare runner built beside it could run the registered hook."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_class_picked_in_an_if_else" / "in", root)
+    train = root / "vidlib" / "apis" / "train.py"
+    text = train.read_text()
+    built = "        runner = Runner(model, optimizer=optimizer, work_dir=cfg.work_dir)\n"
+    assert built in text
+    train.write_text(text.replace(built, built.replace("runner =", "spare =") + built))
+    before = _tree(root)
+    creator = _runner_messages(root)["vidlib/apis/train.py"]
+    assert _tree(root) == before
+    assert "vidlib/apis/train.py may build another runner" in creator
+
+
+def test_runner_built_in_two_ifs_says_so(tmp_path: Path) -> None:
+    """SwinTransformer/Video-Swin-Transformer picks the runner class in an if/else after the
+    initialize (migrated: fixtures/project/runner_class_picked_in_an_if_else); built in two ifs
+    instead, the runner may be none or another when the hooks run: the finding says so."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_built_in_two_ifs_stays" / "in", root)
+    creator = _runner_messages(root)["vidlib/apis/train.py"]
+    assert "the runner is built at line 26 in a block of the function that may not build it on every path" in creator
+    assert "`runner.scaler = scaler` right after line 26 (and after each other statement that builds" in creator
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=bool(' in creator
+
+
 def test_set_up_module_spelling_apex_amp_given_alone_stays(tmp_path: Path) -> None:
     """`import apex` with `apex.amp.initialize(...)`, the optimizer handed to build_runner, given by
     itself (the hook that scales the loss not given): left as it was, not migrated into float32."""

@@ -103,6 +103,10 @@ def run_rules(module: cst.Module, source: str, options: Options) -> RulesOutcome
         unresolved = [finding for finding in ctx.findings if not finding.fixed or finding.code == "AMP050"]
         ctx.release()
         ctx, unshared = _plan(module, source, options, frozen=True)
+        # a value use the first pass explained (why its carrier's store could not hold the scaler)
+        # says it once, as it said it then
+        said = {(f.line, f.column) for f in unresolved if f.code == "AMP030"}
+        ctx.findings[:] = [f for f in ctx.findings if not (f.code == "AMP030" and (f.line, f.column) in said)]
         ctx.findings.extend(finding for finding in unresolved if finding not in ctx.findings)
         left = setup.leftovers(ctx)
     if not left and not unshared and ctx.explains_leftovers:

@@ -22,7 +22,11 @@ the same or other modules (TencentPretrain and UER-py's ``train_model``). The st
 place and stores the GradScaler (``args.amp = torch.amp.GradScaler("cuda")``), so the attribute
 exists exactly where it existed; each reading function gets a Scaler reached as ``args.amp``
 (``amp_scale_loss`` keeps its reads under the flag that guarded them). The attribute is a
-carrier only where every use of it in the module is one of those two shapes.
+carrier only where every use of it in the module is one of those two shapes, a presence check
+(``if self.amp is not None:``, which the GradScaler answers as the amp module did), or
+``self.amp = None`` in ``__init__`` before anything there hands ``self`` on (the value before any
+set-up: lRomul/argus-alaska's ``initialize_amp(model)`` stores ``model.amp = amp``, and the model's
+class scales through ``self.amp``).
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ class Carriers:
         self.plain_stores: list[PlainStore] = []
         self.plain_bases: list[cst.Attribute] = []  # the ``args.amp`` of each ``args.amp.scale_loss(...)``
         self.stored_scalers: set[str] = set()  # names of the scalers now stored in a plain carrier
+        self.refused: dict[cst.Name, str] = {}  # the `amp` of a plain store that stays, and why
         for attribute in sorted(ctx.options.facts.carriers - {key[1] for key in self.by_key}):
             found = self._plain(attribute, amp_api)
             if found is not None:
@@ -126,14 +131,16 @@ class Carriers:
             found.setdefault(function, base)
         return {function: base for function, base in found.items() if function not in mixed}
 
-    def plan_plain_stores(self, scalers: list[tuple[cst.Call, cst.FunctionDef | None, str, bool]]) -> None:
+    def plan_plain_stores(self, scalers: list[tuple[cst.Call, cst.FunctionDef | None, str, str | None]]) -> None:
         """``args.amp = amp`` becomes ``args.amp = scaler`` where the initialize before it got a
         scaler of its own function that behaves as the carrier's readers assume: on exactly when
-        autocast is, with a dynamic scale (``scalers``: initialize, function, name, and whether
-        it is such a scaler)."""
+        autocast is, with a dynamic scale (``scalers``: initialize, function, name, and why it is
+        no such scaler, None when it is)."""
         for store in self.plain_stores:
             match = next((s for s in scalers if s[0] is store.initialize and s[1] is store.function), None)
-            if match is None or not match[3]:
+            if match is not None and match[3] is not None:
+                self.refused[store.store] = match[3]
+            if match is None or match[3] is not None:
                 continue  # the setup stays: the store stays a value use (AMP030)
             self.ctx.plan.substitute(store.store, cst.Name(match[2]))
             self.ctx.consumed.add(store.store)
@@ -161,17 +168,25 @@ class Carriers:
                 or attribute_node.attr is not name
             ):
                 continue
-            if not isinstance(attribute_node.value, cst.Name) or self._owner(attribute_node) is not None:
-                return None  # `self.amp` in a method: the class carrier's shape, or none
+            if not isinstance(attribute_node.value, cst.Name):
+                return None
             function = ctx.function_of(attribute_node)
             if function is None:
                 return None
             parent = ctx.parent(attribute_node)
             if isinstance(parent, cst.AssignTarget):
+                if self._unset_at_construction(attribute_node, parent):
+                    continue
+                if self._owner(attribute_node) is not None:
+                    return None  # `self.amp = amp` in a method: the class carrier's shape, or none
                 store = self._plain_store(attribute_node, parent, function, amp_api)
                 if store is None:
                     return None
                 stores.append(store)
+            elif checks_presence(ctx, attribute_node):
+                # `if model.amp is not None:`: the GradScaler answers it as the amp module did, and
+                # None (set at construction) as before
+                continue
             elif isinstance(parent, cst.Attribute) and parent.value is attribute_node:
                 call = ctx.parent(parent)
                 if not (isinstance(call, cst.Call) and call.func is parent and parent.attr.value in PLAIN_APIS):
@@ -180,6 +195,33 @@ class Carriers:
             else:
                 return None
         return stores, bases
+
+    def _unset_at_construction(self, target: cst.Attribute, assign_target: cst.AssignTarget) -> bool:
+        """``self.amp = None`` in ``__init__``, before anything there could hand ``self`` to the
+        function that stores the amp module on it: the attribute's value before any set-up, which a
+        presence check tells from the GradScaler as it told it from the amp module."""
+        ctx = self.ctx
+        assign = ctx.parent(assign_target)
+        if not (
+            isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1
+            and isinstance(assign.value, cst.Name)
+            and assign.value.value == "None"
+        ):
+            return False
+        function = ctx.function_of(assign)
+        if function is None or function.name.value != "__init__" or self._owner(target) is None:
+            return False
+        if ctx.parent(ctx.statement_of(assign)) is not function.body:
+            return False  # under an `if` or in a loop: not surely the value at construction
+        # no call before it passes `self` on (it could be the set-up, storing amp first)
+        owner, here = ctx.self_name(function), ctx.position(assign)
+        return not any(
+            ctx.position(call) < here
+            and any(isinstance(n, cst.Name) and n.value == owner for arg in call.args for n in ctx.walk(arg.value))
+            for call in ctx.nodes_of(cst.Call)
+            if ctx.function_of(call) is function
+        )
 
     def _plain_store(
         self, target: cst.Attribute, assign_target: cst.AssignTarget, function: cst.FunctionDef, amp_api: AmpApi
@@ -420,9 +462,18 @@ class _Inliner(cst.CSTTransformer):
     def _rebuild(self, statements: Sequence[cst.BaseStatement], if_body: bool) -> list[cst.BaseStatement]:
         kept: list[cst.BaseStatement] = []
         moved: list[cst.EmptyLine] = []
+        # the stores this block inlines itself (a creation comes before its store)
+        inlined = {
+            store
+            for index, statement in enumerate(statements)
+            if (store := self._store_of(statement)) is not None
+            and store in self.created
+            and isinstance(statement, cst.SimpleStatementLine)
+            and not (if_body and index == 0)
+        }
         for index, statement in enumerate(statements):
             name = self._creation_of(statement)
-            if name is not None and name in self.stored:
+            if name is not None and (name in self.stored or name in inlined):
                 assert isinstance(statement, cst.SimpleStatementLine)
                 moved.extend(statement.leading_lines)  # its comments go to the next statement
                 continue

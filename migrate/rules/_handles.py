@@ -100,10 +100,10 @@ def _assigned(ctx: ModuleContext, call: cst.Call) -> tuple[cst.CSTNode, cst.Base
     """The statement of ``call`` and its single target (None for a bare expression statement);
     None when the call is anything else (returned, nested, unpacked)."""
     statement = ctx.statement_of(call)
-    small = syntax.sole_statement(statement)
-    if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1:
-        target = small.targets[0].target
+    target = syntax.target_of(statement, call)
+    if target is not None:
         return (statement, target) if dotted_name(target) is not None else None
+    small = syntax.sole_statement(statement)
     if isinstance(small, cst.Expr) and small.value is call:
         return statement, None
     return None

@@ -216,7 +216,13 @@ def carry_on_runner(ctx: ModuleContext, model: AmpModel, facts: ModuleFacts) -> 
         )
         return 1
     keep = syntax.assign_statement(cst.Attribute(cst.Name(runner), cst.Name("scaler")), cst.Name(scaler.name))
-    ctx.plan.after[built[0]].append(keep)
+    # built in a branch of an ``if`` that builds a runner on each (read in migrate.runner_hooks):
+    # after that ``if``, so the runner any branch built keeps it
+    top: cst.CSTNode = built[0]
+    for ancestor in ctx.ancestors(built[0]):
+        if isinstance(ancestor, cst.If) and ctx.function_of(ancestor) is scaler.function:
+            top = ancestor
+    ctx.plan.after[ctx.statement_of(top)].append(keep)
     forward = cst.Attribute(cst.Name(model_name), cst.Name("forward"))
     autocast = syntax.call(
         "torch.autocast",

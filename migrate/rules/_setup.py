@@ -158,6 +158,12 @@ def report_frozen(ctx: ModuleContext, reason: str) -> None:
             anchors.append(call)
     if not anchors:
         anchors.extend(sorted(amp_references(ctx), key=ctx.position)[:1])
+    if not anchors and ctx.carriers.any and all(finding.fixed for finding in ctx.findings):
+        # only calls through an attribute that carries the amp module (`self.amp.scale_loss`)
+        # the call of `self.amp.scale_loss(...)` holds its `self.amp.scale_loss`, which holds the base
+        calls = [ctx.parent(base) for base in (*ctx.carriers.bases, *ctx.carriers.plain_bases)]
+        found = [ctx.parent(func) for func in calls if func is not None]
+        anchors.extend(sorted((call for call in found if call is not None), key=ctx.position)[:1])
     for anchor in anchors:
         ctx.report("AMP025", anchor, f"the Apex amp setup was left exactly as it was: {reason}")
 
@@ -189,6 +195,28 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
         if ctx.dropped and any(ancestor in ctx.dropped for ancestor in ctx.ancestors(call)):
             continue  # in code the plan drops (a branch that never runs)
         count += 1
+        local = _bound_in_another_function(ctx, call, name) if isinstance(func.value, cst.Name) else None
+        if local is not None:
+            line, owner = local
+            ctx.report(
+                "AMP026",
+                call,
+                f"`{name}.{api}(...)`: nothing binds `{name}` here: the Apex import at line {line} binds a local "
+                f"name of `{owner}` only, so this line raises NameError when it runs, before any migration; "
+                f"import amp at module level (`from apex import amp`) or keep it on the object (`self.{name} = "
+                f"{name}` beside that import, `self.{name}.{api}(...)` here), then run ampmigrate again: left as it was",
+            )
+            continue
+        receiver = _parameter_of(ctx, call, name) if isinstance(func.value, cst.Name) and says_amp(name) else None
+        if receiver is not None:
+            ctx.report(
+                "AMP026",
+                call,
+                f"`{name}.{api}(...)`: `{name}` is a parameter of `{receiver}`, and what its callers pass (the Apex "
+                "amp module, a handle, None) is not migrated with it: left as it was. Once they pass the GradScaler "
+                f"that replaces amp.initialize, write {_scaler_form(name, api, call)}",
+            )
+            continue
         ctx.report(
             "AMP026",
             call,
@@ -197,6 +225,97 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
             "left as it was",
         )
     return count
+
+
+def _parameter_of(ctx: ModuleContext, call: cst.Call, name: str) -> str | None:
+    """The function ``call`` is in, when ``name`` is one of its parameters (and nothing else binds it there)."""
+    function = ctx.function_of(call)
+    if function is None or name not in syntax.parameter_names(function):
+        return None
+    binds = [
+        node
+        for node in ctx.walk(function)
+        if isinstance(node, cst.Name) and node.value == name and _binds(ctx, node) and ctx.function_of(node) is function
+    ]
+    return function.name.value if all(isinstance(ctx.parent(node), cst.Param) for node in binds) else None
+
+
+def _scaler_form(name: str, api: str, call: cst.Call) -> str:
+    """The GradScaler's code for ``name.api(...)`` (the ``name`` then holds the scaler)."""
+    arguments = ", ".join(syntax.code(arg.value) for arg in call.args if arg.keyword is None)
+    if api == "load_state_dict":
+        return (
+            f"`{name}.load_state_dict(grad_scaler_state({arguments}))`, with the `grad_scaler_state` helper ampmigrate "
+            "writes where it migrates amp.load_state_dict, so that a checkpoint Apex saved still loads"
+        )
+    if api == "state_dict":
+        return f"`{name}.state_dict()` (the GradScaler's own)"
+    if api == "scale_loss":
+        return (
+            f"`{name}.scale(loss).backward()` for the block, and `{name}.step(optimizer)`, `{name}.update()` for the "
+            "optimizer's step, with the forward pass under `torch.autocast`"
+        )
+    if api == "master_params":
+        return f"`{name}.unscale_(optimizer)` first, and the optimizer's own parameters"
+    return "the GradScaler's code by hand"
+
+
+def _bound_in_another_function(ctx: ModuleContext, call: cst.Call, name: str) -> tuple[int, str] | None:
+    """(line, function) of an Apex import of ``name`` inside another function of the module, where
+    nothing binds ``name`` for ``call`` (no parameter, assignment or import of its own function or of
+    the module): the original fails there with NameError (lonePatient/Bert-Multi-Label-Text-
+    Classification's Trainer imports amp in ``__init__`` and calls ``amp.scale_loss`` in
+    ``train_epoch``)."""
+    function = ctx.function_of(call)
+    found = None
+    for node in ctx.nodes_of(cst.ImportFrom):
+        owner = ctx.function_of(node)
+        if owner is None or owner is function or isinstance(node.names, cst.ImportStar):
+            continue
+        if node.module is None or node.relative or dotted_name(node.module) != "apex":
+            continue
+        for alias in node.names:
+            bound = alias.asname.name if alias.asname is not None else alias.name
+            if isinstance(alias.name, cst.Name) and alias.name.value == "amp" and getattr(bound, "value", None) == name:
+                found = (ctx.position(node)[0], owner.name.value)
+        if found is not None:
+            break
+    if found is None:
+        return None
+    # nothing else binds it: not the module, not the calling function, nor a function around it
+    scopes: list[cst.CSTNode] = [ctx.module]
+    current: cst.CSTNode | None = function
+    while current is not None and current not in scopes:
+        scopes.append(current)
+        current = ctx.function_of(ctx.parent(current) or current)
+    for other in ctx.walk(ctx.module):
+        if isinstance(other, cst.Name) and other.value == name and _binds(ctx, other):
+            scope = ctx.function_of(other)
+            if (scope if scope is not None else ctx.module) in scopes:
+                return None
+        if isinstance(other, cst.Global) and any(item.name.value == name for item in other.names):
+            return None
+    return found
+
+
+def _binds(ctx: ModuleContext, name: cst.Name) -> bool:
+    """Whether ``name`` is bound where it stands (a target, parameter, import, definition)."""
+    parent = ctx.parent(name)
+    if isinstance(parent, (cst.AssignTarget, cst.Param, cst.AsName, cst.For, cst.CompFor, cst.NamedExpr)):
+        return True
+    if isinstance(parent, (cst.AnnAssign, cst.AugAssign)) and parent.target is name:
+        return True
+    if isinstance(parent, (cst.FunctionDef, cst.ClassDef)) and parent.name is name:
+        return True
+    if isinstance(parent, cst.ImportAlias):
+        return parent.asname is None
+    # a name inside a tuple or list target
+    for ancestor in ctx.ancestors(name):
+        if isinstance(ancestor, cst.AssignTarget):
+            return True
+        if not isinstance(ancestor, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
+            return False
+    return False
 
 
 def _imported_names(source: str) -> set[str]:

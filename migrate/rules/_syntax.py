@@ -82,6 +82,16 @@ def sole_statement(line: cst.CSTNode) -> cst.BaseSmallStatement | None:
     return None
 
 
+def target_of(line: cst.CSTNode, value: cst.CSTNode) -> cst.BaseAssignTargetExpression | None:
+    """The one target of a statement line ``target = value`` (``model, optimizer = value``,
+    ``self.optimizer = value``); None where ``value`` is not what the line assigns, or the line
+    assigns it to several targets (``a = b = value``) or holds more than one statement."""
+    small = sole_statement(line)
+    if isinstance(small, cst.Assign) and small.value is value and len(small.targets) == 1:
+        return small.targets[0].target
+    return None
+
+
 def name_assignment(line: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
     """(``x``, value) for a line ``x = value`` (one target, a plain name)."""
     small = sole_statement(line)

@@ -45,7 +45,8 @@ Not rewritten (reported instead)
     name whose uses here were migrated but that other modules import from this one, or that
     ``__all__`` lists: its import stays and the message names them), an
     ``import apex`` that only checks that Apex is installed (AMP043; one whose ``try`` only
-    imports Apex and ignores its failure, ``except ImportError: pass``, goes). Their imports stay so
+    imports Apex and ignores its failure, ``except ImportError: pass`` or only a message that
+    Apex is missing, goes). Their imports stay so
     the code keeps running where Apex is installed.
 
 References
@@ -560,6 +561,9 @@ def _why_its_flags_matter(
     exported = ctx.options.facts.exported
     if flags & exported or "*" in exported:
         return f"other modules import the flag it sets ({spelled}) from here"
+    returning = _function_returning(ctx, flags)
+    if returning is not None:
+        return f"`{returning}()` returns the flag it sets ({spelled}) to its callers, where code may still import Apex under it"
     for scope_imports in ctx.imports.values():
         for bindings in scope_imports.values():
             for binding in bindings:
@@ -591,8 +595,11 @@ def _probe_kept_because(
 
 
 def _failure_ignored(owner: cst.Try) -> bool:
-    """A ``try`` whose every handler catches ImportError and only passes, without ``else`` or
-    ``finally``: what its body imports is optional and nothing marks whether it was found."""
+    """A ``try`` whose every handler catches ImportError (or everything: ``except:``,
+    ``except Exception:``) and only passes or says that Apex is missing
+    (``print("No APEX!")``), without ``else`` or ``finally``: what its body imports is
+    optional and nothing marks whether it was found. Once the code needs no Apex, the message
+    would only announce a missing package nothing uses."""
     if owner.orelse is not None or owner.finalbody is not None or not owner.handlers:
         return False
     # its body only imports Apex: deleting one import lets no other code run where it did not
@@ -610,21 +617,19 @@ def _failure_ignored(owner: cst.Try) -> bool:
     for handler in owner.handlers:
         caught = handler.type
         names = [element.value for element in caught.elements] if isinstance(caught, cst.Tuple) else [caught]
-        if not all(
-            isinstance(name, cst.Name) and name.value in ("ImportError", "ModuleNotFoundError") for name in names
+        if caught is not None and not all(
+            isinstance(name, cst.Name) and name.value in _IMPORT_ERRORS for name in names
         ):
             return False
         block = handler.body
-        passes: list[cst.CSTNode] = (
-            [small for line in block.body if isinstance(line, cst.SimpleStatementLine) for small in line.body]
-            if isinstance(block, cst.IndentedBlock)
-            else list(block.body)
-        )
-        if isinstance(block, cst.IndentedBlock) and not all(
-            isinstance(line, cst.SimpleStatementLine) for line in block.body
+        said: list[cst.BaseSmallStatement] = []
+        for line in block.body if isinstance(block, cst.IndentedBlock) else [block]:
+            if not isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+                return False
+            said.extend(line.body)
+        if not all(
+            isinstance(small, cst.Pass) or _announces_apex(cst.SimpleStatementLine(body=[small])) for small in said
         ):
-            return False
-        if not all(isinstance(small, cst.Pass) for small in passes):
             return False
     return True
 
@@ -754,6 +759,19 @@ def drop_aliases(ctx: ModuleContext, statement: cst.Import | cst.ImportFrom, ali
     ctx.plan.replace[statement] = shrink
 
 
+def _function_returning(ctx: ModuleContext, flags: set[str]) -> str | None:
+    """The name of a function of the module that returns one of the probe's ``flags``
+    (``def is_apex_available(): return _has_apex`` in a vendored Hugging Face file_utils.py), or
+    None: its callers may import Apex under it, so the flag must keep saying whether Apex is installed."""
+    for node in ctx.walk(ctx.module):
+        if isinstance(node, cst.Return) and node.value is not None:
+            function = ctx.function_of(node)
+            names = {dotted_name(name) for name in ctx.walk(node.value) if isinstance(name, (cst.Name, cst.Attribute))}
+            if function is not None and names & flags:
+                return function.name.value
+    return None
+
+
 def _escaping_probe(ctx: ModuleContext, binding: Binding) -> bool:
     """Whether an amp import nothing here uses only sets a flag that code elsewhere reads, and so
     reports AMP043: ``def is_apex_available(): try: from apex import amp ... return True``, or a
@@ -773,7 +791,7 @@ def _escaping_probe(ctx: ModuleContext, binding: Binding) -> bool:
             for name in [dotted_name(node.target)]
             if name is not None
         }
-        if not (flags & exported or "*" in exported):
+        if not (flags & exported or "*" in exported or _function_returning(ctx, flags) is not None):
             return False
     ctx.report(
         "AMP043",
@@ -800,6 +818,24 @@ def _value_use(ctx: ModuleContext, name: cst.Name) -> str:
     statement = " ".join(ctx.code(ctx.statement_of(name)).split())
     if len(statement) > 100:
         statement = statement[:97] + "..."
+    function = ctx.function_of(name)
+    if isinstance(parent, cst.Return) and parent.value is name and function is not None:
+        return (
+            f"`return {name.value}` hands the Apex amp module to the callers of `{function.name.value}`, where "
+            "ampmigrate does not follow it (what they call through it stays, AMP026): have each caller make the "
+            'GradScaler where it calls `.initialize(...)` (`scaler = torch.amp.GradScaler("cuda", enabled=...)`, '
+            "the forward pass under `torch.autocast`) and use it for the rest (`scaler.scale(loss).backward()`, "
+            "`scaler.step(optimizer)`, `scaler.update()`, `scaler.state_dict()`), with no amp module returned, then "
+            "run ampmigrate again"
+        )
+    refused = ctx.carriers.refused.get(name)
+    if refused is not None:
+        return (
+            f"`{statement}` stores the Apex amp module for code that scales through the attribute, which "
+            f"ampmigrate would make a GradScaler, but {refused}: make the GradScaler by hand (`init_scale=`, "
+            "`scaler.update(new_scale=...)` after each step where the scale is static) or pass a dynamic scale, "
+            "then run ampmigrate again"
+        )
     if any(isinstance(node, cst.AssignTarget) for node in ctx.ancestors(name)):
         return (
             f"`{statement}` binds the name of the Apex amp module to another value: on the paths where it holds "
@@ -899,7 +935,18 @@ def _report_leftovers(
                         anchor = (
                             binding.statement if isinstance(binding.statement.names, cst.ImportStar) else binding.alias
                         )
-                        ctx.report("AMP040", anchor, f"{binding.target}: {_replacement(binding.target)}")
+                        kept = _kept_by_their_rule(ctx, [name for name in uses if name not in ctx.consumed])
+                        ctx.report(
+                            "AMP040",
+                            anchor,
+                            (
+                                f"{binding.target}: {_replacement(binding.target)}"
+                                if kept is None
+                                else f"{binding.target} stays imported: its uses here are kept on purpose "
+                                f"({kept}: see the findings there, which name the code to write); delete "
+                                f"`{syntax.code(binding.statement).strip()}` once they are migrated"
+                            ),
+                        )
                     elif scope is ctx.module and not isinstance(binding.statement.names, cst.ImportStar):
                         _report_exported(ctx, binding, bound)
                 elif binding.kind == "apex" and id(binding.alias) not in reported:
@@ -922,6 +969,23 @@ def _report_leftovers(
                                 f"in this module uses the name, and it stays: {why}"
                             ),
                         )
+
+
+def _kept_by_their_rule(ctx: ModuleContext, uses: list[cst.Name]) -> str | None:
+    """The lines where a rule said why it kept each of ``uses`` (AMP042), or None when some
+    use has no such word: then the import's own message says what to write (a generic "use
+    torch.optim.AdamW" would contradict a rule that kept the optimizer for its wrapper)."""
+    kept = {(finding.line, finding.column) for finding in ctx.findings if finding.code == "AMP042"}
+    lines = []
+    for name in uses:
+        line, column = ctx.position(name)
+        if (line, column) not in kept:
+            return None
+        lines.append(line)
+    if not lines:
+        return None
+    shown = sorted(set(lines))
+    return f"line{'s' if len(shown) > 1 else ''} {', '.join(str(line) for line in shown)}"
 
 
 def _report_exported(ctx: ModuleContext, binding: Binding, bound: str) -> None:

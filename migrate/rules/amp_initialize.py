@@ -698,11 +698,8 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
     call = use.call
     statement = ctx.statement_of(call)
     small = syntax.sole_statement(statement)
-    if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1:
-        target: cst.BaseExpression | None = small.targets[0].target
-    elif isinstance(small, cst.Expr) and small.value is call:
-        target = None
-    else:
+    target: cst.BaseExpression | None = syntax.target_of(statement, call)
+    if target is None and not (isinstance(small, cst.Expr) and small.value is call):
         ctx.report(
             "AMP010",
             call,
@@ -716,13 +713,24 @@ def _read_call(ctx: ModuleContext, use: AmpCall) -> SetupCall | None:
         unknown = [
             arg.keyword.value for arg in call.args if arg.keyword is not None and arg.keyword.value not in PARAMETERS
         ]
-        what = f"the keyword {', '.join(unknown)} (not an amp.initialize argument)" if unknown else "*args/**kwargs"
+        if unknown:
+            ctx.report(
+                "AMP010",
+                call,
+                f"amp.initialize with the keyword {', '.join(unknown)} (not an amp.initialize argument): delete the "
+                'call and create `scaler = torch.amp.GradScaler("cuda")` where the training loop can reach it',
+            )
+            return None
         native = _native_scaler_beside(ctx, call)
         ctx.report(
             "AMP010",
             call,
-            f"amp.initialize with {what}: delete the call and create "
-            '`scaler = torch.amp.GradScaler("cuda")` where the training loop can reach it'
+            "amp.initialize with *args/**kwargs: the settings it applies (opt_level, loss_scale, num_losses, ...) are "
+            "known only at run time, so the code they ask for cannot be written here. Spell them out in the call "
+            '(`amp.initialize(model, optimizer, opt_level="O1")`) and run ampmigrate again; or, for O1 with a '
+            'dynamic scale, delete the call, create `scaler = torch.amp.GradScaler("cuda")` where the training '
+            'loop can reach it, and run the forward pass and loss under `torch.autocast("cuda", dtype=torch.float16)` '
+            "(the call removed alone would train in float32)"
             + (
                 f"; this class already makes a native one (`{ctx.code(native)}`, line {ctx.position(native)[0]}) "
                 "for its torch.amp path: train through that path and delete this Apex branch with the amp calls "
@@ -1194,6 +1202,35 @@ def _loss_scale(bound: dict[str, cst.Arg]) -> _LossScale:
     return scale
 
 
+def _held_default(ctx: ModuleContext, found: SetupCall) -> dict[str, cst.Arg]:
+    """The call's arguments, ``loss_scale=P`` read as P's default where every call of the function in
+    the project leaves the parameter P there (``ModuleFacts.held_defaults``), with an AMP006 note."""
+    bound = found.bound
+    argument = bound.get("loss_scale")
+    function = ctx.function_of(found.call)
+    if (
+        argument is None
+        or not isinstance(argument.value, cst.Name)
+        or function is None
+        or (function.name.value, argument.value.value) not in ctx.options.facts.held_defaults
+    ):
+        return bound
+    parameter = next(
+        (p for p in (*function.params.params, *function.params.kwonly_params) if p.name.value == argument.value.value),
+        None,
+    )
+    if parameter is None or parameter.default is None or syntax.literal(parameter.default) is ...:
+        return bound
+    ctx.report(
+        "AMP006",
+        argument,
+        f"loss_scale={argument.value.value}: every call of `{function.name.value}` in the project leaves "
+        f"`{argument.value.value}` at its default {syntax.code(parameter.default)}, so the GradScaler is made for "
+        "that; the parameter is no longer read (a call passing another loss_scale needs the scaler made by hand)",
+    )
+    return {**bound, "loss_scale": argument.with_changes(value=parameter.default)}
+
+
 def _scale_literal(value: float | None) -> cst.BaseExpression:
     return cst.Float(repr(value)) if value is not None else cst.Name("None")
 
@@ -1640,7 +1677,7 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
     settings = _read_settings(ctx, model, found)
     if settings is None:
         return
-    scale = _loss_scale(found.bound)
+    scale = _loss_scale(_held_default(ctx, found))
     bound = found.bound
     if scale.invalid:
         for note in scale.notes:
@@ -1849,10 +1886,29 @@ def _report_runtime_blocked(ctx: ModuleContext, found: SetupCall, scale: _LossSc
     )
 
 
+def _unfit_for_a_carrier(scaler: Scaler, loss_scale: str | None) -> str | None:
+    """Why the GradScaler of ``scaler`` cannot be stored where the amp module was, for readers that
+    only scale, step and update through it (``args.amp``); None when it can."""
+    if scaler.static_scale is not None or scaler.held_scale is not None:
+        spelled = f" (`loss_scale={loss_scale}`)" if loss_scale else ""
+        return (
+            f"its loss scale{spelled} is fixed or known only at run time, and the scale to hold after each "
+            "`scaler.update()` cannot follow the GradScaler to the code that reads it through the attribute"
+        )
+    if scaler.autocast_enabled is not None:
+        return "autocast is not on exactly where that GradScaler is enabled"
+    return None
+
+
 def plan(ctx: ModuleContext) -> None:
     model = ctx.amp
     for use in model.of("initialize"):
         _plan_one(ctx, model, use)
+    found_scales: dict[int, str] = {}
+    for use in model.of("initialize"):
+        bound = _arguments(use.call)
+        if bound is not None and "loss_scale" in bound:
+            found_scales[id(use.call)] = syntax.code(bound["loss_scale"].value)
     if ctx.carriers.any:
         # `self.amp = amp` now stores the scaler that amp.initialize became
         ctx.carriers.plan_stores({s.initialize: s.name for s in model.scalers if s.klass and s.initialize})
@@ -1863,7 +1919,7 @@ def plan(ctx: ModuleContext) -> None:
                     s.initialize,
                     s.function,
                     s.name,
-                    s.static_scale is None and s.held_scale is None and s.autocast_enabled is None,
+                    _unfit_for_a_carrier(s, found_scales.get(id(s.initialize))),
                 )
                 for s in model.scalers
                 if s.initialize is not None and s.klass is None

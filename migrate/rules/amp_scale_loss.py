@@ -642,6 +642,7 @@ def _plan_one(
     if not scaler.carried:  # a carrier exists only where Apex scaled: its `if` stays
         _collapse_fp32_branch(ctx, with_node, asname, loss, access)
     ctx.plan.unwrap.add(with_node)
+    _drop_delay_flag(ctx, arguments.get("delay_unscale"), with_node)
     ctx.consumed.add(use.base)
     model.sites.append(call)
     managed[id(scaler)] |= _managed_optimizers(ctx, model, call, optimizers)
@@ -992,6 +993,41 @@ def plan(ctx: ModuleContext) -> None:
 # ``else``, and autocast is on where ``bool(args.fp16) and args.amp.is_enabled()``.
 
 
+def _drop_delay_flag(ctx: ModuleContext, argument: cst.Arg | None, with_node: cst.With) -> None:
+    """``delay_unscale = i != last`` earlier in the block of the scale_loss, read by nothing but its
+    ``delay_unscale=`` (which goes): the assignment goes too, when its value calls nothing."""
+    if argument is None or not isinstance(argument.value, cst.Name):
+        return
+    name = argument.value.value
+    function = ctx.function_of(with_node)
+    if function is None:
+        return
+    spelled = [
+        node
+        for node in ctx.walk(function)
+        if isinstance(node, cst.Name)
+        and node.value == name
+        and not (isinstance(ctx.parent(node), cst.Arg) and ctx.parent(node).keyword is node)  # type: ignore[union-attr]
+    ]
+    if len(spelled) != 2:
+        return
+    target = next(node for node in spelled if node is not argument.value)
+    assign_target = ctx.parent(target)
+    assign = ctx.parent(assign_target) if isinstance(assign_target, cst.AssignTarget) else None
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return
+    statement = ctx.statement_of(assign)
+    if (
+        not isinstance(statement, cst.SimpleStatementLine)
+        or len(statement.body) != 1
+        or ctx.parent(statement) is not ctx.parent(with_node)
+        or ctx.position(statement) > ctx.position(with_node)
+        or any(isinstance(node, (cst.Call, cst.NamedExpr, cst.Await, cst.Yield)) for node in ctx.walk(assign.value))
+    ):
+        return
+    ctx.plan.remove.add(statement)
+
+
 def _carrier_failed(ctx: ModuleContext, at: cst.CSTNode, why: str) -> None:
     ctx.report(
         "AMP022",
@@ -1051,8 +1087,12 @@ def _carrier_guard(ctx: ModuleContext, scaler: Scaler, with_node: cst.With, call
             ctx, call, f"`if {ctx.code(branch.test)}:` is not reached from its function or loop through `if`s only"
         )
         return False
+    path = [*found[1], (branch.test, True)]
+    # `if self.amp is not None:`: the attribute itself tells where it holds the GradScaler (it held
+    # the amp module there, None elsewhere), whatever the tests on the way to its store
+    present = scaler.access is not None and any(_tests_presence(test, scaler.access) is arm for test, arm in path)
     tests = [branch.test, *(test for test, _ in found[1])]
-    if any(dotted_name(test) is None for test in tests):
+    if any(dotted_name(test) is None and not _is_presence_test(test, scaler.access) for test in tests):
         _carrier_failed(ctx, call, "the flags that lead to it cannot all be tested again at the step")
         return False
     if scaler.guard is not None and not scaler.guard.deep_equals(branch.test):
@@ -1061,10 +1101,10 @@ def _carrier_guard(ctx: ModuleContext, scaler: Scaler, with_node: cst.With, call
     # the scaled path must be where the attribute was set: there it now holds the GradScaler
     owner = scaler.access.value if isinstance(scaler.access, cst.Attribute) else None
     held = ctx.options.facts.carrier_conditions
-    here = {(syntax.normalized(test), arm) for test, arm in [*found[1], (branch.test, True)]}
+    here = {(syntax.normalized(test), arm) for test, arm in path}
     if isinstance(owner, cst.Name):
         here = {(carrier_condition(test, owner.value), arm) for test, arm in here}
-    if held is None or here != set(held):
+    if held is None or (here != set(held) and not present):
         stored = " and ".join(f"{'' if arm else 'not '}{test}" for test, arm in held or ()) or "always"
         _carrier_failed(
             ctx,
@@ -1078,17 +1118,50 @@ def _carrier_guard(ctx: ModuleContext, scaler: Scaler, with_node: cst.With, call
     for test, arm in found[1]:
         parenthesized = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         plain = isinstance(test, (cst.Name, cst.Attribute))
-        conditions.append(
-            syntax.call("bool", [cst.Arg(test)])
-            if arm
-            else cst.UnaryOperation(cst.Not(), test if plain else parenthesized)
-        )
-    conditions.append(syntax.call("bool", [cst.Arg(branch.test)]))
+        conditions.append(_as_bool(test) if arm else cst.UnaryOperation(cst.Not(), test if plain else parenthesized))
+    conditions.append(_as_bool(branch.test))
     guard = conditions[0]
     for condition in conditions[1:]:
         guard = cst.BooleanOperation(guard, cst.And(), condition)
     scaler.path_guard = guard
     return True
+
+
+def _as_bool(test: cst.BaseExpression) -> cst.BaseExpression:
+    """``test`` as a bool for ``enabled=``: a comparison already is one, anything else in ``bool()``."""
+    if isinstance(test, cst.Comparison) or (
+        isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+    ):
+        return test
+    return syntax.call("bool", [cst.Arg(test)])
+
+
+def _tests_presence(test: cst.BaseExpression, access: cst.BaseExpression) -> bool | None:
+    """For a test of whether the carrier ``access`` holds the amp module (``self.amp``,
+    ``self.amp is not None``; ``self.amp is None``, ``not self.amp``): the arm of the ``if`` on
+    which it does (True: the body). None for any other test."""
+    spelled = syntax.normalized(access)
+    if syntax.normalized(test) == spelled:
+        return True
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return False if syntax.normalized(test.expression) == spelled else None
+    if (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and syntax.normalized(test.left) == spelled
+        and isinstance(test.comparisons[0].comparator, cst.Name)
+        and test.comparisons[0].comparator.value == "None"
+    ):
+        operator = test.comparisons[0].operator
+        if isinstance(operator, cst.IsNot):
+            return True
+        if isinstance(operator, cst.Is):
+            return False
+    return None
+
+
+def _is_presence_test(test: cst.BaseExpression, access: cst.BaseExpression | None) -> bool:
+    return access is not None and _tests_presence(test, access) is not None
 
 
 IfPath = list[tuple[cst.BaseExpression, bool]]
@@ -1167,6 +1240,25 @@ def _plan_carrier_steps(
     step = steps[0]
     statement = ctx.statement_of(step)
     step_top = _top_through_ifs(ctx, statement)
+    # the micro-batches of one step in a loop of their own (`for chunk in split(batch): ...
+    # scale_loss ...`, then the step after the loop): the scaled backward passes accumulate into
+    # the gradients the one step unscales, as Apex's delay_unscale did
+    owner = ctx.owner_of_block(ctx.block_of(top_site))
+    lifted = (
+        step_top is not None
+        and not any(step_top[0] is candidate for candidate in after)
+        and isinstance(owner, cst.For)
+        and owner.orelse is None
+        and ctx.function_of(owner) is function
+        and _top_through_ifs(ctx, owner) is not None
+    )
+    if lifted:
+        assert isinstance(owner, cst.For)
+        loop_top = _top_through_ifs(ctx, owner)
+        assert loop_top is not None
+        top_site, site_path = loop_top[0], [*loop_top[1], *site_path]
+        block = list(ctx.block_of(top_site).body)
+        after = block[block.index(top_site) + 1 :]
     if (
         _single_call(statement) is not step
         or step.args
@@ -1181,7 +1273,7 @@ def _plan_carrier_steps(
         fail(f"`{ctx.code(step)}` may run where the scaled backward did not (under other conditions)")
         return
     span = [top_site, *after[: after.index(top_step) + 1]]
-    if any(_assigned_in(ctx, span, test) for test in (guard, *(test for test, _ in site_path))):
+    if any(_assigned_in(ctx, span, test) for test in (guard, access, *(test for test, _ in site_path))):
         fail("a flag that leads to the scaled backward may change before the step")
         return
 
@@ -1204,6 +1296,9 @@ def _plan_carrier_steps(
         for test, arm in step_path
     ):
         fail("code runs between the scaled backward and a step that not every iteration takes")
+        return
+    if lifted and between:
+        fail("code runs between the scaled backward passes of the loop and the step after it")
         return
     optimizer = step.func.value  # type: ignore[attr-defined]
     for backward in between:

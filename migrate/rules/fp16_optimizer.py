@@ -679,12 +679,7 @@ def _read_settings(ctx: ModuleContext, construction: _Construction, bound: dict[
 def _shape_problem(ctx: ModuleContext, call: cst.Call, statement: cst.CSTNode, flavor: str) -> str:
     """Why the construction is not ``name = FP16_Optimizer(...)``: for ``self.optimizer = ...`` (a
     trainer class keeping it between methods), the methods that use it and the code to write."""
-    small = syntax.sole_statement(statement)
-    target = (
-        small.targets[0].target
-        if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1
-        else None
-    )
+    target = syntax.target_of(statement, call)
     attribute = dotted_name(target) if isinstance(target, cst.Attribute) else None
     if attribute is None or attribute.count(".") != 1:
         return "not a plain `optimizer = FP16_Optimizer(optimizer, ...)` assignment"
@@ -2084,11 +2079,8 @@ class _Planner:
         ctx = self.ctx
         for name in self._trained_models():
             for node in ctx.nodes_of(cst.Call):
-                statement = ctx.statement_of(node)
-                small = syntax.sole_statement(statement)
-                if not (isinstance(small, cst.Assign) and small.value is node and len(small.targets) == 1):
-                    continue
-                if dotted_name(small.targets[0].target) != name or ctx.scope_of(node) is not self.setup.scope:
+                target = syntax.target_of(ctx.statement_of(node), node)
+                if target is None or dotted_name(target) != name or ctx.scope_of(node) is not self.setup.scope:
                     continue
                 callee = dotted_name(node.func)
                 root = callee.split(".")[0] if callee else None
@@ -2129,10 +2121,10 @@ class _Planner:
                 continue
             _, model_index, model, flag_index, flag, attribute, where = fact
             statement = ctx.statement_of(call)
-            small = syntax.sole_statement(statement)
-            if not (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1):
+            assigned = syntax.target_of(statement, call)
+            if assigned is None:
                 continue
-            target = dotted_name(small.targets[0].target)
+            target = dotted_name(assigned)
             if target not in trained:
                 continue
             names = [f"_{i}" for i in range(max(model_index, flag_index) + 1)]
@@ -2868,12 +2860,8 @@ def _lookalike_recipe(ctx: ModuleContext, call: cst.Call, fused: cst.Call, calls
     switch = _switch_of(ctx, statement, call)
     if switch is not None:
         creation = creation[:-1] + f", enabled={switch})"
-    small = syntax.sole_statement(statement)
-    target = (
-        dotted_name(small.targets[0].target)
-        if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1
-        else None
-    )
+    assigned = syntax.target_of(statement, call)
+    target = dotted_name(assigned) if assigned is not None else None
     scope = ctx.scope_of(call)
     halves = [
         str(ctx.position(node)[0])

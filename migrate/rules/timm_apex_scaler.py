@@ -113,10 +113,7 @@ def _is_o1(level: cst.Arg) -> bool:
 def _initialize_of_o1(ctx: ModuleContext, call: cst.Call) -> cst.SimpleStatementLine | None:
     """The line ``model, optimizer = amp.initialize(model, optimizer, opt_level="O1")``."""
     line = ctx.statement_of(call)
-    small = syntax.sole_statement(line)
-    if not (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1):
-        return None
-    target = small.targets[0].target
+    target = syntax.target_of(line, call)
     if not isinstance(target, (cst.Tuple, cst.List)) or len(call.args) != 3:
         return None
     positional = [arg.value for arg in call.args[:2] if arg.keyword is None and not arg.star]
@@ -269,15 +266,15 @@ def _inference_initialize(ctx: ModuleContext, call: cst.Call) -> cst.If | None:
     (timm's validate.py: the model alone, handed back under its own name, nothing else in the
     ``if``)."""
     line = ctx.statement_of(call)
-    small = syntax.sole_statement(line)
-    if not (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1):
+    target = syntax.target_of(line, call)
+    if target is None:
         return None
     if len(call.args) != 2 or call.args[0].keyword is not None or call.args[0].star:
         return None
     model, level = call.args
     if not isinstance(model.value, (cst.Name, cst.Attribute)):
         return None
-    if syntax.code(small.targets[0].target) != syntax.code(model.value):
+    if syntax.code(target) != syntax.code(model.value):
         return None
     if not _is_o1(level):
         return None
