@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import checks_presence
 
 if TYPE_CHECKING:  # _context builds the carriers
@@ -59,6 +60,9 @@ class Carrier:
     method: cst.FunctionDef
     initialize: cst.Call
     store: cst.Name  # the ``amp`` of the store, consumed once it names the scaler
+    # the store comes right before the initialize, called through it (``self.amp = amp``, then
+    # ``model, optimizer = self.amp.initialize(...)``): RetinaNet's ``initialize_training``
+    before: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,13 +82,18 @@ class Carriers:
         self.ctx = ctx
         self.by_key: dict[tuple[cst.ClassDef, str], Carrier] = {}
         self.bases: list[cst.Attribute] = []  # the ``self.<attr>`` of every call through a carrier
+        self.initialize_bases: list[cst.Attribute] = []  # the ``self.amp`` of ``self.amp.initialize(...)``
         for name in ctx.nodes_of(cst.Name):
             carrier = self._store(name, amp_api)
             if carrier is not None:
                 bases = self._calls(carrier)
-                if bases is not None:
+                if bases is not None and (carrier.klass, carrier.attribute) not in self.by_key:
                     self.by_key[(carrier.klass, carrier.attribute)] = carrier
                     self.bases.extend(bases)
+                    if carrier.before:
+                        func = carrier.initialize.func
+                        assert isinstance(func, cst.Attribute) and isinstance(func.value, cst.Attribute)
+                        self.initialize_bases.append(func.value)
         # project mode: attributes of any object that carry the amp module between functions
         # and modules (``args.amp``); see ``_plain``
         self.plain_stores: list[PlainStore] = []
@@ -108,6 +117,13 @@ class Carriers:
         base = func.value
         if isinstance(base, cst.Attribute) and (base in self.bases or base in self.plain_bases):
             return func.attr.value, base
+        return None
+
+    def initialize_api(self, func: cst.BaseExpression) -> tuple[str, cst.Attribute] | None:
+        """For the ``self.amp.initialize`` of a carrier stored before it: ("initialize", ``self.amp``)."""
+        if isinstance(func, cst.Attribute) and func.attr.value == "initialize" and func.value in self.initialize_bases:
+            assert isinstance(func.value, cst.Attribute)
+            return "initialize", func.value
         return None
 
     def leftovers(self) -> list[cst.CSTNode]:
@@ -248,7 +264,25 @@ class Carriers:
             owner = self.ctx.self_name(carrier.method)
             if name is None or owner is None:
                 continue  # the setup stays: the store stays a value use (AMP030)
-            self.ctx.plan.substitute(carrier.store, cst.Attribute(cst.Name(owner), cst.Name(name)))
+            creation = cst.Attribute(cst.Name(owner), cst.Name(name))
+            lines = self.ctx.plan.replace_statement.get(self.ctx.statement_of(carrier.initialize))
+            if carrier.before and any(
+                isinstance(line, cst.SimpleStatementLine)
+                and isinstance(line.body[0], cst.Assign)
+                and line.body[0].targets[0].target.deep_equals(creation)
+                for line in lines or ()
+            ):
+                # the store ran before the initialize, which the scaler's creation replaces: the
+                # store goes, and the attribute takes the scaler right after its creation
+                assert lines is not None
+                assign = self.ctx.parent(carrier.store)
+                assert isinstance(assign, cst.Assign)
+                lines.append(syntax.assign_statement(assign.targets[0].target.deep_clone(), creation))
+                self.ctx.plan.remove.add(self.ctx.statement_of(carrier.store))
+                self.ctx.consumed.add(carrier.store)
+                continue
+            # (made above the guards of the initialize, the scaler exists before the store too)
+            self.ctx.plan.substitute(carrier.store, creation)
             self.ctx.consumed.add(carrier.store)
 
     # ------------------------------------------------------------------ recognition
@@ -286,9 +320,41 @@ class Carriers:
         if klass is None or method is None:
             return None
         initialize = self._initialize_before(assign, amp_api)
-        if initialize is None:
+        if initialize is not None:
+            return Carrier(klass, target.attr.value, method, initialize, name)
+        initialize = self._initialize_through(assign, target)
+        if initialize is not None:
+            return Carrier(klass, target.attr.value, method, initialize, name, before=True)
+        return None
+
+    def _initialize_through(self, assign: cst.Assign, target: cst.Attribute) -> cst.Call | None:
+        """``... = self.amp.initialize(...)``, the statement right after the store ``self.amp = amp``
+        (``assign``) in its block, on the same object and attribute."""
+        ctx = self.ctx
+        statement = ctx.statement_of(assign)
+        block = ctx.parent(statement)
+        if not isinstance(block, cst.IndentedBlock) or not isinstance(statement, cst.SimpleStatementLine):
             return None
-        return Carrier(klass, target.attr.value, method, initialize, name)
+        if len(statement.body) != 1:
+            return None
+        index = block.body.index(statement)
+        if index + 1 >= len(block.body):
+            return None
+        following = block.body[index + 1]
+        if not isinstance(following, cst.SimpleStatementLine) or len(following.body) != 1:
+            return None
+        line = following.body[0]
+        if not isinstance(line, cst.Assign) or not isinstance(line.value, cst.Call):
+            return None
+        func = line.value.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "initialize"
+            and isinstance(func.value, cst.Attribute)
+            and func.value.deep_equals(target)
+        ):
+            return line.value
+        return None
 
     def _initialize_before(self, assign: cst.Assign, amp_api: AmpApi) -> cst.Call | None:
         """The one ``amp.initialize`` call earlier in the block of the store ``assign``."""
@@ -335,6 +401,8 @@ class Carriers:
                     return None
             elif isinstance(parent, cst.Attribute) and parent.value is attribute:
                 call = ctx.parent(parent)
+                if carrier.before and call is carrier.initialize:
+                    continue  # `self.amp.initialize(...)`, right after the store
                 if not (isinstance(call, cst.Call) and call.func is parent and parent.attr.value in CARRIED_APIS):
                     return None
                 bases.append(attribute)
