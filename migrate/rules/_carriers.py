@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import checks_presence
 
 if TYPE_CHECKING:  # _context builds the carriers
@@ -59,6 +60,9 @@ class Carrier:
     method: cst.FunctionDef
     initialize: cst.Call
     store: cst.Name  # the ``amp`` of the store, consumed once it names the scaler
+    # the store comes right before the initialize, called through it (``self.amp = amp``, then
+    # ``model, optimizer = self.amp.initialize(...)``): RetinaNet's ``initialize_training``
+    before: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,13 +82,18 @@ class Carriers:
         self.ctx = ctx
         self.by_key: dict[tuple[cst.ClassDef, str], Carrier] = {}
         self.bases: list[cst.Attribute] = []  # the ``self.<attr>`` of every call through a carrier
+        self.initialize_bases: list[cst.Attribute] = []  # the ``self.amp`` of ``self.amp.initialize(...)``
         for name in ctx.nodes_of(cst.Name):
             carrier = self._store(name, amp_api)
             if carrier is not None:
                 bases = self._calls(carrier)
-                if bases is not None:
+                if bases is not None and (carrier.klass, carrier.attribute) not in self.by_key:
                     self.by_key[(carrier.klass, carrier.attribute)] = carrier
                     self.bases.extend(bases)
+                    if carrier.before:
+                        func = carrier.initialize.func
+                        assert isinstance(func, cst.Attribute) and isinstance(func.value, cst.Attribute)
+                        self.initialize_bases.append(func.value)
         # project mode: attributes of any object that carry the amp module between functions
         # and modules (``args.amp``); see ``_plain``
         self.plain_stores: list[PlainStore] = []
@@ -108,6 +117,13 @@ class Carriers:
         base = func.value
         if isinstance(base, cst.Attribute) and (base in self.bases or base in self.plain_bases):
             return func.attr.value, base
+        return None
+
+    def initialize_api(self, func: cst.BaseExpression) -> tuple[str, cst.Attribute] | None:
+        """For the ``self.amp.initialize`` of a carrier stored before it: ("initialize", ``self.amp``)."""
+        if isinstance(func, cst.Attribute) and func.attr.value == "initialize" and func.value in self.initialize_bases:
+            assert isinstance(func.value, cst.Attribute)
+            return "initialize", func.value
         return None
 
     def leftovers(self) -> list[cst.CSTNode]:
@@ -248,7 +264,25 @@ class Carriers:
             owner = self.ctx.self_name(carrier.method)
             if name is None or owner is None:
                 continue  # the setup stays: the store stays a value use (AMP030)
-            self.ctx.plan.substitute(carrier.store, cst.Attribute(cst.Name(owner), cst.Name(name)))
+            creation = cst.Attribute(cst.Name(owner), cst.Name(name))
+            lines = self.ctx.plan.replace_statement.get(self.ctx.statement_of(carrier.initialize))
+            if carrier.before and any(
+                isinstance(line, cst.SimpleStatementLine)
+                and isinstance(line.body[0], cst.Assign)
+                and line.body[0].targets[0].target.deep_equals(creation)
+                for line in lines or ()
+            ):
+                # the store ran before the initialize, which the scaler's creation replaces: the
+                # store goes, and the attribute takes the scaler right after its creation
+                assert lines is not None
+                assign = self.ctx.parent(carrier.store)
+                assert isinstance(assign, cst.Assign)
+                lines.append(syntax.assign_statement(assign.targets[0].target.deep_clone(), creation))
+                self.ctx.plan.remove.add(self.ctx.statement_of(carrier.store))
+                self.ctx.consumed.add(carrier.store)
+                continue
+            # (made above the guards of the initialize, the scaler exists before the store too)
+            self.ctx.plan.substitute(carrier.store, creation)
             self.ctx.consumed.add(carrier.store)
 
     # ------------------------------------------------------------------ recognition
@@ -286,9 +320,41 @@ class Carriers:
         if klass is None or method is None:
             return None
         initialize = self._initialize_before(assign, amp_api)
-        if initialize is None:
+        if initialize is not None:
+            return Carrier(klass, target.attr.value, method, initialize, name)
+        initialize = self._initialize_through(assign, target)
+        if initialize is not None:
+            return Carrier(klass, target.attr.value, method, initialize, name, before=True)
+        return None
+
+    def _initialize_through(self, assign: cst.Assign, target: cst.Attribute) -> cst.Call | None:
+        """``... = self.amp.initialize(...)``, the statement right after the store ``self.amp = amp``
+        (``assign``) in its block, on the same object and attribute."""
+        ctx = self.ctx
+        statement = ctx.statement_of(assign)
+        block = ctx.parent(statement)
+        if not isinstance(block, cst.IndentedBlock) or not isinstance(statement, cst.SimpleStatementLine):
             return None
-        return Carrier(klass, target.attr.value, method, initialize, name)
+        if len(statement.body) != 1:
+            return None
+        index = block.body.index(statement)
+        if index + 1 >= len(block.body):
+            return None
+        following = block.body[index + 1]
+        if not isinstance(following, cst.SimpleStatementLine) or len(following.body) != 1:
+            return None
+        line = following.body[0]
+        if not isinstance(line, cst.Assign) or not isinstance(line.value, cst.Call):
+            return None
+        func = line.value.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "initialize"
+            and isinstance(func.value, cst.Attribute)
+            and func.value.deep_equals(target)
+        ):
+            return line.value
+        return None
 
     def _initialize_before(self, assign: cst.Assign, amp_api: AmpApi) -> cst.Call | None:
         """The one ``amp.initialize`` call earlier in the block of the store ``assign``."""
@@ -324,6 +390,8 @@ class Carriers:
             if self._owner(attribute) is not carrier.klass:
                 if checks_presence(ctx, attribute):
                     continue  # `if args.amp:`: another object's flag, or a check the scaler answers alike
+                if self._unset_in_base_init(attribute, carrier):
+                    continue  # `self.amp = None` when the base class builds the object
                 return None
             parent = ctx.parent(attribute)
             if isinstance(parent, cst.AssignTarget):
@@ -331,10 +399,16 @@ class Carriers:
                 assert isinstance(assign, cst.Assign)
                 if assign.value is carrier.store:
                     continue
-                if not self._reset_before(assign, carrier, store_statement):
+                if not self._reset_before(attribute, assign, carrier, store_statement):
+                    return None
+            elif isinstance(parent, cst.Element):
+                assign = self._none_set(attribute)  # `self.model, self.amp = None, None`
+                if assign is None or not self._reset_before(attribute, assign, carrier, store_statement):
                     return None
             elif isinstance(parent, cst.Attribute) and parent.value is attribute:
                 call = ctx.parent(parent)
+                if carrier.before and call is carrier.initialize:
+                    continue  # `self.amp.initialize(...)`, right after the store
                 if not (isinstance(call, cst.Call) and call.func is parent and parent.attr.value in CARRIED_APIS):
                     return None
                 bases.append(attribute)
@@ -342,13 +416,110 @@ class Carriers:
                 return None
         return bases
 
-    def _reset_before(self, assign: cst.Assign, carrier: Carrier, store_statement: cst.CSTNode) -> bool:
+    def _none_set(self, attribute: cst.Attribute) -> cst.Assign | None:
+        """The assignment that sets ``attribute`` to None: ``self.amp = None``, or one element of
+        ``self.model, self.amp = [None, None]`` (a literal of as many elements)."""
+        ctx = self.ctx
+        parent = ctx.parent(attribute)
+        if isinstance(parent, cst.AssignTarget):
+            assign = ctx.parent(parent)
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and _is_none(assign.value):
+                return assign
+            return None
+        if not isinstance(parent, cst.Element):
+            return None
+        targets = ctx.parent(parent)
+        if not isinstance(targets, (cst.Tuple, cst.List)):
+            return None
+        target = ctx.parent(targets)
+        if not isinstance(target, cst.AssignTarget):
+            return None
+        assign = ctx.parent(target)
+        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+            return None
+        values = assign.value
+        if not isinstance(values, (cst.Tuple, cst.List)) or len(values.elements) != len(targets.elements):
+            return None
+        if any(isinstance(e, cst.StarredElement) for e in (*values.elements, *targets.elements)):
+            return None
+        index = next(i for i, element in enumerate(targets.elements) if element is parent)
+        return assign if _is_none(values.elements[index].value) else None
+
+    def _unset_in_base_init(self, attribute: cst.Attribute, carrier: Carrier) -> bool:
+        """``self.amp = None`` (or one element of a tuple of Nones) in the ``__init__`` of a base
+        class of the carrier's class named in its bases, as a statement of that ``__init__``'s own
+        block, where nothing before it can reach the store: the calls before it pass no ``self``
+        and call on ``self`` only static methods of that base the carrier's class does not
+        redefine; and the carrier's class's own ``__init__``, if any, calls ``super().__init__``
+        first (adik0861/RetinaNet's ``Initialization.__init__``)."""
+        ctx = self.ctx
+        function = ctx.function_of(attribute)
+        base = self._owner(attribute)
+        if base is None or function is None or function.name.value != "__init__":
+            return False
+        if carrier.method.name.value == "__init__":
+            return False
+        if not any(
+            isinstance(arg.value, cst.Name) and arg.value.value == base.name.value for arg in carrier.klass.bases
+        ):
+            return False
+        if not isinstance(ctx.parent(base), cst.Module) or not isinstance(ctx.parent(carrier.klass), cst.Module):
+            return False
+        if sum(1 for n in ctx.module.body if isinstance(n, cst.ClassDef) and n.name.value == base.name.value) != 1:
+            return False
+        assign = self._none_set(attribute)
+        if assign is None or ctx.parent(ctx.statement_of(assign)) is not function.body:
+            return False
+        owner, here = ctx.self_name(function), ctx.position(assign)
+        own = {n.name.value for n in carrier.klass.body.body if isinstance(n, cst.FunctionDef)}
+        static = {
+            n.name.value
+            for n in base.body.body
+            if isinstance(n, cst.FunctionDef)
+            and any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in n.decorators)
+        }
+        for call in ctx.nodes_of(cst.Call):
+            if ctx.function_of(call) is not function or ctx.position(call) >= here:
+                continue
+            if any(isinstance(n, cst.Name) and n.value == owner for arg in call.args for n in ctx.walk(arg.value)):
+                return False
+            if _root_name(call.func) in (owner, "super"):
+                func = call.func
+                if not (
+                    isinstance(func, cst.Attribute)
+                    and isinstance(func.value, cst.Name)
+                    and func.value.value == owner
+                    and func.attr.value in static
+                    and func.attr.value not in own
+                ):
+                    return False
+        init = next(
+            (n for n in carrier.klass.body.body if isinstance(n, cst.FunctionDef) and n.name.value == "__init__"), None
+        )
+        if init is None:
+            return True
+        first = init.body.body[0] if isinstance(init.body, cst.IndentedBlock) and init.body.body else None
+        if not (isinstance(first, cst.SimpleStatementLine) and isinstance(first.body[0], cst.Expr)):
+            return False
+        first_call = first.body[0].value
+        return (
+            isinstance(first_call, cst.Call)
+            and isinstance(first_call.func, cst.Attribute)
+            and first_call.func.attr.value == "__init__"
+            and isinstance(first_call.func.value, cst.Call)
+            and isinstance(first_call.func.value.func, cst.Name)
+            and first_call.func.value.func.value == "super"
+        )
+
+    def _reset_before(
+        self, attribute: cst.Attribute, assign: cst.Assign, carrier: Carrier, store_statement: cst.CSTNode
+    ) -> bool:
         """``self.<attr> = None`` that runs before the store: earlier in its method, or in
         ``__init__`` (before it calls anything on ``self``) when the store is in another
         method. (Set to None after the store, the attribute would say "no amp" while the
         scaler is on.)"""
         ctx = self.ctx
-        if len(assign.targets) != 1 or not (isinstance(assign.value, cst.Name) and assign.value.value == "None"):
+        if self._none_set(attribute) is not assign:
             return False
         function = ctx.function_of(assign)
         if function is carrier.method:
@@ -364,6 +535,10 @@ class Carriers:
             for call in ctx.nodes_of(cst.Call)
             if ctx.function_of(call) is function
         )
+
+
+def _is_none(expression: cst.BaseExpression) -> bool:
+    return isinstance(expression, cst.Name) and expression.value == "None"
 
 
 def _root_name(expression: cst.BaseExpression) -> str | None:

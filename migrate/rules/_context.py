@@ -330,7 +330,7 @@ class ModuleContext:
             if self.handles.any:
                 found = self.handles.api(func)
             if found is None and self.carriers.any:
-                found = self.carriers.api(func)
+                found = self.carriers.api(func) or self.carriers.initialize_api(func)
         return found
 
     def _apex_amp_api(self, func: cst.BaseExpression) -> tuple[str, cst.Name] | None:
