@@ -58,7 +58,10 @@ def _references(ctx: ModuleContext, node: cst.CSTNode) -> set[str]:
 
 
 def _targets(ctx: ModuleContext, node: cst.CSTNode) -> set[str]:
-    """Dotted names (re)bound or updated anywhere in ``node``."""
+    """Dotted names (re)bound or updated anywhere in ``node``; also an object called for its
+    effect alone (``self.D_cl(images, accumulate=True)``, its result dropped): it keeps what the
+    call computed, for a later ``loss = self.D_cl.calculate_loss()`` (lucidrains'
+    stylegan2-pytorch contrastive regularizer), and Apex O1 ran that call in float16 too."""
     bound: set[str] = set()
 
     def add(target: cst.BaseExpression) -> None:
@@ -85,6 +88,8 @@ def _targets(ctx: ModuleContext, node: cst.CSTNode) -> set[str]:
             add(current.target)
         elif isinstance(current, cst.AsName) and isinstance(current.name, cst.BaseExpression):
             add(current.name)
+        elif isinstance(current, cst.Expr) and isinstance(current.value, cst.Call):
+            add(current.value.func)
     return bound
 
 

@@ -55,6 +55,7 @@ def mean(values: list[float]) -> float:
 def test_fp32_switch_trains_as_the_original(runs: dict[str, dict[str, Any]], cl_reg: str) -> None:
     original, migrated = runs[f"original-fp32-{cl_reg}"], runs[f"migrated-fp32-{cl_reg}"]
     assert set(migrated["output_dtype"]) == set(original["output_dtype"]) == {"torch.float32"}
+    assert set(migrated["cl_dtype"]) == set(original["cl_dtype"]) <= {"torch.float32"}
     for key in ("d_loss", "g_loss", "cl_loss", "resumed_d_loss"):
         assert migrated[key] == pytest.approx(original[key], rel=FP32_REL_TOL, abs=1e-7), key
     assert len(migrated["d_loss"]) == STEPS
@@ -67,6 +68,9 @@ def test_trains_like_the_original_in_mixed_precision(runs: dict[str, dict[str, A
     steps may differ by which loss overflowed, the last ones must agree as in the other e2e GANs."""
     original, migrated = runs[f"original-fp16-{cl_reg}"], runs[f"migrated-fp16-{cl_reg}"]
     assert set(migrated["output_dtype"]) == set(original["output_dtype"]) == {"torch.float16"}
+    # the learner's calls made for their effect feed its loss: float16 under Apex O1, and under the
+    # autocast region that starts at the first of them
+    assert migrated["cl_dtype"] == original["cl_dtype"] == (["torch.float16"] * STEPS if cl_reg == "cl" else [])
     for key in ("d_loss", "g_loss", "cl_loss", "resumed_d_loss"):
         assert len(migrated[key]) == len(original[key])
         assert all(math.isfinite(value) for value in migrated[key]), key
