@@ -1294,12 +1294,39 @@ def _held_scale(scale: _LossScale, guard: cst.BaseExpression | None) -> cst.Base
 
 
 def _drop_call(ctx: ModuleContext, found: SetupCall, then: Sequence[Statement] = ()) -> None:
-    """The call's statement goes, leaving its alias assignment (if any) and ``then``."""
+    """The call's statement goes, leaving its alias assignment (if any) and ``then``; so does
+    ``opt_level = 'O1'`` just before it where nothing else reads that name."""
     replacement = [*found.replacement(), *then]
     if replacement:
         ctx.plan.replace_statement[found.statement] = replacement
     else:
         ctx.plan.remove.add(found.statement)
+    level = _level_read_only_here(ctx, found)
+    if level is not None:
+        ctx.plan.remove.add(level)
+
+
+def _level_read_only_here(ctx: ModuleContext, found: SetupCall) -> cst.CSTNode | None:
+    """The line ``opt_level = 'O1'`` earlier in the call's block whose name only the call's
+    ``opt_level=`` reads (efficientdet.pytorch: ``if HALF: opt_level = 'O1'`` then the call):
+    with the call gone it would be a dead assignment."""
+    level_arg = found.bound.get("opt_level")
+    if level_arg is None or not isinstance(level_arg.value, cst.Name):
+        return None
+    name = level_arg.value.value
+    body = list(ctx.block_of(found.statement).body)
+    for earlier in reversed(body[: body.index(found.statement)]):
+        assigned = syntax.name_assignment(earlier)
+        if assigned is not None and assigned[0] == name:
+            spelled = [
+                node
+                for node in ctx.nodes_of(cst.Name)
+                if node.value == name and not (isinstance(arg := ctx.parent(node), cst.Arg) and arg.keyword is node)
+            ]
+            return earlier if len(spelled) == 2 and syntax.literal(assigned[1]) is not ... else None
+        if any(isinstance(node, cst.Name) and node.value == name for node in ctx.walk(earlier)):
+            return None
+    return None
 
 
 def _home(
