@@ -1314,7 +1314,7 @@ def _level_read_only_here(ctx: ModuleContext, found: SetupCall) -> cst.CSTNode |
     if level_arg is None or not isinstance(level_arg.value, cst.Name):
         return None
     name = level_arg.value.value
-    body = list(ctx.block_of(found.statement).body)
+    body: list[cst.CSTNode] = list(ctx.block_of(found.statement).body)
     for earlier in reversed(body[: body.index(found.statement)]):
         assigned = syntax.name_assignment(earlier)
         if assigned is not None and assigned[0] == name:
