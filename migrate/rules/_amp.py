@@ -356,9 +356,7 @@ class AmpModel:
             if node.value != name or node is function.name:
                 continue
             parent = ctx.parent(node)
-            if isinstance(parent, cst.Attribute) and parent.attr is node:
-                continue
-            if isinstance(parent, cst.Arg) and parent.keyword is node:
+            if not syntax.names_a_value(node, parent):
                 continue
             if isinstance(parent, cst.Call) and parent.func is node:
                 continue
@@ -559,9 +557,7 @@ def partial_bound_calls(ctx: ModuleContext, partial: cst.CSTNode | None) -> list
         if not isinstance(node, cst.Name) or node.value != bound.value or node is bound:
             continue
         parent = ctx.parent(node)
-        if isinstance(parent, cst.Attribute) and parent.attr is node:
-            continue
-        if isinstance(parent, cst.Arg) and parent.keyword is node:
+        if not syntax.names_a_value(node, parent):
             continue
         if (
             isinstance(parent, cst.Call)

@@ -82,6 +82,14 @@ def sole_statement(line: cst.CSTNode) -> cst.BaseSmallStatement | None:
     return None
 
 
+def names_a_value(name: cst.Name, parent: cst.CSTNode | None) -> bool:
+    """Whether ``name`` (whose parent is ``parent``) refers to a variable: not the attribute
+    part of ``a.name`` nor the keyword of ``f(name=...)``."""
+    if isinstance(parent, cst.Attribute) and parent.attr is name:
+        return False
+    return not (isinstance(parent, cst.Arg) and parent.keyword is name)
+
+
 def target_of(line: cst.CSTNode, value: cst.CSTNode) -> cst.BaseAssignTargetExpression | None:
     """The one target of a statement line ``target = value`` (``model, optimizer = value``,
     ``self.optimizer = value``); None where ``value`` is not what the line assigns, or the line

@@ -1321,7 +1321,7 @@ def _level_read_only_here(ctx: ModuleContext, found: SetupCall) -> cst.CSTNode |
             spelled = [
                 node
                 for node in ctx.nodes_of(cst.Name)
-                if node.value == name and not (isinstance(arg := ctx.parent(node), cst.Arg) and arg.keyword is node)
+                if node.value == name and syntax.names_a_value(node, ctx.parent(node))
             ]
             return earlier if len(spelled) == 2 and syntax.literal(assigned[1]) is not ... else None
         if any(isinstance(node, cst.Name) and node.value == name for node in ctx.walk(earlier)):
