@@ -214,15 +214,27 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
                 call,
                 f"`{name}.{api}(...)`: `{name}` is a parameter of `{receiver}`, and what its callers pass (the Apex "
                 "amp module, a handle, None) is not migrated with it: left as it was. Once they pass the GradScaler "
-                f"that replaces amp.initialize, write {_scaler_form(name, api, call)}",
+                f"that replaces amp.initialize, write {_scaler_form(name, api, call) or 'the code of its finding'}",
             )
             continue
+        # only for a name that says amp: `optimizer.scale_loss(...)` may be the project's own method
+        form = _scaler_form(name, api, call) if says_amp(name.rsplit(".", 1)[-1]) else None
         ctx.report(
             "AMP026",
             call,
             f"`{name}.{api}(...)`: `{name}` looks like the Apex amp module, but no Apex import binds it "
             "here (stored on an object, passed as a parameter, brought by a star import or a notebook's %run): "
-            "left as it was",
+            "left as it was"
+            + (
+                ""
+                if form is None
+                else (
+                    f". Write instead {form}"
+                    if api == "initialize"
+                    else f". Once `{name}` holds the GradScaler that replaces amp.initialize (where the amp module was "
+                    f"stored or passed), write {form}"
+                )
+            ),
         )
     return count
 
@@ -240,8 +252,9 @@ def _parameter_of(ctx: ModuleContext, call: cst.Call, name: str) -> str | None:
     return function.name.value if all(isinstance(ctx.parent(node), cst.Param) for node in binds) else None
 
 
-def _scaler_form(name: str, api: str, call: cst.Call) -> str:
-    """The GradScaler's code for ``name.api(...)`` (the ``name`` then holds the scaler)."""
+def _scaler_form(name: str, api: str, call: cst.Call) -> str | None:
+    """The GradScaler's code for ``name.api(...)`` (the ``name`` then holds the scaler); None
+    for an amp function without a GradScaler counterpart."""
     arguments = ", ".join(syntax.code(arg.value) for arg in call.args if arg.keyword is None)
     if api == "load_state_dict":
         return (
@@ -257,7 +270,13 @@ def _scaler_form(name: str, api: str, call: cst.Call) -> str:
         )
     if api == "master_params":
         return f"`{name}.unscale_(optimizer)` first, and the optimizer's own parameters"
-    return "the GradScaler's code by hand"
+    if api == "initialize":
+        return (
+            f'`{name} = torch.amp.GradScaler("cuda")` in place of the call (what it returned assigned back from its '
+            "arguments, the models staying float32), with the forward pass and loss under "
+            '`torch.autocast("cuda", dtype=torch.float16)`'
+        )
+    return None
 
 
 def _bound_in_another_function(ctx: ModuleContext, call: cst.Call, name: str) -> tuple[int, str] | None:
