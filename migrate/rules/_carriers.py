@@ -191,7 +191,7 @@ class Carriers:
                 return None
             parent = ctx.parent(attribute_node)
             if isinstance(parent, cst.AssignTarget):
-                if self._unset_at_construction(attribute_node, parent):
+                if self._unset_at_construction(attribute_node):
                     continue
                 if self._owner(attribute_node) is not None:
                     return None  # `self.amp = amp` in a method: the class carrier's shape, or none
@@ -212,18 +212,13 @@ class Carriers:
                 return None
         return stores, bases
 
-    def _unset_at_construction(self, target: cst.Attribute, assign_target: cst.AssignTarget) -> bool:
+    def _unset_at_construction(self, target: cst.Attribute) -> bool:
         """``self.amp = None`` in ``__init__``, before anything there could hand ``self`` to the
         function that stores the amp module on it: the attribute's value before any set-up, which a
         presence check tells from the GradScaler as it told it from the amp module."""
         ctx = self.ctx
-        assign = ctx.parent(assign_target)
-        if not (
-            isinstance(assign, cst.Assign)
-            and len(assign.targets) == 1
-            and isinstance(assign.value, cst.Name)
-            and assign.value.value == "None"
-        ):
+        assign = self._none_set(target)
+        if assign is None:
             return False
         function = ctx.function_of(assign)
         if function is None or function.name.value != "__init__" or self._owner(target) is None:
@@ -231,13 +226,23 @@ class Carriers:
         if ctx.parent(ctx.statement_of(assign)) is not function.body:
             return False  # under an `if` or in a loop: not surely the value at construction
         # no call before it passes `self` on (it could be the set-up, storing amp first)
-        owner, here = ctx.self_name(function), ctx.position(assign)
-        return not any(
-            ctx.position(call) < here
-            and any(isinstance(n, cst.Name) and n.value == owner for arg in call.args for n in ctx.walk(arg.value))
+        return not self._calls_before(function, assign, handing_on=True)
+
+    def _calls_before(self, function: cst.FunctionDef, at: cst.CSTNode, handing_on: bool = False) -> list[cst.Call]:
+        """The calls in ``function`` before ``at``; ``handing_on``: only those given its ``self``
+        as (part of) an argument."""
+        ctx = self.ctx
+        owner, here = ctx.self_name(function), ctx.position(at)
+        return [
+            call
             for call in ctx.nodes_of(cst.Call)
             if ctx.function_of(call) is function
-        )
+            and ctx.position(call) < here
+            and (
+                not handing_on
+                or any(isinstance(n, cst.Name) and n.value == owner for arg in call.args for n in ctx.walk(arg.value))
+            )
+        ]
 
     def _plain_store(
         self, target: cst.Attribute, assign_target: cst.AssignTarget, function: cst.FunctionDef, amp_api: AmpApi
@@ -470,7 +475,7 @@ class Carriers:
         assign = self._none_set(attribute)
         if assign is None or ctx.parent(ctx.statement_of(assign)) is not function.body:
             return False
-        owner, here = ctx.self_name(function), ctx.position(assign)
+        owner = ctx.self_name(function)
         own = {n.name.value for n in carrier.klass.body.body if isinstance(n, cst.FunctionDef)}
         static = {
             n.name.value
@@ -478,11 +483,9 @@ class Carriers:
             if isinstance(n, cst.FunctionDef)
             and any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in n.decorators)
         }
-        for call in ctx.nodes_of(cst.Call):
-            if ctx.function_of(call) is not function or ctx.position(call) >= here:
-                continue
-            if any(isinstance(n, cst.Name) and n.value == owner for arg in call.args for n in ctx.walk(arg.value)):
-                return False
+        if self._calls_before(function, assign, handing_on=True):
+            return False
+        for call in self._calls_before(function, assign):
             if _root_name(call.func) in (owner, "super"):
                 func = call.func
                 if not (
