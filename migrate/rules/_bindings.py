@@ -426,18 +426,27 @@ def imported_name(ctx: ModuleContext, modules: frozenset[str], name: str) -> tup
 
 
 def rebound(ctx: ModuleContext, local: str) -> bool:
-    """Whether code binds ``local`` (an assignment, def, class, parameter, ``as`` or loop target)."""
+    """Whether code other than an import binds ``local`` (an assignment, def, class, parameter,
+    ``as`` or loop target)."""
+    return any(
+        not (isinstance(parent := ctx.parent(name), cst.AsName) and isinstance(ctx.parent(parent), cst.ImportAlias))
+        for name in binding_names(ctx, local)
+    )
+
+
+def binding_names(ctx: ModuleContext, local: str) -> list[cst.Name]:
+    """The names that bind ``local`` where they stand: the target of an assignment or loop
+    (comprehensions too), the name of a def, class or parameter, an ``as`` name (of an import
+    too)."""
+    found = []
     for name in ctx.nodes_of(cst.Name):
         if name.value != local:
             continue
         parent = ctx.parent(name)
-        if isinstance(parent, cst.AsName) and isinstance(ctx.parent(parent), cst.ImportAlias):
-            continue  # the import itself
-        bound = (
+        if (
             (isinstance(parent, cst.AssignTarget) and parent.target is name)
             or (isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param, cst.AsName)) and parent.name is name)
-            or (isinstance(parent, cst.For) and parent.target is name)
-        )
-        if bound:
-            return True
-    return False
+            or (isinstance(parent, (cst.For, cst.CompFor)) and parent.target is name)
+        ):
+            found.append(name)
+    return found

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from migrate.rules._bindings import binding_names
+
 if TYPE_CHECKING:  # _amp builds on this module
     from migrate.rules._context import ModuleContext
 
@@ -99,18 +101,7 @@ def _always_runs(ctx: ModuleContext, node: cst.CSTNode, function: cst.FunctionDe
 
 def _names_one_class(ctx: ModuleContext, klass: cst.ClassDef) -> bool:
     """Whether the class's name means that class everywhere: nothing else in the module binds it."""
-    name = klass.name.value
-    for node in ctx.nodes_of(cst.Name):
-        if node.value != name or node is klass.name:
-            continue
-        parent = ctx.parent(node)
-        if (
-            (isinstance(parent, cst.AssignTarget) and parent.target is node)
-            or (isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param, cst.AsName)) and parent.name is node)
-            or (isinstance(parent, (cst.For, cst.CompFor)) and parent.target is node)
-        ):
-            return False
-    return True
+    return all(name is klass.name for name in binding_names(ctx, klass.name.value))
 
 
 def _builds(value: cst.BaseExpression, klass: cst.ClassDef) -> bool:
