@@ -20,7 +20,7 @@ import libcst as cst
 from migrate import pytree
 from migrate.project import looks_like_amp_call, says_amp
 from migrate.rules import _syntax as syntax
-from migrate.rules._bindings import Binding, checks_presence, is_import_fallback
+from migrate.rules._bindings import Binding, bound_name, checks_presence, is_import_fallback
 from migrate.rules._context import ModuleContext, dotted_name
 
 # the rules that migrate the amp setup (the others, e.g. FusedAdam, run even when frozen)
@@ -294,8 +294,7 @@ def _bound_in_another_function(ctx: ModuleContext, call: cst.Call, name: str) ->
         if node.module is None or node.relative or dotted_name(node.module) != "apex":
             continue
         for alias in node.names:
-            bound = alias.asname.name if alias.asname is not None else alias.name
-            if isinstance(alias.name, cst.Name) and alias.name.value == "amp" and getattr(bound, "value", None) == name:
+            if dotted_name(alias.name) == "amp" and bound_name(alias) == name:
                 found = (ctx.position(node)[0], owner.name.value)
         if found is not None:
             break
