@@ -947,15 +947,23 @@ def _assigned_literal(ctx: ModuleContext, name: str, call: cst.Call) -> object:
     """The literal a name holds at ``call``: ``opt_level = 'O1'`` earlier in the same block, the
     statements between naming it nowhere (``if HALF: opt_level = 'O1'; net, opt = amp.initialize(...,
     opt_level=opt_level)``, efficientdet.pytorch); ``...`` where not known."""
-    statement = ctx.statement_of(call)
+    found = _assignment_before(ctx, name, ctx.statement_of(call))
+    return syntax.literal(found[1]) if found is not None else ...
+
+
+def _assignment_before(
+    ctx: ModuleContext, name: str, statement: cst.CSTNode
+) -> tuple[cst.CSTNode, cst.BaseExpression] | None:
+    """The line ``name = value`` earlier in the block of ``statement``, with its value, where the
+    statements between name it nowhere; None where there is none."""
     body: list[cst.CSTNode] = list(ctx.block_of(statement).body)
     for earlier in reversed(body[: body.index(statement)]):
         assigned = syntax.name_assignment(earlier)
         if assigned is not None and assigned[0] == name:
-            return syntax.literal(assigned[1])
+            return earlier, assigned[1]
         if any(isinstance(node, cst.Name) and node.value == name for node in ctx.walk(earlier)):
-            return ...
-    return ...
+            return None
+    return None
 
 
 def _enabled_flag(
@@ -1314,19 +1322,13 @@ def _level_read_only_here(ctx: ModuleContext, found: SetupCall) -> cst.CSTNode |
     if level_arg is None or not isinstance(level_arg.value, cst.Name):
         return None
     name = level_arg.value.value
-    body: list[cst.CSTNode] = list(ctx.block_of(found.statement).body)
-    for earlier in reversed(body[: body.index(found.statement)]):
-        assigned = syntax.name_assignment(earlier)
-        if assigned is not None and assigned[0] == name:
-            spelled = [
-                node
-                for node in ctx.nodes_of(cst.Name)
-                if node.value == name and syntax.names_a_value(node, ctx.parent(node))
-            ]
-            return earlier if len(spelled) == 2 and syntax.literal(assigned[1]) is not ... else None
-        if any(isinstance(node, cst.Name) and node.value == name for node in ctx.walk(earlier)):
-            return None
-    return None
+    assignment = _assignment_before(ctx, name, found.statement)
+    if assignment is None or syntax.literal(assignment[1]) is ...:
+        return None
+    spelled = [
+        node for node in ctx.nodes_of(cst.Name) if node.value == name and syntax.names_a_value(node, ctx.parent(node))
+    ]
+    return assignment[0] if len(spelled) == 2 else None
 
 
 def _home(
