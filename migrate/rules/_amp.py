@@ -330,7 +330,7 @@ class AmpModel:
             or not self._only_called(function)
         ):
             return False
-        callers = self._callers(function)
+        callers = self.callers_of(function)
         return bool(callers) and all(
             self._reaches_home(home, klass, call)
             or (
@@ -340,7 +340,7 @@ class AmpModel:
             for call in callers
         )
 
-    def _callers(self, function: cst.FunctionDef) -> list[cst.Call]:
+    def callers_of(self, function: cst.FunctionDef) -> list[cst.Call]:
         """The calls of a module-level function and the ``functools.partial`` calls binding it."""
         name = function.name.value
         return [*self.calls_by_function_name.get(name, []), *self.partials_by_function_name.get(name, [])]
@@ -381,7 +381,7 @@ class AmpModel:
     def _plan_threaded_parameter(self, scaler: Scaler, function: cst.FunctionDef) -> None:
         """The new parameter of ``function`` and the keyword each caller passes it with."""
         ctx = self.ctx
-        for call in self._callers(function):
+        for call in self.callers_of(function):
             caller = ctx.function_of(call)
             expression = self._direct_access(scaler, caller, call)
             if expression is None and caller is not None and self._thread_parameter(scaler, caller):

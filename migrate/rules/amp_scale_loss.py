@@ -669,8 +669,7 @@ def _site_callers(
     frontier = [f for f in functions if f is not None]
     while frontier:
         function = frontier.pop()
-        name = function.name.value
-        for call in [*model.calls_by_function_name.get(name, []), *model.partials_by_function_name.get(name, [])]:
+        for call in model.callers_of(function):
             caller = ctx.function_of(call)
             if caller not in result:
                 result.add(caller)
@@ -1244,18 +1243,17 @@ def _plan_carrier_steps(
     # scale_loss ...`, then the step after the loop): the scaled backward passes accumulate into
     # the gradients the one step unscales, as Apex's delay_unscale did
     owner = ctx.owner_of_block(ctx.block_of(top_site))
-    lifted = (
-        step_top is not None
+    loop_top = (
+        _top_through_ifs(ctx, owner)
+        if step_top is not None
         and not any(step_top[0] is candidate for candidate in after)
         and isinstance(owner, cst.For)
         and owner.orelse is None
         and ctx.function_of(owner) is function
-        and _top_through_ifs(ctx, owner) is not None
+        else None
     )
-    if lifted:
-        assert isinstance(owner, cst.For)
-        loop_top = _top_through_ifs(ctx, owner)
-        assert loop_top is not None
+    lifted = loop_top is not None
+    if loop_top is not None:
         top_site, site_path = loop_top[0], [*loop_top[1], *site_path]
         block = list(ctx.block_of(top_site).body)
         after = block[block.index(top_site) + 1 :]
