@@ -99,6 +99,7 @@ import libcst as cst
 
 from migrate import pytree, version_fallbacks
 from migrate.rules import _syntax as syntax
+from migrate.rules._bindings import bound_name
 from migrate.rules._context import ModuleContext, dotted_name
 from migrate.rules._setup import amp_references
 from migrate.rules.amp_import import drop_aliases
@@ -330,13 +331,9 @@ def _drop_version_imports(ctx: ModuleContext, tests: list[cst.BaseExpression]) -
             continue
         unused = set()
         for alias in statement.names:
-            local = alias.asname.name if alias.asname is not None else alias.name
-            if not isinstance(local, cst.Name):
-                continue
+            local = bound_name(alias)
             uses = [
-                name
-                for name in ctx.nodes_of(cst.Name)
-                if name.value == local.value and not _inside(ctx, name, [statement]) and name is not local
+                name for name in ctx.nodes_of(cst.Name) if name.value == local and not _inside(ctx, name, [statement])
             ]
             if uses and all(_inside(ctx, name, tests) for name in uses):
                 unused.add(alias)
