@@ -744,7 +744,7 @@ def _imported_together(index: ProjectIndex, a: str, b: str, files: list[tuple[st
     # the module that joins them may use no amp itself, so the run did not index it
     patterns = []
     for path in (a, b):
-        stem = os.path.basename(os.path.dirname(path)) if path.endswith("__init__.py") else os.path.basename(path)[:-3]
+        stem = _module_stem(path)
         patterns.append(
             re.compile(
                 rf"^[ \t]*(?:from[ \t]+\S*\b{re.escape(stem)}[ \t]+import\b|import[ \t]+.*\b{re.escape(stem)}\b)".encode(),
@@ -1127,15 +1127,7 @@ class ProjectPlan:
                 files.extend(_project_files([*sorted(trees), *(os.path.join(f, "-") for f in sorted(searched))], set()))
             if not files or len(files) >= _CARRIER_SCAN_FILES:
                 return None  # the project was not read (whole): a call out of sight may give it more
-            pattern = re.compile(rb"\b" + re.escape(word.encode()) + rb"\b")
-            found = []
-            for other, data in files:
-                if pattern.search(data):
-                    try:
-                        found.append((other, ast.parse(data)))
-                    except (SyntaxError, ValueError):
-                        return None  # its calls cannot be read
-            return found
+            return _spelling(files, word)
 
         given = {os.path.abspath(path): path for path, summary in self.index.modules.items() if summary.given}
         found = version_fallbacks.none_only(trees, spelled)
@@ -1163,18 +1155,9 @@ class ProjectPlan:
             if not files or len(files) >= _CARRIER_SCAN_FILES:
                 continue  # the project was not read whole: a call out of sight may give it a scale
 
-            def spelled(word: str, files: list[tuple[str, bytes]] = files) -> list[tuple[str, ast.Module]] | None:
-                pattern = re.compile(rb"\b" + re.escape(word.encode()) + rb"\b")
-                found = []
-                for other, data in files:
-                    if pattern.search(data):
-                        try:
-                            found.append((os.path.abspath(other), ast.parse(data)))
-                        except (SyntaxError, ValueError):
-                            return None  # its calls cannot be read
-                return found
-
-            held = version_fallbacks.defaults_held(os.path.abspath(path), tree, wanted, spelled)
+            held = version_fallbacks.defaults_held(
+                os.path.abspath(path), tree, wanted, functools.partial(_spelling, files)
+            )
             if held:
                 self.facts[path] = replace(self.facts.get(path, ModuleFacts()), held_defaults=frozenset(held))
 
@@ -1360,9 +1343,7 @@ class ProjectPlan:
             # (`self.amp = amp` then `self.amp.scale_loss(...)`: adik0861/RetinaNet train_epoch.py)
             if path not in modules:
                 return False
-            summary = modules[path]
-            carried = {use.api for use in (*summary.unbound_uses, *summary.parameter_uses)}
-            return bool((summary.amp_apis | carried) & {"initialize", "scale_loss"})
+            return bool(_amp_calls(modules[path]) & {"initialize", "scale_loss"})
 
         # an inference amp.init has no bearing: removed, it leaves float32 code the helpers suit
         training = [path for path in outcome if trains(path)]
@@ -1788,8 +1769,7 @@ class ProjectPlan:
             if path not in group.paths:
                 continue
             for other in group.paths:
-                summary = modules[other]
-                calls = summary.amp_apis | {use.api for use in (*summary.unbound_uses, *summary.parameter_uses)}
+                calls = _amp_calls(modules[other])
                 if other != path and calls - {"initialize"} - _CAST_FUNCTION_APIS and "initialize" not in calls:
                     return False
             return True
@@ -2272,6 +2252,26 @@ def _carrier_users_outside(paths: list[str], attributes: set[str], given: set[st
         if (b"apex" in data or b"scale_loss" in data) and pattern.search(data) and imports.search(data):
             return path
     return None
+
+
+def _amp_calls(summary: ModuleSummary) -> set[str]:
+    """The amp functions a module calls: on an Apex binding, and through the amp module kept on an
+    object or passed in (``self.amp.scale_loss(...)``, ``amp.state_dict()`` on a parameter)."""
+    return summary.amp_apis | {use.api for use in (*summary.unbound_uses, *summary.parameter_uses)}
+
+
+def _spelling(files: list[tuple[str, bytes]], word: str) -> list[tuple[str, ast.Module]] | None:
+    """(path, tree) of each of ``files`` that spells ``word``; None where one of them does not parse
+    (its calls cannot be read)."""
+    pattern = re.compile(rb"\b" + re.escape(word.encode()) + rb"\b")
+    found = []
+    for path, data in files:
+        if pattern.search(data):
+            try:
+                found.append((os.path.abspath(path), ast.parse(data)))
+            except (SyntaxError, ValueError):
+                return None
+    return found
 
 
 def _project_files(paths: list[str], skipped: set[str], unread: Collection[str] = ()) -> Iterator[tuple[str, bytes]]:
