@@ -1780,14 +1780,7 @@ class ProjectPlan:
         tree = _tree(path)
         if tree is None:
             return False
-        function = next(
-            (
-                node
-                for node in ast.walk(tree)
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno == setup.function
-            ),
-            None,
-        )
+        function = runner_hooks.function_at(tree, setup.function)
         return function is not None and all(
             setup.span[0] <= node.lineno <= setup.span[1]
             for node in ast.walk(function)

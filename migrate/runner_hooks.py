@@ -494,14 +494,7 @@ def foreign_uses(tree: ast.Module, names: set[str], creator: int, runner: str) -
             if node.decorator_list:
                 return f"{node.name}:{node.lineno}"
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
-    function = next(
-        (
-            node
-            for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno == creator
-        ),
-        None,
-    )
+    function = function_at(tree, creator)
     inside = set(ast.walk(function)) if function is not None else set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and node.value in tracked:
@@ -519,6 +512,18 @@ def foreign_uses(tree: ast.Module, names: set[str], creator: int, runner: str) -
         elif holds and _reads_namespace(node):
             return f"{ast.unparse(node)}:{getattr(node, 'lineno', 0)}"
     return None
+
+
+def function_at(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The function whose ``def`` is at ``line`` (a ``RunnerSetup.function``), if any."""
+    return next(
+        (
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno == line
+        ),
+        None,
+    )
 
 
 def module_values(tree: ast.Module, stems: set[str]) -> str | None:
