@@ -403,7 +403,11 @@ _LOG_CALLS = frozenset({"print", "debug", "info", "warning", "warn", "log"})
 def _announces_apex(statement: cst.CSTNode) -> bool:
     """``print("Using apex FusedLayerNorm")`` / ``logger.info("apex found")``: a message about
     Apex, true only while the import it follows runs."""
-    small = syntax.sole_statement(statement)
+    return _is_apex_message(syntax.sole_statement(statement))
+
+
+def _is_apex_message(small: cst.BaseSmallStatement | None) -> bool:
+    """The small statement of ``_announces_apex``'s line."""
     if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
         return False
     name = dotted_name(small.value.func)
@@ -627,9 +631,7 @@ def _failure_ignored(owner: cst.Try) -> bool:
             if not isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
                 return False
             said.extend(line.body)
-        if not all(
-            isinstance(small, cst.Pass) or _announces_apex(cst.SimpleStatementLine(body=[small])) for small in said
-        ):
+        if not all(isinstance(small, cst.Pass) or _is_apex_message(small) for small in said):
             return False
     return True
 
