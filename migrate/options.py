@@ -53,6 +53,13 @@ class ModuleFacts:
     # every call of their top-level function in the project leaves at their default
     # (``version_fallbacks.holds_default``): the scale is that default's
     held_defaults: frozenset[tuple[str, str]] = frozenset()
+    # top-level functions here whose only results are the Apex amp module or None
+    # (``migrate.amp_factories``): (name, the test under which it imports amp or "", where its
+    # callers in the project keep that result or "" where the project was not read whole)
+    amp_factories: tuple[tuple[str, str, str], ...] = ()
+    # the results of such a function kept here: (class, function, ``amp`` or ``self.amp``, the
+    # call as spelled, the function's place), for the findings at the calls made through them
+    amp_factory_results: tuple[tuple[str, str, str, str, str], ...] = ()
     # where the carrier holds the amp module: the ``if`` tests on the way to each store (``<obj>`` for
     # the object, True for a body, False for an else); the readers' own tests must say the same
     carrier_conditions: tuple[tuple[str, bool], ...] | None = None

@@ -22,7 +22,15 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from migrate import apex_copies, factories, gradient_norms, halving_helpers, runner_hooks, version_fallbacks
+from migrate import (
+    amp_factories,
+    apex_copies,
+    factories,
+    gradient_norms,
+    halving_helpers,
+    runner_hooks,
+    version_fallbacks,
+)
 from migrate.amp_api_names import CASTING as _CAST_FUNCTION_APIS
 from migrate.gcpause import cycle_collector_paused
 from migrate.options import ModuleFacts, ScalerInfo
@@ -880,6 +888,7 @@ class ProjectPlan:
         self._find_halving_helpers()
         self._find_none_only({os.path.abspath(folder) for folder in searched or ()})
         self._find_held_defaults({os.path.abspath(folder) for folder in searched or ()})
+        self._find_amp_factories({os.path.abspath(folder) for folder in searched or ()})
         # per folder, the project modules each module there imports (see _may_run_together)
         self._importers: dict[str, set[frozenset[str]]] = {}
         # setups handed to a library's runner, being migrated: their modules, each with why it
@@ -1160,6 +1169,40 @@ class ProjectPlan:
             )
             if held:
                 self.facts[path] = replace(self.facts.get(path, ModuleFacts()), held_defaults=frozenset(held))
+
+    def _find_amp_factories(self, searched: set[str]) -> None:
+        """Tell each given module that defines a function whose only results are the Apex amp module
+        or None (``get_amp(fp16)``) where its callers keep that result, and tell those callers what
+        their names hold (``amp_factories``): the findings there name it instead of a guess."""
+        given = {os.path.abspath(path): path for path, summary in self.index.modules.items() if summary.given}
+        results: dict[str, list[tuple[str, str, str, str, str]]] = {}
+        for path, summary in self.index.modules.items():
+            if not summary.given or not summary.amp_names and "apex" not in _text(path):
+                continue
+            if "return" not in _text(path):
+                continue
+            tree = _tree(path)
+            found = amp_factories.factories(tree) if tree is not None else []
+            if not found:
+                continue
+            files = list(_project_files([path, *(os.path.join(f, "-") for f in sorted(searched))], set()))
+            described: list[tuple[str, str, str]] = []
+            for factory in found:
+                spelled = _spelling(files, factory.name) if 0 < len(files) < _CARRIER_SCAN_FILES else None
+                if spelled is None:
+                    described.append((factory.name, factory.condition or "", ""))
+                    continue
+                text, calls = amp_factories.describe_callers(spelled, factory, self.display, path)
+                described.append((factory.name, factory.condition or "", text or "nothing in the project calls it"))
+                place = f"{self.display(path)}:{factory.line}"
+                for caller, result in calls:
+                    if result.holder:
+                        results.setdefault(given.get(caller, caller), []).append(
+                            (result.klass, result.function, result.holder, result.call, place)
+                        )
+            self.facts[path] = replace(self.facts.get(path, ModuleFacts()), amp_factories=tuple(described))
+        for module, kept in results.items():
+            self.facts[module] = replace(self.facts.get(module, ModuleFacts()), amp_factory_results=tuple(kept))
 
     def _freeze_outside_context(self) -> None:
         """Freeze the groups whose amp setup continues in a module that was not given."""

@@ -207,6 +207,18 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
                 f"{name}` beside that import, `self.{name}.{api}(...)` here), then run ampmigrate again: left as it was",
             )
             continue
+        # only for a name that says amp: `optimizer.scale_loss(...)` may be the project's own method
+        form = _scaler_form(name, api, call) if says_amp(name.rsplit(".", 1)[-1]) else None
+        held = _factory_result(ctx, call, name)
+        if held is not None:
+            ctx.report(
+                "AMP026",
+                call,
+                f"`{name}.{api}(...)`: `{name}` holds what `{held[0]}` returns ({held[1]}), the Apex amp module or "
+                "None, and ampmigrate does not follow the module out of that function (see the AMP030 at its "
+                "`return`): left as it was" + _written_instead(name, api, form),
+            )
+            continue
         receiver = _parameter_of(ctx, call, name) if isinstance(func.value, cst.Name) and says_amp(name) else None
         if receiver is not None:
             ctx.report(
@@ -217,26 +229,44 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
                 f"that replaces amp.initialize, write {_scaler_form(name, api, call) or 'the code of its finding'}",
             )
             continue
-        # only for a name that says amp: `optimizer.scale_loss(...)` may be the project's own method
-        form = _scaler_form(name, api, call) if says_amp(name.rsplit(".", 1)[-1]) else None
         ctx.report(
             "AMP026",
             call,
             f"`{name}.{api}(...)`: `{name}` looks like the Apex amp module, but no Apex import binds it "
             "here (stored on an object, passed as a parameter, brought by a star import or a notebook's %run): "
-            "left as it was"
-            + (
-                ""
-                if form is None
-                else (
-                    f". Write instead {form}"
-                    if api == "initialize"
-                    else f". Once `{name}` holds the GradScaler that replaces amp.initialize (where the amp module was "
-                    f"stored or passed), write {form}"
-                )
-            ),
+            "left as it was" + _written_instead(name, api, form),
         )
     return count
+
+
+def _written_instead(name: str, api: str, form: str | None) -> str:
+    """The end of AMP026: the GradScaler's code to write for ``name.api(...)``, if it has one."""
+    if form is None:
+        return ""
+    if api == "initialize":
+        return f". Write instead {form}"
+    return (
+        f". Once `{name}` holds the GradScaler that replaces amp.initialize (where the amp module was stored or "
+        f"passed), write {form}"
+    )
+
+
+def _factory_result(ctx: ModuleContext, call: cst.Call, name: str) -> tuple[str, str] | None:
+    """(the call, the function's place) where ``name`` holds, at ``call``, the result of a project function
+    whose only results are the Apex amp module or None (``ModuleFacts.amp_factory_results``)."""
+    kept = ctx.options.facts.amp_factory_results
+    if not kept:
+        return None
+    function = ctx.function_of(call)
+    if function is None:
+        return None
+    klass = ctx.class_of_method(function)
+    for owner, method, holder, made, place in kept:
+        if holder != name or owner != (klass.name.value if klass is not None else ""):
+            continue
+        if method == function.name.value or (holder.startswith("self.") and owner):
+            return made, place
+    return None
 
 
 def _parameter_of(ctx: ModuleContext, call: cst.Call, name: str) -> str | None:

@@ -822,9 +822,14 @@ def _value_use(ctx: ModuleContext, name: cst.Name) -> str:
         statement = statement[:97] + "..."
     function = ctx.function_of(name)
     if isinstance(parent, cst.Return) and parent.value is name and function is not None:
+        factory = {entry[0]: entry[1:] for entry in ctx.options.facts.amp_factories}.get(function.name.value)
+        condition, callers = factory if factory is not None else ("", "")
         return (
-            f"`return {name.value}` hands the Apex amp module to the callers of `{function.name.value}`, where "
-            "ampmigrate does not follow it (what they call through it stays, AMP026): have each caller make the "
+            f"`return {name.value}` hands the Apex amp module"
+            + (f" (None where `{condition}` is false)" if condition else " (or None)" if factory else "")
+            + f" to the callers of `{function.name.value}`, where ampmigrate does not follow it"
+            + (f" ({callers})" if callers else "")
+            + " (what they call through it stays, AMP026): have each caller make the "
             'GradScaler where it calls `.initialize(...)` (`scaler = torch.amp.GradScaler("cuda", enabled=...)`, '
             "the forward pass under `torch.autocast`) and use it for the rest (`scaler.scale(loss).backward()`, "
             "`scaler.step(optimizer)`, `scaler.update()`, `scaler.state_dict()`), with no amp module returned, then "
