@@ -1177,9 +1177,10 @@ class ProjectPlan:
         given = {os.path.abspath(path): path for path, summary in self.index.modules.items() if summary.given}
         results: dict[str, list[tuple[str, str, str, str, str]]] = {}
         for path, summary in self.index.modules.items():
-            if not summary.given or not summary.amp_names and "apex" not in _text(path):
+            if not summary.given or not summary.uses_amp:
                 continue
-            if "return" not in _text(path):
+            text = _text(path)
+            if "apex" not in text or "return" not in text:
                 continue
             tree = _tree(path)
             found = amp_factories.factories(tree) if tree is not None else []
