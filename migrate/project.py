@@ -1193,8 +1193,8 @@ class ProjectPlan:
                 if spelled is None:
                     described.append((factory.name, factory.condition or "", ""))
                     continue
-                text, calls = amp_factories.describe_callers(spelled, factory, self.display, path)
-                described.append((factory.name, factory.condition or "", text or "nothing in the project calls it"))
+                callers, calls = amp_factories.describe_callers(spelled, factory, self.display, path)
+                described.append((factory.name, factory.condition or "", callers or "nothing in the project calls it"))
                 place = f"{self.display(path)}:{factory.line}"
                 for caller, result in calls:
                     if result.holder:

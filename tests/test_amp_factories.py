@@ -102,6 +102,7 @@ def test_the_findings_name_the_factory_and_its_callers(tmp_path: Path) -> None:
         assert "helpers.py:9), the Apex amp module or None" in messages[where]
     # a parameter keeps its own finding: what its callers pass is not followed either
     assert "`amp` is a parameter of `train`" in messages["models/base.py:23"]
+    assert messages["models/ranker.py:12"].endswith("; where `self.amp` held None, it keeps holding None")
 
 
 def test_a_function_of_the_same_name_elsewhere_is_no_caller() -> None:

@@ -216,7 +216,9 @@ def report_unseen_amp(ctx: ModuleContext) -> int:
                 call,
                 f"`{name}.{api}(...)`: `{name}` holds what `{held[0]}` returns ({held[1]}), the Apex amp module or "
                 "None, and ampmigrate does not follow the module out of that function (see the AMP030 at its "
-                "`return`): left as it was" + _written_instead(name, api, form),
+                "`return`): left as it was"
+                + _written_instead(name, api, form)
+                + (f"; where `{name}` held None, it keeps holding None" if form and api == "initialize" else ""),
             )
             continue
         receiver = _parameter_of(ctx, call, name) if isinstance(func.value, cst.Name) and says_amp(name) else None

@@ -828,8 +828,12 @@ def _value_use(ctx: ModuleContext, name: cst.Name) -> str:
             f"`return {name.value}` hands the Apex amp module"
             + (f" (None where `{condition}` is false)" if condition else " (or None)" if factory else "")
             + f" to the callers of `{function.name.value}`, where ampmigrate does not follow it"
-            + (f" ({callers})" if callers else "")
-            + " (what they call through it stays, AMP026): have each caller make the "
+            + (
+                f": {callers}; what they call through it stays (AMP026)"
+                if callers
+                else " (what they call through it stays, AMP026)"
+            )
+            + ": have each caller make the "
             'GradScaler where it calls `.initialize(...)` (`scaler = torch.amp.GradScaler("cuda", enabled=...)`, '
             "the forward pass under `torch.autocast`) and use it for the rest (`scaler.scale(loss).backward()`, "
             "`scaler.step(optimizer)`, `scaler.update()`, `scaler.state_dict()`), with no amp module returned, then "
