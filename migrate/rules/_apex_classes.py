@@ -449,6 +449,10 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
         if covered is not None:
             drops.append(covered)
             continue
+        extended = _extends_torch_tuple(ctx, reference, replacement, found[0])
+        if extended:
+            ctx.report("AMP042", reference, extended)
+            continue
         store = stored_in(ctx, reference)
         if store is not None:
             decisions.append(_decide(ctx, reference, store, replacement, found[0], found[1]))
@@ -589,6 +593,68 @@ def _covered(ctx: ModuleContext, reference: cst.BaseExpression, replacement: Rep
             return None
     value.spelled = f"every test of `{target.value}`"
     return value
+
+
+_TORCH_SYNCBN = ("torch.nn.SyncBatchNorm", "torch.nn.modules.SyncBatchNorm", "torch.nn.modules.batchnorm.SyncBatchNorm")
+
+
+def _extends_torch_tuple(ctx: ModuleContext, reference: cst.BaseExpression, replacement: Replacement, path: str) -> str:
+    """Why the Apex class added to a tuple of classes that already holds torch's (``_NORM_TYPES +=
+    (apex.parallel.SyncBatchNorm,)`` after ``_NORM_TYPES = (..., nn.SyncBatchNorm)``) stays, and
+    when it can go; "" for another use. Torch's layers match the tuple without it, but whether any
+    Apex layer still reaches the tests depends on code outside the module, a library's included."""
+    if not replacement.bases:
+        return ""
+    element = ctx.parent(reference)
+    added = ctx.parent(element) if isinstance(element, cst.Element) else None
+    if not isinstance(added, cst.Tuple):
+        return ""
+    holder = ctx.parent(added)
+    target: cst.BaseExpression | None = None
+    if isinstance(holder, cst.AugAssign) and isinstance(holder.operator, cst.AddAssign) and holder.value is added:
+        target = holder.target
+    elif (
+        isinstance(holder, cst.BinaryOperation)
+        and isinstance(holder.operator, cst.Add)
+        and holder.right is added
+        and isinstance(ctx.parent(holder), cst.Assign)
+    ):
+        assign = ctx.parent(holder)
+        assert isinstance(assign, cst.Assign)
+        if len(assign.targets) == 1 and syntax.normalized(assign.targets[0].target) == syntax.normalized(holder.left):
+            target = holder.left
+    if not isinstance(target, cst.Name):
+        return ""
+    held = None
+    for name in ctx.nodes_of(cst.Name):  # the index holds no Assign nodes: find them through their targets
+        if name.value != target.value or not isinstance(ctx.parent(name), cst.AssignTarget):
+            continue
+        assign = ctx.parent(ctx.parent(name))  # type: ignore[arg-type]
+        if not (
+            isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1
+            and isinstance(assign.value, cst.Tuple)
+            and ctx.scope_of(assign) is ctx.scope_of(added)
+        ):
+            continue
+        held = next(
+            (e.value for e in assign.value.elements if _torch_path(ctx, e.value) in _TORCH_SYNCBN),
+            held,
+        )
+    if held is None:
+        return ""
+    assert holder is not None
+    small = holder if isinstance(holder, cst.AugAssign) else ctx.parent(holder)
+    assert small is not None
+    statement = " ".join(ctx.code(small).split())
+    return (
+        f"`{statement}` adds {path} to `{target.value}`, which already holds torch's SyncBatchNorm "
+        f"(`{ctx.code(held).strip()}`, line {ctx.position(held)[0]}): layers built by torch match it without this "
+        f"statement, but an Apex SyncBatchNorm built elsewhere (by `apex.parallel.convert_syncbn_model` or "
+        f"`apex.parallel.SyncBatchNorm(...)`, in this project or in a library it calls) would stop matching. Once "
+        f"no code that builds the layers `{target.value}` tests builds Apex's, delete this statement (and the "
+        f"`import apex` and the `if` or `try` around them where they serve nothing else)"
+    )
 
 
 def _torch_path(ctx: ModuleContext, expression: cst.BaseExpression) -> str | None:
