@@ -552,7 +552,7 @@ def _covered(ctx: ModuleContext, reference: cst.BaseExpression, replacement: Rep
     it (``(nn.BatchNorm2d, _BatchNorm, apex.parallel.SyncBatchNorm)``), where the tuple is only
     ever a class test's second argument: straight in ``isinstance``/``issubclass``, or bound to a
     name that nothing outside the module reaches and that the module reads only there. Dropping
-    the element then changes no test; ``check`` holds the base class's expression."""
+    the element then changes no test; ``base`` holds the base class's expression."""
     if not replacement.bases:
         return None
     element = ctx.parent(reference)
@@ -668,9 +668,9 @@ def _torch_path(ctx: ModuleContext, expression: cst.BaseExpression) -> str | Non
     binding = ctx.resolve(root, expression)
     if binding is not None:
         return f"{binding.target}.{rest}" if binding.kind == "torch" and rest else None
+    if _rebound(ctx, root):
+        return None  # a parameter, a variable or a definition of that name may be what it reads
     scope = ctx.scope_of(expression)
-    if root in ctx.locals.get(scope, ()) and not ctx.other_imports.get(scope, {}).get(root):  # type: ignore[call-overload]
-        return None  # a variable of the scope, not an import
     statements = [
         statement
         for where in (scope, ctx.module)
@@ -695,6 +695,32 @@ def _torch_path(ctx: ModuleContext, expression: cst.BaseExpression) -> str | Non
         return None
     path = found.pop()
     return path if path.split(".")[0] == "torch" else None
+
+
+def _rebound(ctx: ModuleContext, name: str) -> bool:
+    """Whether the module binds ``name`` anywhere other than by an import: an assignment, a
+    parameter, a loop or ``with``/``except`` target, a ``def`` or ``class``, a ``global``."""
+    for node in ctx.nodes_of(cst.Name):
+        if node.value != name:
+            continue
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.AssignTarget, cst.Param, cst.NameItem)):
+            return True
+        if isinstance(parent, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor)) and parent.target is node:
+            return True
+        if isinstance(parent, cst.NamedExpr) and parent.target is node:
+            return True
+        if isinstance(parent, cst.AsName) and not any(
+            isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)
+        ):
+            return True
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef)) and parent.name is node:
+            return True
+        if isinstance(parent, cst.Element) and isinstance(ctx.parent(parent), (cst.Tuple, cst.List)):
+            holder = ctx.parent(ctx.parent(parent))  # type: ignore[arg-type]
+            if isinstance(holder, (cst.AssignTarget, cst.For, cst.CompFor)):
+                return True
+    return False
 
 
 def _without_elements(updated: cst.CSTNode, indices: tuple[int, ...], unwrap: bool) -> cst.CSTNode:
