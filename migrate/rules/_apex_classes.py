@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._bindings import dotted_name, is_import_fallback
+from migrate.rules._bindings import bound_name, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
 from migrate.rules._exports import reached_from_outside
 
@@ -50,6 +50,10 @@ class Replacement:
     # (project facts: ``ModuleFacts.apex_options_spelled``): code there can only call it with the
     # arguments the torch class takes the same way, and test instances with it
     passable_unless: tuple[str, ...] = ()
+    # torch classes the Apex class derives from (Apex's SyncBatchNorm, either of its two
+    # implementations: ``torch.nn.modules.batchnorm._BatchNorm``): in a tuple of classes that
+    # already holds one of them, the Apex class adds nothing to what a class test matches
+    bases: tuple[str, ...] = ()
 
 
 def _matches(path: str, replacement: Replacement) -> bool:
@@ -413,6 +417,7 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
     Every other use of the same import must migrate too; else AMP042 with the code to write."""
     decisions: list[_Value] = []
     checks: list[_Value] = []
+    drops: list[_Value] = []  # elements of a tuple of classes that a torch base class there covers
     for name in ctx.reference_names():
         if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(name)):
             continue
@@ -440,6 +445,14 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
         if other is not None:
             _report_other_library(ctx, found[1], found[0], replacement, other)
             continue
+        covered = _covered(ctx, reference, replacement)
+        if covered is not None:
+            drops.append(covered)
+            continue
+        extended = _extends_torch_tuple(ctx, reference, replacement, found[0])
+        if extended:
+            ctx.report("AMP042", reference, extended)
+            continue
         store = stored_in(ctx, reference)
         if store is not None:
             decisions.append(_decide(ctx, reference, store, replacement, found[0], found[1]))
@@ -452,9 +465,9 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
     for check in checks:
         check.problem = _check_problem(ctx, check, decisions, replacements)
     while True:  # a use whose import keeps another Apex use fails, which may fail others in turn
-        migrated = {id(value.root) for value in (*decisions, *checks) if not value.problem}
+        migrated = {id(value.root) for value in (*decisions, *checks, *drops) if not value.problem}
         failed = False
-        for value in (*decisions, *checks):
+        for value in (*decisions, *checks, *drops):
             if not value.problem:
                 value.problem = _other_use(ctx, value, migrated)
                 failed |= bool(value.problem)
@@ -490,6 +503,27 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
         ctx.report(
             "AMP041", value.reference, f"{value.path} stored in `{value.spelled}` became {value.torch_class}: {said}"
         )
+    dropped: dict[cst.Tuple, list[int]] = {}  # a tuple may hold two Apex classes (both go)
+    for drop in drops:
+        if drop.problem:
+            continue  # the import stays for another use: amp_import reports it (AMP040)
+        assert drop.base is not None
+        element = ctx.parent(drop.reference)
+        tuple_node = ctx.parent(element) if element is not None else None
+        assert isinstance(tuple_node, cst.Tuple)
+        dropped.setdefault(tuple_node, []).append(
+            next(i for i, item in enumerate(tuple_node.elements) if item.value is drop.reference)
+        )
+        ctx.plan.replace[tuple_node] = functools.partial(
+            _without_elements, indices=tuple(dropped[tuple_node]), unwrap=class_check(ctx, tuple_node) is not None
+        )
+        ctx.consumed.add(drop.root)
+        ctx.report(
+            "AMP041",
+            drop.reference,
+            f"{drop.path} dropped from the tuple of classes: it derives from {drop.torch_class} "
+            f"(`{ctx.code(drop.base).strip()}`, in the same tuple), so {drop.spelled} matches the same layers",
+        )
     for check in checks:
         assert check.check is not None
         if check.problem:
@@ -511,6 +545,195 @@ def _plan_values(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> N
             f"{check.path} became {check.torch_class} in the check: every {check.path.rpartition('.')[2]} this module "
             f"builds is {check.torch_class} now; one built in another module and tested here must be too",
         )
+
+
+def _covered(ctx: ModuleContext, reference: cst.BaseExpression, replacement: Replacement) -> _Value | None:
+    """``reference`` as an element of a tuple of classes that also holds a torch base class of
+    it (``(nn.BatchNorm2d, _BatchNorm, apex.parallel.SyncBatchNorm)``), where the tuple is only
+    ever a class test's second argument: straight in ``isinstance``/``issubclass``, or bound to a
+    name that nothing outside the module reaches and that the module reads only there. Dropping
+    the element then changes no test; ``base`` holds the base class's expression."""
+    if not replacement.bases:
+        return None
+    element = ctx.parent(reference)
+    tuple_node = ctx.parent(element) if isinstance(element, cst.Element) else None
+    if not isinstance(tuple_node, cst.Tuple) or len(tuple_node.elements) < 2:
+        return None
+    base = next(
+        (
+            other.value
+            for other in tuple_node.elements
+            if other is not element
+            and isinstance(other, cst.Element)
+            and _torch_path(ctx, other.value) in replacement.bases
+        ),
+        None,
+    )
+    if base is None:
+        return None
+    path, root = ctx.apex_path(reference) or ("", reference)
+    assert isinstance(root, cst.Name)
+    value = _Value(reference, root, replacement, path, "", _torch_path(ctx, base) or "", [], "", base=base)
+    parent = ctx.parent(tuple_node)
+    if isinstance(parent, cst.Arg) and class_check(ctx, tuple_node) is not None:
+        value.spelled = "the test"
+        return value
+    if not (isinstance(parent, cst.Assign) and parent.value is tuple_node and len(parent.targets) == 1):
+        return None
+    target = parent.targets[0].target
+    scope = ctx.scope_of(parent)
+    if not isinstance(target, cst.Name) or isinstance(scope, cst.ClassDef):
+        return None
+    if reached_from_outside(ctx, scope, target.value) is not None:
+        return None
+    for name in ctx.nodes_of(cst.Name):
+        if name.value != target.value or not reads_variable(ctx, name):
+            continue
+        if isinstance(ctx.parent(name), cst.AssignTarget) or class_check(ctx, name) is None:
+            return None
+    value.spelled = f"every test of `{target.value}`"
+    return value
+
+
+_TORCH_SYNCBN = ("torch.nn.SyncBatchNorm", "torch.nn.modules.SyncBatchNorm", "torch.nn.modules.batchnorm.SyncBatchNorm")
+
+
+def _extends_torch_tuple(ctx: ModuleContext, reference: cst.BaseExpression, replacement: Replacement, path: str) -> str:
+    """Why the Apex class added to a tuple of classes that already holds torch's (``_NORM_TYPES +=
+    (apex.parallel.SyncBatchNorm,)`` after ``_NORM_TYPES = (..., nn.SyncBatchNorm)``) stays, and
+    when it can go; "" for another use. Torch's layers match the tuple without it, but whether any
+    Apex layer still reaches the tests depends on code outside the module, a library's included."""
+    if not replacement.bases:
+        return ""
+    element = ctx.parent(reference)
+    added = ctx.parent(element) if isinstance(element, cst.Element) else None
+    if not isinstance(added, cst.Tuple):
+        return ""
+    holder = ctx.parent(added)
+    target: cst.BaseExpression | None = None
+    if isinstance(holder, cst.AugAssign) and isinstance(holder.operator, cst.AddAssign) and holder.value is added:
+        target = holder.target
+    elif (
+        isinstance(holder, cst.BinaryOperation)
+        and isinstance(holder.operator, cst.Add)
+        and holder.right is added
+        and isinstance(ctx.parent(holder), cst.Assign)
+    ):
+        assign = ctx.parent(holder)
+        assert isinstance(assign, cst.Assign)
+        if len(assign.targets) == 1 and syntax.normalized(assign.targets[0].target) == syntax.normalized(holder.left):
+            target = holder.left
+    if not isinstance(target, cst.Name):
+        return ""
+    held = None
+    for name in ctx.nodes_of(cst.Name):  # the index holds no Assign nodes: find them through their targets
+        if name.value != target.value or not isinstance(ctx.parent(name), cst.AssignTarget):
+            continue
+        assign = ctx.parent(ctx.parent(name))  # type: ignore[arg-type]
+        if not (
+            isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1
+            and isinstance(assign.value, cst.Tuple)
+            and ctx.scope_of(assign) is ctx.scope_of(added)
+        ):
+            continue
+        held = next(
+            (e.value for e in assign.value.elements if _torch_path(ctx, e.value) in _TORCH_SYNCBN),
+            held,
+        )
+    if held is None:
+        return ""
+    assert holder is not None
+    small = holder if isinstance(holder, cst.AugAssign) else ctx.parent(holder)
+    assert small is not None
+    statement = " ".join(ctx.code(small).split())
+    return (
+        f"`{statement}` adds {path} to `{target.value}`, which already holds torch's SyncBatchNorm "
+        f"(`{ctx.code(held).strip()}`, line {ctx.position(held)[0]}): layers built by torch match it without this "
+        f"statement, but an Apex SyncBatchNorm built elsewhere (by `apex.parallel.convert_syncbn_model` or "
+        f"`apex.parallel.SyncBatchNorm(...)`, in this project or in a library it calls) would stop matching. Once "
+        f"no code that builds the layers `{target.value}` tests builds Apex's, delete this statement (and the "
+        f"`import apex` and the `if` or `try` around them where they serve nothing else)"
+    )
+
+
+def _torch_path(ctx: ModuleContext, expression: cst.BaseExpression) -> str | None:
+    """The dotted path in torch that ``expression`` (``nn.modules.batchnorm._BatchNorm``,
+    ``torch.nn.modules.batchnorm._BatchNorm``, an imported ``_BatchNorm``) names through the
+    module's imports, or None."""
+    spelled = dotted_name(expression)
+    if spelled is None:
+        return None
+    root, _, rest = spelled.partition(".")
+    binding = ctx.resolve(root, expression)
+    if binding is not None:
+        return f"{binding.target}.{rest}" if binding.kind == "torch" and rest else None
+    if _rebound(ctx, root):
+        return None  # a parameter, a variable or a definition of that name may be what it reads
+    scope = ctx.scope_of(expression)
+    statements = [
+        statement
+        for where in (scope, ctx.module)
+        for statement in ctx.other_imports.get(where, {}).get(root, [])  # type: ignore[call-overload]
+    ]
+    found: set[str] = set()
+    for statement in statements:
+        if isinstance(statement.names, cst.ImportStar):
+            return None
+        for alias in statement.names:
+            if bound_name(alias) != root:
+                continue
+            imported = dotted_name(alias.name) or ""
+            if isinstance(statement, cst.Import):
+                full = imported if alias.asname is not None else root
+            elif statement.relative or statement.module is None:
+                return None
+            else:
+                full = f"{dotted_name(statement.module)}.{imported}"
+            found.add(f"{full}.{rest}" if rest else full)
+    if len(found) != 1:
+        return None
+    path = found.pop()
+    return path if path.split(".")[0] == "torch" else None
+
+
+def _rebound(ctx: ModuleContext, name: str) -> bool:
+    """Whether the module binds ``name`` anywhere other than by an import: an assignment, a
+    parameter, a loop or ``with``/``except`` target, a ``def`` or ``class``, a ``global``."""
+    for node in ctx.nodes_of(cst.Name):
+        if node.value != name:
+            continue
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.AssignTarget, cst.Param, cst.NameItem)):
+            return True
+        if isinstance(parent, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor)) and parent.target is node:
+            return True
+        if isinstance(parent, cst.NamedExpr) and parent.target is node:
+            return True
+        if isinstance(parent, cst.AsName) and not any(
+            isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)
+        ):
+            return True
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef)) and parent.name is node:
+            return True
+        if isinstance(parent, cst.Element) and isinstance(ctx.parent(parent), (cst.Tuple, cst.List)):
+            holder = ctx.parent(ctx.parent(parent))  # type: ignore[arg-type]
+            if isinstance(holder, (cst.AssignTarget, cst.For, cst.CompFor)):
+                return True
+    return False
+
+
+def _without_elements(updated: cst.CSTNode, indices: tuple[int, ...], unwrap: bool) -> cst.CSTNode:
+    """The tuple without its elements at ``indices``, its last comma as the source wrote it;
+    ``unwrap``: a class test's own argument, one class left, is that class."""
+    assert isinstance(updated, cst.Tuple)
+    last_comma = updated.elements[-1].comma
+    elements = [element for index, element in enumerate(updated.elements) if index not in indices]
+    if unwrap and len(elements) == 1 and isinstance(elements[0], cst.Element):
+        return elements[0].value
+    if len(updated.elements) - 1 in indices:  # the last one went: the new last keeps the old last's comma
+        elements[-1] = elements[-1].with_changes(comma=last_comma)
+    return updated.with_changes(elements=elements)
 
 
 def class_check(ctx: ModuleContext, reference: cst.BaseExpression) -> cst.Call | None:
@@ -588,6 +811,7 @@ class _Value:
     problem: str  # why not ("" when it may)
     check: cst.Call | None = None  # the isinstance/issubclass call, for a class check
     passed: list[cst.Call] = field(default_factory=list)  # the calls it is handed to (``passable_unless``)
+    base: cst.BaseExpression | None = None  # the torch base class beside it in a tuple (``_covered``)
 
 
 def _decide(

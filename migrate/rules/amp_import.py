@@ -761,6 +761,32 @@ def drop_aliases(ctx: ModuleContext, statement: cst.Import | cst.ImportFrom, ali
     ctx.plan.replace[statement] = shrink
 
 
+def _returned_flag(ctx: ModuleContext, binding: Binding) -> str | None:
+    """For AMP043 on an ``import apex`` probe in a function: the function returns the flag its
+    ``try`` sets (vissl's ``def is_apex_available(): try: import apex; apex_available = True ...
+    return apex_available``), and its callers may import Apex under it; None otherwise."""
+    owner = ctx.try_around(binding.statement)
+    function = ctx.function_of(binding.statement)
+    if owner is None or function is None:
+        return None
+    flags = {
+        name
+        for node in ctx.walk(owner)
+        if isinstance(node, cst.AssignTarget)
+        for name in [dotted_name(node.target)]
+        if name is not None
+    }
+    for node in ctx.walk(function, into_definitions=False):
+        if isinstance(node, cst.Return) and node.value is not None:
+            names = {dotted_name(n) for n in ctx.walk(node.value) if isinstance(n, (cst.Name, cst.Attribute))}
+            if names & flags:
+                return (
+                    f"`{function.name.value}()` returns the flag it sets, and code that calls it may still import "
+                    "Apex under it (the flag must keep saying whether Apex is installed)"
+                )
+    return None
+
+
 def _function_returning(ctx: ModuleContext, flags: set[str]) -> str | None:
     """The name of a function of the module that returns one of the probe's ``flags``
     (``def is_apex_available(): return _has_apex`` in a vendored Hugging Face file_utils.py), or
@@ -968,7 +994,7 @@ def _report_leftovers(
                         why = (
                             _probe_kept_because(ctx, binding, references)
                             if ctx.function_of(binding.statement) is None
-                            else None
+                            else _returned_flag(ctx, binding)
                         )
                         ctx.report(
                             "AMP043",

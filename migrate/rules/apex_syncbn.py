@@ -16,7 +16,9 @@ What it rewrites
     code (``norm_layer=BatchNorm2d``, ``init_weight(model, BatchNorm2d)``) and be the class of
     an ``isinstance`` check, where no Python file of the project (a vendored copy of Apex aside)
     spells ``channel_last`` or ``fuse_relu``: that code can then only build layers from
-    arguments torch's class takes the same way.
+    arguments torch's class takes the same way. In a tuple of classes that also holds torch's
+    ``_BatchNorm`` (both Apex implementations derive from it) and is only ever a class test's
+    argument, the Apex class is dropped: no test changes.
 
 Before::
 
@@ -92,6 +94,8 @@ REPLACEMENTS = (
             "(Apex's z input: `torch.relu(bn(x) + z)`)",
         },
         passable_unless=("channel_last", "fuse_relu"),
+        # both implementations (apex/parallel/sync_batchnorm.py, optimized_sync_batchnorm.py)
+        bases=("torch.nn.modules.batchnorm._BatchNorm",),
     ),
 )
 
