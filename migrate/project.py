@@ -1406,6 +1406,26 @@ class ProjectPlan:
                     "the helpers that would replace these decorators cast nothing (they cast inside torch.autocast "
                     "only): migrate this module together with that setup"
                 )
+        # a notebook's training setup (notebooks are in no group, nor among `migrated` above; the
+        # GradScalers it created tell it migrated) runs the same model: with Apex's decorators
+        # kept, nothing casts for its torch.autocast either
+        staying = [
+            path
+            for path, result in outcome.items()
+            if apis(path) and not apis(path) - _CAST_FUNCTION_APIS and (path in found or not result.amp_migrated)
+        ]
+        for path, result in outcome.items():
+            if not (path.endswith(".ipynb") and result.scalers):
+                continue
+            if self.facts.get(path, ModuleFacts()).frozen is not None:
+                continue
+            cast = next((other for other in staying if may_share_a_program(other, path)), None)
+            if cast is not None:
+                found[path] = (
+                    f"the casting decorators of {self.display(cast)} stay on Apex (see its findings): they cast only "
+                    "under Apex amp, so under torch.autocast here its kernels would get float16 tensors: migrate "
+                    "this notebook together with that module"
+                )
         return found
 
     def _freeze_unused_scalers(self, outcome: Mapping[str, Outcome]) -> dict[str, ModuleFacts]:
