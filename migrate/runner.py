@@ -975,6 +975,7 @@ def _migrate_notebook(data: bytes, options: Options, want_diff: bool) -> Entry:
         # what the project plan needs to keep it beside modules that stay on Apex (a notebook is in
         # no group: its amp_left/amp_migrated are not reported)
         scalers=result.scalers,
+        scaler_unused=result.scaler_unused,
     )
 
 
