@@ -1362,7 +1362,8 @@ class ProjectPlan:
                 again[path] = replace(facts, exported=exported)
         if not again:
             # once every amp setup has settled: which of them stay on Apex is known only then
-            for path, reason in self._cast_functions_beside_apex(outcome).items():
+            casts = self._cast_functions_beside_apex(outcome)
+            for path, reason in {**casts, **self._notebooks_beside_apex(outcome, casts)}.items():
                 again[path] = replace(self.facts.get(path, ModuleFacts()), frozen=reason)
         self.facts.update(again)
         return again
@@ -1405,6 +1406,55 @@ class ProjectPlan:
                     f"the Apex amp setup of {self.display(keeping[0])} stays (see its findings), and under its O1 "
                     "the helpers that would replace these decorators cast nothing (they cast inside torch.autocast "
                     "only): migrate this module together with that setup"
+                )
+        return found
+
+    def _notebooks_beside_apex(self, outcome: Mapping[str, Outcome], casts: Mapping[str, str]) -> dict[str, str]:
+        """The notebooks whose migrated training setup (the GradScalers they create tell it) runs
+        beside modules of their program that stay on Apex, each with why it stays too.
+
+        The index holds no notebook, so no import links one to a group: a notebook that calls
+        ``amp.initialize`` and hands the model to a trainer module (``do_train`` with its own
+        ``amp.scale_loss``) is migrated alone. Two shapes are known to break: casting decorators
+        kept on Apex (``casts``, or frozen earlier), which cast nothing for the notebook's
+        autocast; and, when no backward of the notebook uses its GradScaler, amp code without an
+        ``amp.initialize`` of its own, which would call Apex amp on a setup that is gone."""
+        modules = self.index.modules
+
+        def apis(path: str) -> set[str]:
+            return modules[path].amp_apis if path in modules else set()
+
+        def only_casts(path: str) -> bool:
+            return bool(apis(path)) and not apis(path) - _CAST_FUNCTION_APIS
+
+        staying_casts = [
+            path for path, result in outcome.items() if only_casts(path) and (path in casts or result.amp_left)
+        ]
+        orphans = [
+            path
+            for path, result in outcome.items()
+            if path in modules and result.amp_left and not only_casts(path) and "initialize" not in apis(path)
+        ]
+        found: dict[str, str] = {}
+        for path, result in outcome.items():
+            if not (path.endswith(".ipynb") and result.scalers):
+                continue
+            if self.facts.get(path, ModuleFacts()).frozen is not None:
+                continue
+            cast = next((other for other in staying_casts if may_share_a_program(other, path)), None)
+            orphan = next((other for other in orphans if may_share_a_program(other, path)), None)
+            if cast is not None:
+                found[path] = (
+                    f"the casting decorators of {self.display(cast)} stay on Apex (see its findings): they cast only "
+                    "under Apex amp, so under torch.autocast here its kernels would get float16 tensors: migrate "
+                    "this notebook together with that module"
+                )
+            elif result.scaler_unused and orphan is not None:
+                found[path] = (
+                    f"no backward here uses its GradScaler, and {self.display(orphan)} keeps Apex amp without an "
+                    "amp.initialize of its own (see its findings): the training loop may be there (a notebook's "
+                    "imports are not followed), and it would call Apex amp on a setup that no longer exists: "
+                    "migrate them together"
                 )
         return found
 

@@ -972,6 +972,10 @@ def _migrate_notebook(data: bytes, options: Options, want_diff: bool) -> Entry:
         new_data,
         diffs=diffs,
         migrated_apis=migrated_apis(program.text, result.source),
+        # what the project plan needs to keep it beside modules that stay on Apex (a notebook is in
+        # no group: its amp_left/amp_migrated are not reported)
+        scalers=result.scalers,
+        scaler_unused=result.scaler_unused,
     )
 
 

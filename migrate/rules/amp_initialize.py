@@ -1543,6 +1543,10 @@ def _enabled_arguments(
     return scaler_enabled, None
 
 
+# methods that return the module they are called on, moved or cast (`model.to(device)`)
+_MOVING_METHODS = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "type", "train"})
+
+
 def _create_scaler(
     ctx: ModuleContext,
     model: AmpModel,
@@ -1568,6 +1572,13 @@ def _create_scaler(
     models = found.models
     for element in models.elements if isinstance(models, (cst.List, cst.Tuple)) else [models]:
         expression = element.value if isinstance(element, cst.BaseElement) else element
+        # `[model.to(device), model_old.to(device)]`: the model is what is moved
+        while (
+            isinstance(expression, cst.Call)
+            and isinstance(expression.func, cst.Attribute)
+            and expression.func.attr.value in _MOVING_METHODS
+        ):
+            expression = expression.func.value
         dotted = dotted_name(expression)
         if dotted is not None:
             scaler.model_names.add(dotted.split(".")[-1])

@@ -206,6 +206,51 @@ def _leaves_iteration(ctx: ModuleContext, statement: cst.CSTNode) -> bool:
     return False
 
 
+def _caller_before_conditional_step(
+    ctx: ModuleContext, model: AmpModel, node: cst.CSTNode, key: str | None
+) -> cst.Call | None:
+    """A call of the function holding ``node`` (which steps nothing itself: a clip helper) after
+    which the optimizer steps only on some passes (gradient accumulation); None if there is none.
+
+    The helper runs once per call: ``unscale_`` in it would run after every micro-batch, and
+    GradScaler refuses a second ``unscale_`` before ``update()``."""
+    function = ctx.function_of(node)
+    if function is None:
+        return None
+    name = function.name.value
+    for call in ctx.nodes_of(cst.Call):
+        func = call.func
+        calls_it = (isinstance(func, cst.Name) and func.value == name) or (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == name
+            and isinstance(func.value, cst.Name)
+            and func.value.value in ("self", "cls")
+        )
+        if not calls_it or any(ancestor is function for ancestor in ctx.ancestors(call)):
+            continue
+        step = _next_step(ctx, model, call, key)
+        if step is not None and _skipping_tests(ctx, ctx.statement_of(call), step):
+            return call
+    return None
+
+
+def _report_helper_before_conditional_step(ctx: ModuleContext, node: cst.CSTNode, caller: cst.Call) -> None:
+    """Freeze the setup: a clip helper is called after every micro-batch, the step only on some."""
+    function = ctx.function_of(node)
+    name = function.name.value if function is not None else "the function"
+    ctx.report(
+        "AMP024",
+        node,
+        f"`{name}(...)` reads the gradients here and is called at line {ctx.position(caller)[0]} after every "
+        "backward pass while the optimizer steps only on some (gradient accumulation): Apex gave it the unscaled "
+        "gradients each time, GradScaler unscales once per step (a second `scaler.unscale_` before `scaler.update()` "
+        "raises): left as it was. Call it under the step's condition, after the last backward of the step, and run "
+        "ampmigrate again (clipping the accumulated gradients once changes training), or clip each micro-batch's "
+        "still-scaled gradients at `max_norm * scaler.get_scale()` by hand",
+    )
+    ctx.unfinished.append(node)  # the setup stays as it was (AMP025)
+
+
 def _report_step_decided_by_gradients(ctx: ModuleContext, node: cst.CSTNode, test: cst.BaseExpression) -> None:
     """Freeze the setup: whether the optimizer steps depends on the clipped norm.
 
@@ -317,6 +362,9 @@ def _unscale_before(
         return False
     key = optimizer_key(ctx, optimizer, node)
     step = _next_step(ctx, model, node, key)
+    if step is None and (caller := _caller_before_conditional_step(ctx, model, node, key)) is not None:
+        _report_helper_before_conditional_step(ctx, node, caller)
+        return False
     tests = _skipping_tests(ctx, statement, step) if step is not None else []
     # what the clip's line assigns (`norm = clip_grad_norm_(...)`)
     results = _bound_inside(statement) if isinstance(statement, cst.SimpleStatementLine) else set()
@@ -474,7 +522,8 @@ def _clip_scaled_gradients(ctx: ModuleContext, model: AmpModel, node: cst.CSTNod
             ctx.report(
                 "AMP024",
                 node,
-                f"`{syntax.code(clip.func)}(amp.master_params(...))` runs after every backward pass while the "
+                f"`{syntax.code(clip.func)}({'...' if direct else 'amp.master_params(...)'})` runs after every "
+                "backward pass while the "
                 "optimizer steps only on some (gradient accumulation): Apex gave it the unscaled gradients, GradScaler "
                 "unscales once per step, and it is not torch's clip_grad_norm_/clip_grad_value_ (whose threshold "
                 "times `scaler.get_scale()` clips the still-scaled gradients exactly): left as it was. For a clip, "
@@ -484,6 +533,7 @@ def _clip_scaled_gradients(ctx: ModuleContext, model: AmpModel, node: cst.CSTNod
             )
         else:
             ctx.report("AMP024", node)
+        ctx.unfinished.append(node)  # the setup stays as it was (AMP025), as the finding says
         return False
     found = model.scaler_access_or_report(node)
     if found is None:
@@ -608,8 +658,12 @@ def _steps_every_time(
     accumulation loop clips the still-scaled gradients (``_clip_scaled_gradients``)."""
     if _inside_scale_loss(ctx, model, branch):
         return False  # reported on the way that does not collapse
-    step = _next_step(ctx, model, call, optimizer_key(ctx, optimizer, call))
-    return step is None or not _skipping_tests(ctx, branch, step)
+    key = optimizer_key(ctx, optimizer, call)
+    step = _next_step(ctx, model, call, key)
+    if step is None:
+        # a clip helper: each of its calls must be followed by a step every time
+        return _caller_before_conditional_step(ctx, model, call, key) is None
+    return not _skipping_tests(ctx, branch, step)
 
 
 def _gradient_readers(ctx: ModuleContext) -> set[str]:
