@@ -8,7 +8,8 @@ What it rewrites
     that GradScaler's ``init_scale``. A comprehension or loop over the loss scalers that only
     reads each scale (``{f"scale_{i}": s._loss_scale for i, s in enumerate(amp._amp_state.loss_scalers)}``)
     iterates over ``[scaler]`` and reads ``s.get_scale()`` (a loop only where its name is not used
-    outside it), for an amp.initialize with one loss. The switches that only relaxed Apex's own checks or
+    outside it), for an amp.initialize with one loss; with a literal ``num_losses=N``, over
+    ``[scaler] * N``. The switches that only relaxed Apex's own checks or
     messages (``allow_incoming_model_not_fp32``, ``hard_override``, ``verbosity``) are
     deleted. Every spelling counts: ``amp._amp_state``, ``apex.amp._amp_state``,
     ``from apex.amp import _amp_state`` and ``from apex.amp._amp_state import _amp_state``.
@@ -44,7 +45,8 @@ After::
 
 Not rewritten (reported instead, AMP031 with the code to write)
     A loss scaler other than the first, or any with ``num_losses > 1`` (one GradScaler
-    replaces them all: per-loss entries would all log the one scale, and fewer of them); Apex's
+    replaces them all), but for the loops above where ``num_losses`` is a literal N: they
+    iterate over ``[scaler] * N``, each entry the one scale (AMP033 says so); Apex's
     overflow flag (``s._has_overflow``, "this step is skipped": the message names the flag to
     compute around ``scaler.update()``); a LossScaler driven by hand (``update_scale()``,
     ``_overflow_buf``: ``scaler.step``/``scaler.update`` do that work); a scale set anywhere but right after ``amp.initialize``, computed
@@ -322,14 +324,21 @@ def _switch(ctx: ModuleContext, attribute: cst.Attribute) -> Shape:
 
 def _num_losses_is_one(call: cst.Call | None) -> bool:
     """Whether this amp.initialize made one loss scaler (``num_losses`` absent or 1)."""
+    return _num_losses(call) == 1
+
+
+def _num_losses(call: cst.Call | None) -> int | None:
+    """How many loss scalers this amp.initialize made (``num_losses``, 1 when absent); None
+    where that is not a literal."""
     if call is None or any(arg.star for arg in call.args):
-        return False
+        return None
     for position, arg in enumerate(call.args):
         if (arg.keyword is not None and arg.keyword.value == "num_losses") or (
             arg.keyword is None and position == _NUM_LOSSES_POSITION
         ):
-            return syntax.literal(arg.value) == 1
-    return True
+            value = syntax.literal(arg.value)
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+    return 1
 
 
 def _side_effect_free(node: cst.BaseExpression) -> bool:
@@ -426,10 +435,11 @@ def plan(ctx: ModuleContext) -> None:
 
 
 def _plan_each(ctx: ModuleContext, model: AmpModel, use: StateUse, found: Shape) -> None:
-    """A comprehension or loop that reads the scale of each of Apex's loss scalers, where
-    amp.initialize made one: it iterates over ``[scaler]`` and reads ``get_scale()``, exact as
-    for the first (a loop only where its name is not used outside it: after the loop it would
-    hold the GradScaler)."""
+    """A comprehension or loop that reads the scale of each of Apex's loss scalers: it iterates
+    over ``[scaler]`` and reads ``get_scale()``, exact where amp.initialize made one loss scaler
+    (a loop only where its name is not used outside it: after the loop it would hold the
+    GradScaler); where it made a literal N > 1 of them, over ``[scaler] * N``: as many entries,
+    each the one scale that replaces them (AMP004), a difference only in what is read."""
     scalers = found.node
     assert isinstance(scalers, cst.Attribute)
     each = iteration(ctx, scalers)
@@ -440,23 +450,39 @@ def _plan_each(ctx: ModuleContext, model: AmpModel, use: StateUse, found: Shape)
         or not each.reads
         or each.overflows
         or each.others
-        or _only_scaler(model) is None
+        or len(model.scalers) != 1
     ):
+        return
+    count = _num_losses(model.scalers[0].initialize)
+    if count is None:
         return
     access = model.scaler_access(scalers)
     if access is None:
         return
-    ctx.plan.substitute(scalers, cst.List([cst.Element(access.expression)]))
+    replacement: cst.BaseExpression = cst.List([cst.Element(access.expression)])
+    if count > 1:
+        replacement = cst.BinaryOperation(replacement, cst.Multiply(), cst.Integer(str(count)))
+    ctx.plan.substitute(scalers, replacement)
     for read in each.reads:
         ctx.plan.substitute(read, syntax.attribute_call(cst.Name(each.name), "get_scale"))
     ctx.consumed.add(use.base)
-    ctx.report(
-        "AMP033",
-        scalers,
-        f"`{_code(ctx, scalers)}` became `[{syntax.code(access.expression)}]` and each LossScaler's scale "
-        f"`{each.name}.get_scale()`: amp.initialize made one loss scaler, and the GradScaler replaces it (the "
-        "scale the next step uses: Apex changed it when a scale_loss block ended, GradScaler at scaler.update())",
+    became = (
+        f"`{_code(ctx, scalers)}` became `{syntax.code(replacement)}` and each LossScaler's scale "
+        f"`{each.name}.get_scale()`"
     )
+    timing = "Apex changed a scale when a scale_loss block ended, GradScaler at scaler.update()"
+    if count == 1:
+        message = (
+            f"{became}: amp.initialize made one loss scaler, and the GradScaler replaces it (the scale the next "
+            "step uses: Apex changed it when a scale_loss block ended, GradScaler at scaler.update())"
+        )
+    else:
+        message = (
+            f"{became}: one GradScaler replaces Apex's {count} per-loss scalers (AMP004), so each of the {count} "
+            f"entries now reads that one scale where Apex had a scale per loss; only what is read (logged) "
+            f"differs ({timing})"
+        )
+    ctx.report("AMP033", scalers, message)
 
 
 def _only_scaler(model: AmpModel) -> Scaler | None:
@@ -611,8 +637,9 @@ def _describe_each(ctx: ModuleContext, found: Shape, scaler: str) -> str | None:
         )
         if several:
             message += (
-                f"; with several losses one entry remains where each loss had one (`[{scaler}] * num_losses` keeps "
-                "one per loss, each the one scale they share)"
+                f"; with several losses one entry remains where each loss had one: `[{scaler}] * num_losses` keeps "
+                "one per loss, each the one scale they share (ampmigrate writes that itself where num_losses is a "
+                "literal and the GradScaler is in reach)"
             )
         if isinstance(each.loop, cst.For) and _used_outside(ctx, each.loop, each.name):
             message += (
