@@ -49,8 +49,9 @@ Not rewritten (reported instead, AMP031 with the code to write)
     iterate over ``[scaler] * N``, each entry the one scale (AMP033 says so); Apex's
     overflow flag (``s._has_overflow``, "this step is skipped": the message names the flag to
     compute around ``scaler.update()``); a LossScaler driven by hand (``update_scale()``,
-    ``_overflow_buf``: ``scaler.step``/``scaler.update`` do that work); a scale set anywhere but right after ``amp.initialize``, computed
-    at run time, above ``max_loss_scale``, or not a power of two where the run may be O0;
+    ``_overflow_buf``: ``scaler.step``/``scaler.update`` do that work); a scale set anywhere
+    but right after ``amp.initialize``, computed at run time, above ``max_loss_scale``, or
+    not a power of two where the run may be O0;
     the LossScaler object itself (``s = amp._amp_state.loss_scalers[0]``),
     ``opt_properties``, ``handle`` and other internals; any of them where no GradScaler is
     reachable. Then the whole amp setup stays as it was (AMP025).
@@ -470,7 +471,6 @@ def _plan_each(ctx: ModuleContext, model: AmpModel, use: StateUse, found: Shape)
         f"`{_code(ctx, scalers)}` became `{syntax.code(replacement)}` and each LossScaler's scale "
         f"`{each.name}.get_scale()`"
     )
-    timing = "Apex changed a scale when a scale_loss block ended, GradScaler at scaler.update()"
     if count == 1:
         message = (
             f"{became}: amp.initialize made one loss scaler, and the GradScaler replaces it (the scale the next "
@@ -479,8 +479,8 @@ def _plan_each(ctx: ModuleContext, model: AmpModel, use: StateUse, found: Shape)
     else:
         message = (
             f"{became}: one GradScaler replaces Apex's {count} per-loss scalers (AMP004), so each of the {count} "
-            f"entries now reads that one scale where Apex had a scale per loss; only what is read (logged) "
-            f"differs ({timing})"
+            "entries now reads that one scale where Apex had a scale per loss; only what is read (logged) "
+            "differs (Apex changed a scale when a scale_loss block ended, GradScaler at scaler.update())"
         )
     ctx.report("AMP033", scalers, message)
 
