@@ -5,7 +5,11 @@ What it rewrites
     ``._loss_scale``) becomes ``scaler.get_scale()`` where the GradScaler that replaces
     ``amp.initialize`` is reachable (as for ``amp.state_dict()``). Setting it
     (``..._loss_scale = 2**20``) as the statement right after ``amp.initialize`` becomes
-    that GradScaler's ``init_scale``. The switches that only relaxed Apex's own checks or
+    that GradScaler's ``init_scale``. A comprehension or loop over the loss scalers that only
+    reads each scale (``{f"scale_{i}": s._loss_scale for i, s in enumerate(amp._amp_state.loss_scalers)}``)
+    iterates over ``[scaler]`` and reads ``s.get_scale()`` (a loop only where its name is not used
+    outside it), for an amp.initialize with one loss; with a literal ``num_losses=N``, over
+    ``[scaler] * N``. The switches that only relaxed Apex's own checks or
     messages (``allow_incoming_model_not_fp32``, ``hard_override``, ``verbosity``) are
     deleted. Every spelling counts: ``amp._amp_state``, ``apex.amp._amp_state``,
     ``from apex.amp import _amp_state`` and ``from apex.amp._amp_state import _amp_state``.
@@ -41,8 +45,13 @@ After::
 
 Not rewritten (reported instead, AMP031 with the code to write)
     A loss scaler other than the first, or any with ``num_losses > 1`` (one GradScaler
-    replaces them all); a scale set anywhere but right after ``amp.initialize``, computed
-    at run time, above ``max_loss_scale``, or not a power of two where the run may be O0;
+    replaces them all), but for the loops above where ``num_losses`` is a literal N: they
+    iterate over ``[scaler] * N``, each entry the one scale (AMP033 says so); Apex's
+    overflow flag (``s._has_overflow``, "this step is skipped": the message names the flag to
+    compute around ``scaler.update()``); a LossScaler driven by hand (``update_scale()``,
+    ``_overflow_buf``: ``scaler.step``/``scaler.update`` do that work); a scale set anywhere
+    but right after ``amp.initialize``, computed at run time, above ``max_loss_scale``, or
+    not a power of two where the run may be O0;
     the LossScaler object itself (``s = amp._amp_state.loss_scalers[0]``),
     ``opt_properties``, ``handle`` and other internals; any of them where no GradScaler is
     reachable. Then the whole amp setup stays as it was (AMP025).
@@ -105,6 +114,102 @@ class Shape:
     index: int | None = None  # the loss scaler's index
     attribute: str | None = None  # the attribute set ("write", "switch")
     value: cst.BaseExpression | None = None  # what is assigned
+
+
+@dataclass(frozen=True)
+class Each:
+    """``for s in <state>.loss_scalers`` (or ``enumerate(...)`` of it), in a loop or a comprehension."""
+
+    loop: cst.For | cst.CompFor
+    comprehension: cst.BaseExpression | None  # the comprehension around a CompFor
+    name: str | None  # the name each LossScaler is bound to (None: another target)
+    reads: tuple[cst.BaseExpression, ...]  # ``s._loss_scale`` and ``s.loss_scale()``
+    overflows: tuple[cst.Attribute, ...]  # ``s._has_overflow``
+    others: bool  # any other use of the name
+
+
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_BINDING_PARENTS = (cst.AssignTarget, cst.Param, cst.ImportAlias, cst.AsName, cst.CompFor, cst.For)
+
+
+def iteration(ctx: ModuleContext, scalers: cst.Attribute) -> Each | None:
+    """What a loop or comprehension over ``scalers`` (``<state>.loss_scalers``) does with each
+    LossScaler; None where ``scalers`` is not what a ``for`` iterates."""
+    iterated: cst.BaseExpression = scalers
+    parent = ctx.parent(scalers)
+    enumerated = False
+    if isinstance(parent, cst.Arg):
+        call = ctx.parent(parent)
+        if not (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Name)
+            and call.func.value == "enumerate"
+            and len(call.args) == 1
+            and parent.keyword is None
+            and not parent.star
+            and not _enumerate_rebound(ctx)
+        ):
+            return None
+        iterated, parent, enumerated = call, ctx.parent(call), True
+    if not isinstance(parent, (cst.For, cst.CompFor)) or parent.iter is not iterated:
+        return None
+    target = parent.target
+    if enumerated:
+        elements = target.elements if isinstance(target, cst.Tuple) else ()
+        second = elements[1].value if len(elements) == 2 else None
+        name = second.value if isinstance(second, cst.Name) else None
+    else:
+        name = target.value if isinstance(target, cst.Name) else None
+    comprehension = None
+    if isinstance(parent, cst.CompFor):
+        comprehension = next((a for a in ctx.ancestors(parent) if isinstance(a, _COMPREHENSIONS)), None)
+        if comprehension is None:
+            return None
+        regions: list[cst.CSTNode] = [comprehension]
+    else:
+        regions = [parent.body] + ([parent.orelse] if parent.orelse is not None else [])
+    reads: list[cst.BaseExpression] = []
+    overflows: list[cst.Attribute] = []
+    others = name is None
+    own_target = {id(node) for node in ctx.walk(target)}
+    for region in regions:
+        for node in ctx.walk(region):
+            if not (isinstance(node, cst.Name) and node.value == name) or id(node) in own_target:
+                continue
+            member = ctx.parent(node)
+            if not (isinstance(member, cst.Attribute) and member.value is node):
+                others = True
+                continue
+            call = ctx.parent(member)
+            if member.attr.value == "loss_scale" and isinstance(call, cst.Call) and call.func is member:
+                if call.args:
+                    others = True
+                else:
+                    reads.append(call)
+            elif member.attr.value == "_loss_scale" and _is_load(ctx, member):
+                reads.append(member)
+            elif member.attr.value == "_has_overflow" and _is_load(ctx, member):
+                overflows.append(member)
+            else:
+                others = True
+    return Each(parent, comprehension, name, tuple(reads), tuple(overflows), others)
+
+
+def _used_outside(ctx: ModuleContext, loop: cst.For, name: str) -> bool:
+    """Whether ``name`` occurs in the scope of ``loop`` (its function, or the module) outside it."""
+    inside = {id(node) for node in ctx.walk(loop)}
+    scope = ctx.scope_of(loop)
+    return any(isinstance(node, cst.Name) and node.value == name and id(node) not in inside for node in ctx.walk(scope))
+
+
+def _enumerate_rebound(ctx: ModuleContext) -> bool:
+    """Whether the module binds the name ``enumerate`` itself (a def, an import, an assignment)."""
+    for node in ctx.nodes_of(cst.Name):
+        if node.value == "enumerate" and isinstance(
+            ctx.parent(node), (*_BINDING_PARENTS, cst.FunctionDef, cst.ClassDef)
+        ):
+            return True
+    return False
 
 
 def state_uses(ctx: ModuleContext) -> list[StateUse]:
@@ -182,6 +287,8 @@ def shape(ctx: ModuleContext, use: StateUse) -> Shape:
     if parent.attr.value in SWITCHES:
         return _switch(ctx, parent)
     subscript = ctx.parent(parent)
+    if parent.attr.value == "loss_scalers" and iteration(ctx, parent) is not None:
+        return Shape("each", parent)
     if parent.attr.value != "loss_scalers" or not (
         isinstance(subscript, cst.Subscript) and subscript.value is parent and len(subscript.slice) == 1
     ):
@@ -218,14 +325,21 @@ def _switch(ctx: ModuleContext, attribute: cst.Attribute) -> Shape:
 
 def _num_losses_is_one(call: cst.Call | None) -> bool:
     """Whether this amp.initialize made one loss scaler (``num_losses`` absent or 1)."""
+    return _num_losses(call) == 1
+
+
+def _num_losses(call: cst.Call | None) -> int | None:
+    """How many loss scalers this amp.initialize made (``num_losses``, 1 when absent); None
+    where that is not a literal."""
     if call is None or any(arg.star for arg in call.args):
-        return False
+        return None
     for position, arg in enumerate(call.args):
         if (arg.keyword is not None and arg.keyword.value == "num_losses") or (
             arg.keyword is None and position == _NUM_LOSSES_POSITION
         ):
-            return syntax.literal(arg.value) == 1
-    return True
+            value = syntax.literal(arg.value)
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+    return 1
 
 
 def _side_effect_free(node: cst.BaseExpression) -> bool:
@@ -301,6 +415,8 @@ def plan(ctx: ModuleContext) -> None:
             ctx.plan.remove.add(found.node)
             ctx.consumed.add(use.base)
             ctx.report("AMP033", found.node, _switch_note(ctx, found))
+        elif found.kind == "each":
+            _plan_each(ctx, model, use, found)
         elif found.kind == "read" and found.index == 0:
             scaler = _only_scaler(model)
             if scaler is None:
@@ -317,6 +433,56 @@ def plan(ctx: ModuleContext) -> None:
                 "the next step uses (Apex changed it when a scale_loss block ended, GradScaler at "
                 "scaler.update())",
             )
+
+
+def _plan_each(ctx: ModuleContext, model: AmpModel, use: StateUse, found: Shape) -> None:
+    """A comprehension or loop that reads the scale of each of Apex's loss scalers: it iterates
+    over ``[scaler]`` and reads ``get_scale()``, exact where amp.initialize made one loss scaler
+    (a loop only where its name is not used outside it: after the loop it would hold the
+    GradScaler); where it made a literal N > 1 of them, over ``[scaler] * N``: as many entries,
+    each the one scale that replaces them (AMP004), a difference only in what is read."""
+    scalers = found.node
+    assert isinstance(scalers, cst.Attribute)
+    each = iteration(ctx, scalers)
+    if (
+        each is None
+        or each.name is None
+        or (isinstance(each.loop, cst.For) and _used_outside(ctx, each.loop, each.name))
+        or not each.reads
+        or each.overflows
+        or each.others
+        or len(model.scalers) != 1
+    ):
+        return
+    count = _num_losses(model.scalers[0].initialize)
+    if count is None:
+        return
+    access = model.scaler_access(scalers)
+    if access is None:
+        return
+    replacement: cst.BaseExpression = cst.List([cst.Element(access.expression)])
+    if count > 1:
+        replacement = cst.BinaryOperation(replacement, cst.Multiply(), cst.Integer(str(count)))
+    ctx.plan.substitute(scalers, replacement)
+    for read in each.reads:
+        ctx.plan.substitute(read, syntax.attribute_call(cst.Name(each.name), "get_scale"))
+    ctx.consumed.add(use.base)
+    became = (
+        f"`{_code(ctx, scalers)}` became `{syntax.code(replacement)}` and each LossScaler's scale "
+        f"`{each.name}.get_scale()`"
+    )
+    if count == 1:
+        message = (
+            f"{became}: amp.initialize made one loss scaler, and the GradScaler replaces it (the scale the next "
+            "step uses: Apex changed it when a scale_loss block ended, GradScaler at scaler.update())"
+        )
+    else:
+        message = (
+            f"{became}: one GradScaler replaces Apex's {count} per-loss scalers (AMP004), so each of the {count} "
+            "entries now reads that one scale where Apex had a scale per loss; only what is read (logged) "
+            "differs (Apex changed a scale when a scale_loss block ended, GradScaler at scaler.update())"
+        )
+    ctx.report("AMP033", scalers, message)
 
 
 def _only_scaler(model: AmpModel) -> Scaler | None:
@@ -381,6 +547,10 @@ def describe(ctx: ModuleContext, use: StateUse) -> str:
             "O0 only for a power of two that is not read back: Apex reported it there, a disabled GradScaler "
             "reports 1.0)"
         )
+    if found.kind == "each":
+        message = _describe_each(ctx, found, scaler)
+        if message is not None:
+            return message
     if found.kind == "switch":
         return (
             f"`{text}` only relaxed amp.initialize's own checks or messages: delete it together with "
@@ -399,6 +569,16 @@ def describe(ctx: ModuleContext, use: StateUse) -> str:
                 else f"write `{alias} = {scaler}` with the GradScaler that replaces amp.initialize"
             )
             settings = _alias_settings(ctx, assign, alias)
+            driven = _alias_driven(ctx, assign, alias)
+            if driven:
+                return (
+                    f"`{alias} = {text}` keeps Apex's LossScaler and drives it by hand ({driven}), work "
+                    f"GradScaler does itself: {first}; all-reduce the gradients still scaled, then call `{scaler}.step(optimizer)` "
+                    f"(it unscales them, checks for inf/NaN and skips the step on one) and `{scaler}.update()`; for "
+                    f"Apex's overflow flag keep `scale = {scaler}.get_scale()` before the update: "
+                    f"`{scaler}.get_scale() < scale` after it is True only on a skipped step (dynamic scaling lowers "
+                    f"the scale then); `{alias}.get_scale()` for each `{alias}.loss_scale()`{settings}"
+                )
             return (
                 f"`{alias} = {text}` keeps Apex's LossScaler: {first}, and `{alias}.get_scale()` for each "
                 f"`{alias}.loss_scale()` (one scale serves every loss){settings}"
@@ -410,6 +590,15 @@ def describe(ctx: ModuleContext, use: StateUse) -> str:
     member = ctx.parent(use.root)
     attribute = member.attr.value if isinstance(member, cst.Attribute) and member.value is use.root else None
     if attribute == "opt_properties":
+        assert isinstance(member, cst.Attribute)
+        option = ctx.parent(member)
+        if isinstance(option, cst.Attribute) and option.value is member and option.attr.value == "master_weights":
+            return (
+                f"`{text}` reads whether Apex kept float32 master copies of the weights (O2, or master_weights=True): "
+                "under torch.autocast the model's own parameters stay float32 and the optimizer steps them, so no "
+                "separate copies exist; code under it that reaches Apex's copies (`optimizer._amp_stash`, "
+                "`amp.master_params(optimizer)`) becomes code on the model's parameters"
+            )
         return (
             f"`{text}` reads the options amp.initialize settled: torch.autocast keeps none; write the values "
             "themselves (the opt_level string passed, `torch.float16` for cast_model_type)"
@@ -420,6 +609,70 @@ def describe(ctx: ModuleContext, use: StateUse) -> str:
         f"`{text}` is Apex's private amp state with no torch counterpart: use the GradScaler's public API "
         f"(`{scaler}.get_scale()`, `{scaler}.state_dict()`, `{scaler}.load_state_dict(state)`)"
     )
+
+
+def _describe_each(ctx: ModuleContext, found: Shape, scaler: str) -> str | None:
+    """AMP031 for a loop or comprehension over Apex's loss scalers; None for another use of them."""
+    assert isinstance(found.node, cst.Attribute)
+    each = iteration(ctx, found.node)
+    if each is None or each.name is None:
+        return None
+    text = _code(ctx, found.node)
+    if each.overflows:
+        return (
+            f"`{each.name}._has_overflow` over `{text}` asks whether Apex skips the step that just ended (a "
+            "scale_loss block found an inf/NaN gradient; only with dynamic scaling): one GradScaler replaces the "
+            f"per-loss scalers and skips in `{scaler}.step(optimizer)`; where that step runs, keep `scale = "
+            f"{scaler}.get_scale()` before `{scaler}.update()`, and use `{scaler}.get_scale() < scale` after it "
+            "(True only on a skipped step: dynamic scaling lowers the scale then) instead of this loop"
+        )
+    if each.reads and not each.others:
+        read = _code(ctx, each.reads[0])
+        initializes = ctx.amp.of("initialize")
+        several = not initializes or any(not _num_losses_is_one(call.call) for call in initializes)
+        message = (
+            f"`{text}` is iterated to read each of Apex's per-loss scales (`{read}`): one GradScaler replaces them "
+            f"all (num_losses), so iterate over `[{scaler}]` with the GradScaler that replaces amp.initialize (pass "
+            f"it here) and write `{each.name}.get_scale()`"
+        )
+        if several:
+            message += (
+                f"; with several losses one entry remains where each loss had one: `[{scaler}] * num_losses` keeps "
+                "one per loss, each the one scale they share (ampmigrate writes that itself where num_losses is a "
+                "literal and the GradScaler is in reach)"
+            )
+        if isinstance(each.loop, cst.For) and _used_outside(ctx, each.loop, each.name):
+            message += (
+                f"; `{each.name}` is also used outside the loop, where it would then hold the GradScaler: "
+                "check those uses"
+            )
+        return message
+    return None
+
+
+# LossScaler members that code driving it by hand uses: GradScaler's step() and update() do that work
+_DRIVING = ("update_scale", "_overflow_buf", "_has_overflow", "clear_overflow_state", "unscale", "unscale_with_stashed")
+
+
+def _alias_driven(ctx: ModuleContext, assign: cst.Assign, alias: str) -> str:
+    """```alias.update_scale()` at line 12, `alias._overflow_buf``: the members of ``_DRIVING``
+    read or set on the alias in its scope, each with its first line."""
+    scope = ctx.scope_of(assign)
+    found: dict[str, int] = {}
+    for node in ctx.walk(scope, into_definitions=False):
+        if (
+            isinstance(node, cst.Attribute)
+            and node.attr.value in _DRIVING
+            and isinstance(node.value, cst.Name)
+            and node.value.value == alias
+        ):
+            found.setdefault(node.attr.value, ctx.position(node)[0])
+    parts = []
+    for member in _DRIVING:
+        if member in found:
+            call = "()" if not member.startswith("_") else ""
+            parts.append(f"`{alias}.{member}{call}` at line {found[member]}")
+    return ", ".join(parts)
 
 
 # LossScaler attributes code sets, and the GradScaler argument that does the same from the start
