@@ -56,6 +56,12 @@ over: it goes without a scaler, and each caller gets the GradScaler where the ca
 if the function's amp.initialize, spelled with the caller's arguments, followed the call
 (``migrate.factories``).
 
+At O2/O3 an input cast to float16 by hand to match the float16 weights Apex gave the model
+(``if cfg.fp16: batch["x"] = batch["x"].half()`` before ``model.forward_inference(batch)``, a
+method Apex's patched forward does not cover) goes with the setup where ``_hand_casts`` proves
+that its value reaches only that model's call on the next line, under the setup's own flag
+(AMP001 at the cast): the migrated model keeps float32 weights.
+
 Not rewritten (reported instead)
     A call that is not a plain assignment or expression statement (AMP010);
     ``cast_model_outputs``, a ``loss_scale`` that is no number, or a run-time ``loss_scale``
@@ -63,7 +69,9 @@ Not rewritten (reported instead)
     closure) (AMP005; the setup stays as it was, AMP025); an inference-only call (no
     optimizers, opt level other than O0) in a module that casts to float16 by hand
     (``x.half()``, ``torch.float16``, a ``HalfTensor``): without it those tensors would meet a
-    float32 model (AMP005, the call stays); a factory like the one above
+    float32 model (AMP005, the call stays), unless those casts are the proven ones above; an
+    O2/O3 training call whose model's name receives such a cast the tool cannot prove (its value
+    also used elsewhere, another flag, a function called from out of sight) (AMP005); a factory like the one above
     whose file has another amp.initialize, or that turns scaling off (O0, ``loss_scale=1``)
     while autocast stays on (AMP022).
 
