@@ -364,7 +364,8 @@ class PlanApplier(cst.CSTTransformer):
             middle = []
             if original in plan.forget_comments:
                 leading = leading[: syntax.comments_right_above(leading)]  # they spoke of it
-            leading.extend(_orphaned_comments(updated, middle))
+            if original not in plan.forget_inner_comments:
+                leading.extend(_orphaned_comments(updated, middle))
         elif original in plan.unwrap:
             # the (updated) body in the statement's place: of a `with amp.scale_loss(...)`; of an
             # `if` whose test became always true (the rest of that `if` never runs); of an

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import cached_property
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import libcst as cst
 
@@ -88,6 +88,8 @@ class ModuleContext:
             number for number, line in enumerate(source.splitlines(), start=1) if SKIP_COMMENT.search(line)
         }
         self._all_names: set[str] | None = None
+        # amp_initialize's ``.half()`` casts that go with an O2/O3 setup (``_hand_casts``), once found
+        self.hand_casts: list[Any] | None = None
 
     def release(self) -> None:
         """Drop everything this context holds, once the rules are done with it: its analyses

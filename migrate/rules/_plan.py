@@ -36,6 +36,8 @@ class Plan:
     unwrap: set[cst.CSTNode] = field(default_factory=set)
     # removed statements whose comment lines right above them go too (they spoke of them)
     forget_comments: set[cst.CSTNode] = field(default_factory=set)
+    # removed statements whose comments inside go too (they spoke of the code removed)
+    forget_inner_comments: set[cst.CSTNode] = field(default_factory=set)
     before: dict[cst.CSTNode, list[Statement]] = field(default_factory=lambda: defaultdict(list))
     after: dict[cst.CSTNode, list[Statement]] = field(default_factory=lambda: defaultdict(list))
     # first statement -> (last statement, with item): statements first..last go in a `with`

@@ -56,6 +56,12 @@ over: it goes without a scaler, and each caller gets the GradScaler where the ca
 if the function's amp.initialize, spelled with the caller's arguments, followed the call
 (``migrate.factories``).
 
+At O2/O3 an input cast to float16 by hand to match the float16 weights Apex gave the model
+(``if cfg.fp16: batch["x"] = batch["x"].half()`` before ``model.forward_inference(batch)``, a
+method Apex's patched forward does not cover) goes with the setup where ``_hand_casts`` proves
+that its value reaches only that model's call on the next line, under the setup's own flag
+(AMP001 at the cast): the migrated model keeps float32 weights.
+
 Not rewritten (reported instead)
     A call that is not a plain assignment or expression statement (AMP010);
     ``cast_model_outputs``, a ``loss_scale`` that is no number, or a run-time ``loss_scale``
@@ -63,7 +69,9 @@ Not rewritten (reported instead)
     closure) (AMP005; the setup stays as it was, AMP025); an inference-only call (no
     optimizers, opt level other than O0) in a module that casts to float16 by hand
     (``x.half()``, ``torch.float16``, a ``HalfTensor``): without it those tensors would meet a
-    float32 model (AMP005, the call stays); a factory like the one above
+    float32 model (AMP005, the call stays), unless those casts are the proven ones above; an
+    O2/O3 training call whose model's name receives such a cast the tool cannot prove (its value
+    also used elsewhere, another flag, a function called from out of sight) (AMP005); a factory like the one above
     whose file has another amp.initialize, or that turns scaling off (O0, ``loss_scale=1``)
     while autocast stays on (AMP022).
 
@@ -87,10 +95,11 @@ from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
+from migrate.rules import _hand_casts as hand_casts
 from migrate.rules import _syntax as syntax
 from migrate.rules import amp_private_state
 from migrate.rules._amp import AmpCall, AmpModel, Scaler, in_clip
-from migrate.rules._bindings import dotted_name
+from migrate.rules._bindings import dotted_name, target_names
 from migrate.rules._context import ModuleContext
 from migrate.rules._plan import Statement
 
@@ -855,7 +864,7 @@ def _float16_by_hand(ctx: ModuleContext, call: cst.Call) -> cst.CSTNode | None:
     """The first cast to float16 written out in the module, outside ``call`` (``x.half()``,
     ``torch.float16``/``torch.half``, a ``HalfTensor``); None where there is none. A cast
     whose result leaves for the host (``x.half().numpy()``) does not count."""
-    inside = {id(node) for node in ctx.walk(call)}
+    inside = {id(node) for node in ctx.walk(call)} | {id(cast.call) for cast in _droppable_casts(ctx)}
     for node in ctx.walk(ctx.module):
         if id(node) in inside:
             continue
@@ -870,6 +879,61 @@ def _float16_by_hand(ctx: ModuleContext, call: cst.Call) -> cst.CSTNode | None:
             if name in ("torch.float16", "torch.half") or (name or "").endswith("HalfTensor"):
                 return node
     return None
+
+
+def _hand_casts(ctx: ModuleContext) -> list[hand_casts.HandCast]:
+    """The ``.half()`` casts whose value the next line hands to a model (``_hand_casts``)."""
+    if ctx.hand_casts is None:
+        ctx.hand_casts = hand_casts.candidates(ctx, _o2_setups(ctx, ctx.amp))
+    return ctx.hand_casts
+
+
+def _droppable_casts(ctx: ModuleContext) -> list[hand_casts.HandCast]:
+    """The casts that provably only feed the forward of a model an O2/O3 setup made float16:
+    they go with the setup, and keep no inference setup as it was."""
+    return [cast for cast in _hand_casts(ctx) if cast.setups]
+
+
+def _unproven_cast(ctx: ModuleContext, found: SetupCall) -> hand_casts.HandCast | None:
+    """A cast to float16 by hand that feeds a call on this O2/O3 training setup's model (by
+    name), where the tool cannot prove that the value goes there alone, or that the model
+    there is the one set up: migrated, a float32 model could meet it."""
+    models = found.models
+    given = models.elements if isinstance(models, (cst.List, cst.Tuple)) else [models]
+    names = set()
+    for element in given:
+        dotted = dotted_name(element.value if isinstance(element, cst.BaseElement) else element)
+        if dotted is not None:
+            names.add(dotted.split(".")[-1])
+    return next((cast for cast in _hand_casts(ctx) if not cast.setups and cast.model in names), None)
+
+
+def _o2_setups(ctx: ModuleContext, model: AmpModel) -> list[hand_casts.Setup]:
+    """The O2/O3 amp.initialize calls standing alone at the top of a function's body, that
+    assign plain model names back (``model, optimizer = amp.initialize(model, optimizer, ...)``)."""
+    setups = []
+    for use in model.of("initialize"):
+        bound = _arguments(use.call)
+        if bound is None or any(name in bound for name in ("cast_model_type", "cast_model_outputs")):
+            continue
+        level = syntax.literal(bound["opt_level"].value) if "opt_level" in bound else "O1"
+        enabled = bound["enabled"].value if "enabled" in bound else None
+        if level not in ("O2", "O3") or (enabled is not None and syntax.literal(enabled) is False):
+            continue
+        statement = ctx.statement_of(use.call)
+        function = ctx.function_of(use.call)
+        target = syntax.target_of(statement, use.call)
+        if function is None or ctx.parent(statement) is not function.body or target is None:
+            continue
+        models = bound["models"].value
+        given = [e.value for e in models.elements] if isinstance(models, (cst.List, cst.Tuple)) else [models]
+        names = {node.value for node in given if isinstance(node, cst.Name)}
+        if len(names) != len(given) or not names <= set(target_names(target)):
+            continue
+        always = enabled is None or syntax.literal(enabled) is True
+        switch = None if always else syntax.normalized(enabled)  # type: ignore[arg-type]
+        setups.append(hand_casts.Setup(use.call, statement, function, frozenset(names), switch))
+    return setups
 
 
 def _inference_cast_message(ctx: ModuleContext, bound: dict[str, cst.Arg], level: object, cast: cst.CSTNode) -> str:
@@ -1761,6 +1825,19 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         ctx.report("AMP011", use.call, _inference_message(ctx, bound) or _beside_training_message(ctx, model, use))
         _drop_call(ctx, found)
         return
+    unproven = _unproven_cast(ctx, found) if settings.level in ("O2", "O3") else None
+    if unproven is not None:
+        fed = ctx.position(unproven.forward)[0]
+        ctx.report(
+            "AMP005",
+            use.call,
+            f"amp.initialize at opt_level {settings.level} left as it was: line {ctx.position(unproven.call)[0]} casts "
+            f"to float16 by hand (`{ctx.code(unproven.call)}`) what line {fed} hands to `{unproven.model}`, matching the "
+            "float16 weights Apex gave the model; the migration keeps the model in float32, and the tool cannot "
+            "prove that this value reaches only that call, under this call's `enabled=` flag, nor that the model "
+            "there is always this one: remove the cast where it only feeds this model, then run ampmigrate again",
+        )
+        return
     home = _home(ctx, model, use.call, settings)
     if home is None:
         return
@@ -1944,6 +2021,12 @@ def plan(ctx: ModuleContext) -> None:
     model = ctx.amp
     for use in model.of("initialize"):
         _plan_one(ctx, model, use)
+    setups = model.of("initialize")
+    if setups and all(use.base in ctx.consumed for use in setups):
+        # every setup migrates: the models stay float32, and inputs cast to match Apex's
+        # float16 weights would meet float32 ones
+        for cast in _droppable_casts(ctx):
+            hand_casts.plan_drop(ctx, cast)
     found_scales: dict[int, str] = {}
     for use in model.of("initialize"):
         bound = _arguments(use.call)
