@@ -510,7 +510,11 @@ class ProjectIndex:
         # indexed (it uses no amp) is the one imported (MiniViT/Mini-DeiT's `import utils` is not
         # Mini-Swin's utils.py); farther up, which folder is on sys.path is not known
         found = _beside(folder, module)
-        return nearest if found is None or found == os.path.abspath(nearest) else None
+        if found is None:
+            return nearest
+        # the one Python imports, where it is indexed: `utils/__init__.py` beside the script, not
+        # `models/utils.py` just as near (GroupViT's `from utils import get_grad_norm`)
+        return next((path for path in candidates if os.path.abspath(path) == found), None)
 
     def imported(self, summary: ModuleSummary) -> list[tuple[ImportEdge, str]]:
         """The project modules ``summary`` imports, each with the edge that imports it."""
