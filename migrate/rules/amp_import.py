@@ -767,35 +767,35 @@ def _returned_flag(ctx: ModuleContext, binding: Binding) -> str | None:
     return apex_available``), and its callers may import Apex under it; None otherwise."""
     owner = ctx.try_around(binding.statement)
     function = ctx.function_of(binding.statement)
-    if owner is None or function is None:
+    if owner is None or function is None or _function_returning(ctx, _flags_set_in(ctx, owner), function) is None:
         return None
-    flags = {
+    return (
+        f"`{function.name.value}()` returns the flag it sets, and code that calls it may still import "
+        "Apex under it (the flag must keep saying whether Apex is installed)"
+    )
+
+
+def _flags_set_in(ctx: ModuleContext, probe: cst.Try) -> set[str]:
+    """The names a probe's ``try`` assigns: its flags (``apex_available = True``)."""
+    return {
         name
-        for node in ctx.walk(owner)
+        for node in ctx.walk(probe)
         if isinstance(node, cst.AssignTarget)
         for name in [dotted_name(node.target)]
         if name is not None
     }
-    for node in ctx.walk(function, into_definitions=False):
-        if isinstance(node, cst.Return) and node.value is not None:
-            names = {dotted_name(n) for n in ctx.walk(node.value) if isinstance(n, (cst.Name, cst.Attribute))}
-            if names & flags:
-                return (
-                    f"`{function.name.value}()` returns the flag it sets, and code that calls it may still import "
-                    "Apex under it (the flag must keep saying whether Apex is installed)"
-                )
-    return None
 
 
-def _function_returning(ctx: ModuleContext, flags: set[str]) -> str | None:
-    """The name of a function of the module that returns one of the probe's ``flags``
-    (``def is_apex_available(): return _has_apex`` in a vendored Hugging Face file_utils.py), or
-    None: its callers may import Apex under it, so the flag must keep saying whether Apex is installed."""
-    for node in ctx.walk(ctx.module):
+def _function_returning(ctx: ModuleContext, flags: set[str], within: cst.FunctionDef | None = None) -> str | None:
+    """The name of a function of the module (or ``within`` itself) that returns one of the probe's
+    ``flags`` (``def is_apex_available(): return _has_apex`` in a vendored Hugging Face
+    file_utils.py), or None: its callers may import Apex under it, so the flag must keep saying
+    whether Apex is installed."""
+    for node in ctx.walk(within or ctx.module):
         if isinstance(node, cst.Return) and node.value is not None:
             function = ctx.function_of(node)
             names = {dotted_name(name) for name in ctx.walk(node.value) if isinstance(name, (cst.Name, cst.Attribute))}
-            if function is not None and names & flags:
+            if function is not None and (within is None or function is within) and names & flags:
                 return function.name.value
     return None
 
@@ -812,13 +812,7 @@ def _escaping_probe(ctx: ModuleContext, binding: Binding) -> bool:
         return False
     if ctx.function_of(owner) is None:
         exported = ctx.options.facts.exported
-        flags = {
-            name
-            for node in ctx.walk(owner)
-            if isinstance(node, cst.AssignTarget)
-            for name in [dotted_name(node.target)]
-            if name is not None
-        }
+        flags = _flags_set_in(ctx, owner)
         if not (flags & exported or "*" in exported or _function_returning(ctx, flags) is not None):
             return False
     ctx.report(

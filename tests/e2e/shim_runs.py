@@ -121,6 +121,14 @@ def original_and_migrated_runs(
     return results
 
 
+def mixed_and_fp32_runs(script: Path, folder: Path) -> dict[str, dict[str, Any]]:
+    """The script's migration written into ``folder``, then the original under the shim and the
+    migration run with ``--fp16`` and without: ``original-mixed``, ``migrated-fp32``, ... -> metrics."""
+    migrated = write_migration(script, folder)
+    found = original_and_migrated_runs(script, migrated, {"mixed": ["--fp16"], "fp32": []}, folder)
+    return {f"{'original' if original else 'migrated'}-{name}": metrics for (name, original), metrics in found.items()}
+
+
 def imported_modules(source: str) -> list[str]:
     """The modules a source imports (``from X import y`` gives X), in the order ``ast.walk`` meets them."""
     return [

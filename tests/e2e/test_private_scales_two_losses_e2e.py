@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from shim_runs import REPO, shim_metrics, write_migration
+from shim_runs import REPO, mixed_and_fp32_runs
 
 from migrate.engine import migrate_source
 
@@ -30,14 +30,7 @@ FP32_LOSS_REL_TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    folder = tmp_path_factory.mktemp("private_scales_two_losses")
-    migrated = write_migration(SCRIPT, folder)
-    results = {}
-    for args in (["--fp16"], []):
-        key = "mixed" if args else "fp32"
-        results[f"original-{key}"] = shim_metrics(SCRIPT, args, folder / f"original-{key}.json", original=True)
-        results[f"migrated-{key}"] = shim_metrics(migrated, args, folder / f"migrated-{key}.json", original=False)
-    return results
+    return mixed_and_fp32_runs(SCRIPT, tmp_path_factory.mktemp("private_scales_two_losses"))
 
 
 def test_the_migration_keeps_one_entry_per_loss() -> None:
