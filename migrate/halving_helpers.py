@@ -15,6 +15,11 @@ at the top level of the function, where ``flag`` is another parameter; nothing e
 function casts anything (``.float()``, ``.double()``, ``.type(...)``, a ``.to`` other than
 ``.to(device)``: an alias of the model could be cast) or binds ``model`` but ``model = torch.nn.DataParallel(model, ...)`` after the half;
 and every ``return`` returns ``model``. No libcst, no torch.
+
+``DistributedDataParallel(model)`` after the half is no such wrap: torch's DDP made over the float16
+model and made float32 afterwards (the caller's ``model.float()``) no longer all-reduces its
+gradients (each process trains on its own, silently; checked on torch 2.13, gloo, two processes),
+where ``DataParallel`` replicates its module anew at each forward.
 """
 
 from __future__ import annotations
@@ -138,7 +143,8 @@ def _inside(outer: ast.AST, node: ast.AST) -> bool:
 
 def _wrapped_after(definition: ast.FunctionDef, halving: ast.If, target: ast.Name, model: str) -> bool:
     """``model = model.half()`` in the half's ``if``, or ``model = <...>DataParallel(model, ...)``
-    in a statement of the function's body after it."""
+    (not DistributedDataParallel: see the module's docstring) in a statement of the function's body
+    after it."""
     if _inside(halving, target):
         return True
     top = next((s for s in definition.body if _inside(s, target)), None)
@@ -155,7 +161,7 @@ def _is_data_parallel(value: ast.expr, model: str) -> bool:
     name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
     return (
         isinstance(value, ast.Call)
-        and name in ("DataParallel", "DistributedDataParallel")
+        and name == "DataParallel"
         and bool(value.args)
         and isinstance(value.args[0], ast.Name)
         and value.args[0].id == model
