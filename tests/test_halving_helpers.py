@@ -51,6 +51,11 @@ def test_moves_wraps_and_logs_after_the_half_are_proven(source: str) -> None:
             "    if args.n_gpu > 1:\n        model = torch.nn.DataParallel(model)",
             "    if args.local_rank != -1:\n        model = DistributedDataParallel(model, device_ids=[args.local_rank])",
         ),
+        # a dtype read or a hook after the half: what they keep outlives the caller's model.float()
+        LOAD_MODEL.replace(
+            "    return model", "    model.fp16 = next(model.parameters()).dtype == torch.float16\n    return model"
+        ),
+        LOAD_MODEL.replace('        logger.info("half")', "        model.register_forward_pre_hook(to_half)"),
         # a cast after the half (of the model, or of an alias of it)
         LOAD_MODEL.replace("    return model", "    model.float()\n    return model"),
         LOAD_MODEL.replace("start_model.load_state_dict(torch.load(checkpoint))", "start_model.float()"),
@@ -71,6 +76,8 @@ def test_moves_wraps_and_logs_after_the_half_are_proven(source: str) -> None:
     ids=[
         "ddp_after",
         "ddp_after_under_local_rank",
+        "dtype_read",
+        "hook_in_the_if",
         "float_after",
         "alias_cast",
         "to_dtype",
