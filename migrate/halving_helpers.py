@@ -13,8 +13,14 @@ FP16_Optimizer's float32 masters started from.
 ``model.half()`` (or ``model = model.half()``) in the body of an ``if flag.attr:`` (no ``else``)
 at the top level of the function, where ``flag`` is another parameter; nothing else in the
 function casts anything (``.float()``, ``.double()``, ``.type(...)``, a ``.to`` other than
-``.to(device)``: an alias of the model could be cast) or binds ``model`` but ``model = torch.nn.DataParallel(model, ...)`` after the half;
-and every ``return`` returns ``model``. No libcst, no torch.
+``.to(device)``: an alias of the model could be cast), reads a ``.dtype``, registers a hook, or
+binds ``model`` but ``model = torch.nn.DataParallel(model, ...)`` after the half; and every
+``return`` returns ``model``. No libcst, no torch.
+
+``DistributedDataParallel(model)`` after the half is no such wrap: torch's DDP made over the float16
+model and made float32 afterwards (the caller's ``model.float()``) no longer all-reduces its
+gradients (each process trains on its own, silently; checked on torch 2.13, gloo, two processes),
+where ``DataParallel`` replicates its module anew at each forward.
 """
 
 from __future__ import annotations
@@ -103,7 +109,7 @@ def _halved(statement: ast.stmt) -> str | None:
 
 
 def _kept_after(definition: ast.FunctionDef, halving: ast.If, model: str, flag: str) -> bool:
-    """Nothing but the half casts ``model``; it is bound only to ``DataParallel(model)`` after the
+    """Nothing but the half casts ``model``, reads a dtype or registers a hook; it is bound only to ``DataParallel(model)`` after the
     half; the flag is never bound; every return returns ``model``."""
     returns = 0
     for node in ast.walk(definition):
@@ -122,9 +128,13 @@ def _kept_after(definition: ast.FunctionDef, halving: ast.If, model: str, flag: 
                 return False
             if node.id == model and not _wrapped_after(definition, halving, node, model):
                 return False
+        if isinstance(node, ast.Attribute) and node.attr == "dtype":
+            return False  # a dtype read (``next(model.parameters()).dtype``) could keep float16 somewhere
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             # any receiver: an alias of the model (``start_model = model``) could be cast too
             method = node.func.attr
+            if method.startswith("register_") and "hook" in method:
+                return False  # a hook (casting inputs to float16?) outlives the caller's ``.float()``
             if method in _CASTS and not (method == "half" and _inside(halving, node)):
                 return False
             if method == "to" and not _to_device(node):
@@ -138,7 +148,8 @@ def _inside(outer: ast.AST, node: ast.AST) -> bool:
 
 def _wrapped_after(definition: ast.FunctionDef, halving: ast.If, target: ast.Name, model: str) -> bool:
     """``model = model.half()`` in the half's ``if``, or ``model = <...>DataParallel(model, ...)``
-    in a statement of the function's body after it."""
+    (not DistributedDataParallel: see the module's docstring) in a statement of the function's body
+    after it."""
     if _inside(halving, target):
         return True
     top = next((s for s in definition.body if _inside(s, target)), None)
@@ -155,7 +166,7 @@ def _is_data_parallel(value: ast.expr, model: str) -> bool:
     name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
     return (
         isinstance(value, ast.Call)
-        and name in ("DataParallel", "DistributedDataParallel")
+        and name == "DataParallel"
         and bool(value.args)
         and isinstance(value.args[0], ast.Name)
         and value.args[0].id == model

@@ -30,6 +30,32 @@ def test_dialogpts_load_model_is_proven() -> None:
 @pytest.mark.parametrize(
     "source",
     [
+        # moved with .cuda(), wrapped under another test, logged in and after the half's if
+        LOAD_MODEL.replace("model.to(args.device)", "model.cuda()"),
+        LOAD_MODEL.replace("if args.n_gpu > 1:", "if torch.cuda.device_count() > 1 and not args.cpu:"),
+        LOAD_MODEL.replace("    return model", "    logging.info('data parallel')\n    return model"),
+    ],
+    ids=["cuda", "wrapped_under_another_test", "logged_after"],
+)
+def test_moves_wraps_and_logs_after_the_half_are_proven(source: str) -> None:
+    assert halving_helpers_in(textwrap.dedent(source)) == {"load_model": HalvingHelper(0, "model", 2, "args", "fp16")}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # wrapped in DistributedDataParallel after the half: made float32 afterwards, torch's DDP
+        # no longer all-reduces the gradients
+        LOAD_MODEL.replace("torch.nn.DataParallel(model)", "torch.nn.parallel.DistributedDataParallel(model)"),
+        LOAD_MODEL.replace(
+            "    if args.n_gpu > 1:\n        model = torch.nn.DataParallel(model)",
+            "    if args.local_rank != -1:\n        model = DistributedDataParallel(model, device_ids=[args.local_rank])",
+        ),
+        # a dtype read or a hook after the half: what they keep outlives the caller's model.float()
+        LOAD_MODEL.replace(
+            "    return model", "    model.fp16 = next(model.parameters()).dtype == torch.float16\n    return model"
+        ),
+        LOAD_MODEL.replace('        logger.info("half")', "        model.register_forward_pre_hook(to_half)"),
         # a cast after the half (of the model, or of an alias of it)
         LOAD_MODEL.replace("    return model", "    model.float()\n    return model"),
         LOAD_MODEL.replace("start_model.load_state_dict(torch.load(checkpoint))", "start_model.float()"),
@@ -48,6 +74,10 @@ def test_dialogpts_load_model_is_proven() -> None:
         "def f(model):\n    if ARGS.fp16:\n        model.half()\n    return model\n",
     ],
     ids=[
+        "ddp_after",
+        "ddp_after_under_local_rank",
+        "dtype_read",
+        "hook_in_the_if",
         "float_after",
         "alias_cast",
         "to_dtype",

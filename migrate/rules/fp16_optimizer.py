@@ -2094,8 +2094,10 @@ class _Planner:
                     module = "." * len(statement_of_import.relative) + (dotted_name(spelled) or "" if spelled else "")
                 return (
                     f"`{name}` comes from `{callee}(...)` (line {ctx.position(node)[0]}, imported from `{module}`), "
-                    f"which ampmigrate could not prove halves it under the set-up's test (project mode reads a "
-                    "function that ends `if args.fp16: model.half()` and returns the model); "
+                    f"which ampmigrate could not prove halves it under the set-up's test (project mode proves a "
+                    "function that halves its model parameter in `if args.fp16: model.half()`, then casts nothing, "
+                    "binds the model only to `torch.nn.DataParallel(model)` (not DistributedDataParallel, which a later "
+                    "`.float()` would leave without gradient all-reduce) and returns it); "
                 )
         return ""
 
