@@ -1950,7 +1950,7 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
     elif settings.level is None and settings.level_expression is not None:
         # O2/O3 among the levels chosen at run time
         spelled = " ".join(syntax.code(settings.level_expression).split())
-        reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time: O2 or O3 among them)")
+        reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time, possibly O2 or O3)")
     unproven = _unproven_cast(ctx, found) if settings.level in ("O2", "O3") else None
     if reached is not None and unproven is None:
         ctx.report("AMP005", use.call, reached)
