@@ -93,6 +93,11 @@ class ModuleFacts:
     # the module that builds the runner: (the runner's name, the line of the statement that builds
     # it, the model's name); the runner keeps the scaler, the model's forward runs under autocast
     runner_carrier: tuple[str, int, str] | None = None
+    # imported project functions (as this module calls them) that hand the model they are given an
+    # input cast to float16 by hand (``migrate.half_inputs.feeders``): (name as called, the model
+    # parameter's index or -1 where keyword-only, its name, the defining module, the cast's line, the
+    # cast, what it casts); an O2/O3 setup whose model goes there stays as it was
+    half_feeders: tuple[tuple[str, int, str, str, int, str, str], ...] = ()
 
 
 @dataclass(frozen=True)

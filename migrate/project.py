@@ -27,6 +27,7 @@ from migrate import (
     apex_copies,
     factories,
     gradient_norms,
+    half_inputs,
     halving_helpers,
     runner_hooks,
     version_fallbacks,
@@ -889,6 +890,7 @@ class ProjectPlan:
         if searched is not None:
             self._freeze_for_amp_users_out_of_the_run({os.path.abspath(folder) for folder in searched})
         self._find_gradient_norms()
+        self._find_half_feeders()
         self._find_halving_helpers()
         self._find_none_only({os.path.abspath(folder) for folder in searched or ()})
         self._find_held_defaults({os.path.abspath(folder) for folder in searched or ()})
@@ -1092,6 +1094,24 @@ class ProjectPlan:
                     norms.append(alias)
             if norms:
                 self.facts[path] = replace(self.facts.get(path, ModuleFacts()), gradient_norms=tuple(sorted(norms)))
+
+    def _find_half_feeders(self) -> None:
+        """Tell the modules that call amp.initialize which functions they import hand the model they
+        are given an input cast to float16 by hand (an evaluation module's ``model(x.half())``):
+        migrated, an O2/O3 model passed there would be float32 and meet that input."""
+        proven: dict[str, dict[str, list[half_inputs.Feed]]] = {}
+        for path, summary in self.index.modules.items():
+            if "initialize" not in summary.amp_apis:
+                continue
+            found = []
+            for alias, origin, name in self._imported_functions(path):
+                if origin not in proven:
+                    proven[origin] = half_inputs.feeders_in(_text(origin))
+                for feed in proven[origin].get(name, []):
+                    index = -1 if feed.index is None else feed.index
+                    found.append((alias, index, feed.model, self.display(origin), feed.line, feed.cast, feed.bare))
+            if found:
+                self.facts[path] = replace(self.facts.get(path, ModuleFacts()), half_feeders=tuple(sorted(found)))
 
     def _find_halving_helpers(self) -> None:
         """Tell the modules that name FP16_Optimizer which functions they import halve the model

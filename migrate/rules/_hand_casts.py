@@ -21,7 +21,8 @@ with the setup; anything it cannot prove is left, and the setup with it (AMP005)
 - nothing else in the function reads ``T`` or ``D`` (stores into ``D[...]`` and new bindings
   aside), so the float16 value reaches that call alone;
 - ``model`` is the model an O2/O3 ``amp.initialize`` set up earlier in the same function,
-  with ``enabled=`` the very flag of the ``if``; or a parameter, where every call of the
+  with ``enabled=`` the very flag of the ``if`` (or, without ``enabled=``, inside an ``if`` on
+  that very flag at the top of the function's body); or a parameter, where every call of the
   function in the module (none elsewhere: it is not exported) passes such a model, and the
   flag's object, through the same parameters.
 """
@@ -42,7 +43,8 @@ _MAX_DEPTH = 4  # callers followed up from the cast to the setup
 
 @dataclass(frozen=True)
 class Setup:
-    """An O2/O3 ``amp.initialize`` at the top level of a function's body."""
+    """An O2/O3 ``amp.initialize`` at the top level of a function's body, or alone in an ``if
+    flag:`` there (``enabled`` is then that flag)."""
 
     call: cst.Call
     statement: cst.CSTNode
@@ -373,7 +375,7 @@ def _rebinds(ctx: ModuleContext, function: cst.FunctionDef, name: str, after: cs
     )
 
 
-def _root(guard: cst.BaseExpression | None) -> str | None:
+def flag_root(guard: cst.BaseExpression | None) -> str | None:
     """``cfg`` for ``cfg.fp16``, ``fp16`` for ``fp16``; None for anything else."""
     while isinstance(guard, cst.Attribute):
         guard = guard.value
@@ -397,7 +399,7 @@ def _model_set_up(
     ``passed``: whether the callee got the flag's object through a parameter of the same name
     (True), reads a global one (False), or is the function of the cast itself (None)."""
     wanted = syntax.normalized(guard) if guard is not None else None
-    root = _root(guard)
+    root = flag_root(guard)
     if guard is not None and root is None:
         return []
     parameters = syntax.parameter_names(function)

@@ -90,11 +90,13 @@ References
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
+from migrate import half_inputs, pytree
 from migrate.rules import _hand_casts as hand_casts
 from migrate.rules import _syntax as syntax
 from migrate.rules import amp_private_state
@@ -894,10 +896,8 @@ def _droppable_casts(ctx: ModuleContext) -> list[hand_casts.HandCast]:
     return [cast for cast in _hand_casts(ctx) if cast.setups]
 
 
-def _unproven_cast(ctx: ModuleContext, found: SetupCall) -> hand_casts.HandCast | None:
-    """A cast to float16 by hand that feeds a call on this O2/O3 training setup's model (by
-    name), where the tool cannot prove that the value goes there alone, or that the model
-    there is the one set up: migrated, a float32 model could meet it."""
+def _model_names(found: SetupCall) -> set[str]:
+    """The names of the models a setup is given, by the last part (``self.model``: ``model``)."""
     models = found.models
     given = models.elements if isinstance(models, (cst.List, cst.Tuple)) else [models]
     names = set()
@@ -905,12 +905,115 @@ def _unproven_cast(ctx: ModuleContext, found: SetupCall) -> hand_casts.HandCast 
         dotted = dotted_name(element.value if isinstance(element, cst.BaseElement) else element)
         if dotted is not None:
             names.add(dotted.split(".")[-1])
+    return names
+
+
+def _unproven_cast(ctx: ModuleContext, found: SetupCall) -> hand_casts.HandCast | None:
+    """A cast to float16 by hand that feeds a call on this O2/O3 training setup's model (by
+    name), where the tool cannot prove that the value goes there alone, or that the model
+    there is the one set up: migrated, a float32 model could meet it."""
+    names = _model_names(found)
     return next((cast for cast in _hand_casts(ctx) if not cast.setups and cast.model in names), None)
 
 
+def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str) -> str | None:
+    """AMP005's message where a cast to float16 by hand (``model(x.half())``, a cast lines above
+    the call, a function here or imported that casts what it hands the model it is given) may
+    reach this O2/O3 setup's model, and is not one of the casts proven to go with the setup
+    (``_droppable_casts``); None where there is none. Migrated, the model is float32, and outside
+    a torch.autocast region that input meets float32 weights."""
+    names = frozenset(_model_names(found))
+    if not names:
+        return None
+    tree = pytree.parse(ctx.source)
+    dropped = {ctx.position(cast.call) for cast in _droppable_casts(ctx)}
+
+    def message(where: str, feed: half_inputs.Feed, reaches: str) -> str:
+        return (
+            f"amp.initialize at opt_level {level} left as it was: {where} casts to float16 by hand (`{feed.cast}`) "
+            f"what {reaches}, matching the float16 weights Apex gave the model; the migration keeps the model in "
+            "float32, and outside a torch.autocast region that float16 input would meet float32 weights (`Input "
+            "type (Half) and weight type (Float)`), which the tool cannot rule out here: write "
+            f"`{feed.bare}` instead of `{feed.cast}` (the float32 model takes the float32 input), put that call "
+            f'under `with torch.autocast("{ctx.options.device}", dtype=torch.float16):` if float16 speed matters, '
+            "then run ampmigrate again"
+        )
+
+    for feed in half_inputs.feeds(tree, ctx.source, names):
+        if (feed.line, feed.column + 1) not in dropped:
+            return message(f"line {feed.line}", feed, f"line {feed.call_line} hands to `{feed.model}`")
+    helpers: dict[str, list[tuple[half_inputs.Feed, str | None]]] = {}
+    for name, feeds in half_inputs.feeders(tree, ctx.source).items():
+        kept = [(feed, None) for feed in feeds if (feed.line, feed.column + 1) not in dropped]
+        if kept and _defined_once(tree, name):
+            helpers.setdefault(name, []).extend(kept)
+    for alias, index, parameter, origin, line, cast, bare in ctx.options.facts.half_feeders:
+        feed = half_inputs.Feed(line, 0, cast, bare, line, parameter, alias, None if index < 0 else index)
+        helpers.setdefault(alias, []).append((feed, origin))
+    if not helpers:
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        for feed, module in helpers.get(_ast_dotted(node.func) or "", []):
+            given = _ast_argument(node, feed.index, feed.model)
+            dotted = _ast_dotted(given) if given is not None else None
+            if dotted is None or dotted.split(".")[-1] not in names:
+                continue
+            where = f"line {feed.line}" if module is None else f"{module}:{feed.line}"
+            hands = f"line {feed.call_line}" if module is None else "it"
+            call = ast.get_source_segment(ctx.source, node) or ""
+            if len(call) > 80:
+                call = call[:77] + "..."
+            return message(
+                f"{where} (in `{feed.function}`)",
+                feed,
+                f"{hands} hands to `{feed.model}`, the parameter that line {node.lineno} gives `{dotted}` (`{call}`)",
+            )
+    return None
+
+
+def _defined_once(tree: ast.Module, name: str) -> bool:
+    """Whether nothing at the module's top level but one function binds ``name``."""
+    bound = 0
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound += statement.name == name
+        elif any(
+            isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in ast.walk(statement)
+        ):
+            return False
+    return bound == 1
+
+
+def _ast_dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _ast_dotted(node.value)
+        return f"{base}.{node.attr}" if base is not None else None
+    return None
+
+
+def _ast_argument(call: ast.Call, index: int | None, name: str) -> ast.expr | None:
+    """What ``call`` passes for the parameter ``name`` at position ``index`` (None: not known)."""
+    for keyword in call.keywords:
+        if keyword.arg == name:
+            return keyword.value
+    if index is None:
+        return None
+    for position, argument in enumerate(call.args):
+        if isinstance(argument, ast.Starred):
+            return None
+        if position == index:
+            return argument
+    return None
+
+
 def _o2_setups(ctx: ModuleContext, model: AmpModel) -> list[hand_casts.Setup]:
-    """The O2/O3 amp.initialize calls standing alone at the top of a function's body, that
-    assign plain model names back (``model, optimizer = amp.initialize(model, optimizer, ...)``)."""
+    """The O2/O3 amp.initialize calls standing alone at the top of a function's body (or in an
+    ``if flag:`` there, without ``enabled=``: the flag switches it), that assign plain model names back (``model, optimizer = amp.initialize(model, optimizer, ...)``).
+    """
     setups = []
     for use in model.of("initialize"):
         bound = _arguments(use.call)
@@ -923,8 +1026,24 @@ def _o2_setups(ctx: ModuleContext, model: AmpModel) -> list[hand_casts.Setup]:
         statement = ctx.statement_of(use.call)
         function = ctx.function_of(use.call)
         target = syntax.target_of(statement, use.call)
-        if function is None or ctx.parent(statement) is not function.body or target is None:
+        if function is None or target is None:
             continue
+        guard = None
+        if ctx.parent(statement) is not function.body:
+            # `if args.fp16: model, optimizer = amp.initialize(...)` at the top of the body: the
+            # `if`'s flag switches it as `enabled=` would
+            block = ctx.parent(statement)
+            owner = ctx.parent(block) if block is not None else None
+            if not (
+                isinstance(owner, cst.If)
+                and owner.body is block
+                and owner.orelse is None
+                and ctx.parent(owner) is function.body
+                and hand_casts.flag_root(owner.test) is not None
+                and "enabled" not in bound
+            ):
+                continue
+            guard = syntax.normalized(owner.test)
         models = bound["models"].value
         given = [e.value for e in models.elements] if isinstance(models, (cst.List, cst.Tuple)) else [models]
         names = {node.value for node in given if isinstance(node, cst.Name)}
@@ -932,7 +1051,7 @@ def _o2_setups(ctx: ModuleContext, model: AmpModel) -> list[hand_casts.Setup]:
             continue
         always = enabled is None or syntax.literal(enabled) is True
         switch = None if always else syntax.normalized(enabled)  # type: ignore[arg-type]
-        setups.append(hand_casts.Setup(use.call, statement, function, frozenset(names), switch))
+        setups.append(hand_casts.Setup(use.call, statement, function, frozenset(names), guard or switch))
     return setups
 
 
@@ -1825,7 +1944,17 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         ctx.report("AMP011", use.call, _inference_message(ctx, bound) or _beside_training_message(ctx, model, use))
         _drop_call(ctx, found)
         return
+    reached = None
+    if settings.level in ("O2", "O3"):
+        reached = _unproven_feed(ctx, found, settings.level)
+    elif settings.level is None and settings.level_expression is not None:
+        # O2/O3 among the levels chosen at run time
+        spelled = " ".join(syntax.code(settings.level_expression).split())
+        reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time, possibly O2 or O3)")
     unproven = _unproven_cast(ctx, found) if settings.level in ("O2", "O3") else None
+    if reached is not None and unproven is None:
+        ctx.report("AMP005", use.call, reached)
+        return
     if unproven is not None:
         fed = ctx.position(unproven.forward)[0]
         ctx.report(

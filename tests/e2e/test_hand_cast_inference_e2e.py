@@ -17,7 +17,11 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = REPO / "fixtures" / "e2e" / "hand_cast_inference.in.py"
+SCRIPTS = [
+    REPO / "fixtures" / "e2e" / "hand_cast_inference.in.py",
+    # the setups inside `if cfg.fp16:` instead of `enabled=cfg.fp16`
+    REPO / "fixtures" / "e2e" / "hand_cast_under_a_flag.in.py",
+]
 STEPS = 20
 # Apex O2 skips its first step (float16 gradients overflow at the initial 2**16 scale) where
 # autocast's float32 gradients do not: the runs drift apart by about 4% in mean loss
@@ -31,10 +35,11 @@ FP32_REL_TOL = 1e-5
 Metrics = dict[tuple[str, bool], dict[str, Any]]
 
 
-@pytest.fixture(scope="module")
-def metrics(tmp_path_factory: pytest.TempPathFactory) -> Metrics:
-    folder = tmp_path_factory.mktemp("hand_cast_inference")
-    migrated = write_migration(SCRIPT, folder)
+@pytest.fixture(scope="module", params=SCRIPTS, ids=lambda path: path.name.split(".")[0])
+def metrics(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Metrics:
+    script = request.param
+    folder = tmp_path_factory.mktemp(script.name.split(".")[0])
+    migrated = write_migration(script, folder)
     code = migrated.read_text(encoding="utf-8").split("\n", 1)[1]  # below the header comment
     assert ".half()" not in code and "amp.initialize" not in code
     runs = {
@@ -43,7 +48,7 @@ def metrics(tmp_path_factory: pytest.TempPathFactory) -> Metrics:
         "infer-fp16": ["--fp16", "1", "--do_inference"],
         "infer-fp32": ["--fp16", "0", "--do_inference"],
     }
-    return original_and_migrated_runs(SCRIPT, migrated, runs, folder)
+    return original_and_migrated_runs(script, migrated, runs, folder)
 
 
 def test_training_then_evaluation_runs_like_apex(metrics: Metrics) -> None:

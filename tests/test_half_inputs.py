@@ -1,0 +1,72 @@
+"""Inputs cast to float16 by hand on their way to a model (``migrate.half_inputs``)."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+from migrate import half_inputs
+
+
+def _feeds(source: str, *names: str) -> list[tuple[int, str, str, int]]:
+    source = textwrap.dedent(source)
+    found = half_inputs.feeds(ast.parse(source), source, frozenset(names))
+    return [(feed.line, feed.cast, feed.model, feed.call_line) for feed in found]
+
+
+def test_inline_casts_in_a_call_on_the_model_or_its_method() -> None:
+    source = """
+    def evaluate(model, batch):
+        a = model(batch["img"].half())
+        b = model.evaluate(batch["img"].to(torch.float16), mask=batch["mask"].to(dtype=torch.half))
+        c = self.model.module(batch["img"].type(torch.cuda.HalfTensor))
+    """
+    assert _feeds(source, "model") == [
+        (3, 'batch["img"].half()', "model", 3),
+        (4, 'batch["img"].to(torch.float16)', "model", 4),
+        (4, 'batch["mask"].to(dtype=torch.half)', "model", 4),
+        (5, 'batch["img"].type(torch.cuda.HalfTensor)', "self.model.module", 5),
+    ]
+
+
+def test_a_cast_stored_then_handed_to_the_model_lines_later() -> None:
+    source = """
+    def evaluate(model, loader, fp16):
+        for batch in loader:
+            if fp16:
+                batch["img"] = batch["img"].half()
+            text = batch["text"].cuda()
+            out = forward_step(model, batch)
+    """
+    assert _feeds(source, "model") == [(5, 'batch["img"].half()', "model", 7)]
+
+
+def test_casts_that_do_not_reach_the_model() -> None:
+    source = """
+    def run(model, loader, scores):
+        model.half()
+        model = model.to(torch.float16)
+        model.load_state_dict({k: v.half() for k, v in state.items()})
+        scores[0] = out.half()
+        x = torch.zeros(3, dtype=torch.float16)
+        y = x.to(torch.float32)
+        model(x)
+        print(loss.half())
+    """
+    assert _feeds(source, "model") == []
+
+
+def test_feeders_name_the_model_parameter() -> None:
+    source = textwrap.dedent("""
+    def evaluate(net, loader, *, head):
+        for images in loader:
+            net(images.half())
+            head(images.half())
+
+    def train(model, optimizer):
+        pass
+    """)
+    found = half_inputs.feeders(ast.parse(source), source)
+    assert {name: [(f.line, f.model, f.index) for f in feeds] for name, feeds in found.items()} == {
+        "evaluate": [(4, "net", 0), (5, "head", None)]
+    }
