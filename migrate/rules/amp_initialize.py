@@ -1384,7 +1384,10 @@ def _apex_check(statement: cst.CSTNode) -> bool:
 def _apex_checks_before(ctx: ModuleContext, statement: cst.CSTNode) -> list[cst.CSTNode]:
     """The Apex checks just before the call in its block: they made sure the call could run, and
     left behind they would stop the migrated fp16 run where Apex is no longer installed."""
-    body = list(ctx.block_of(statement).body)
+    parent = ctx.parent(statement)
+    if not isinstance(parent, (cst.Module, cst.IndentedBlock)):
+        return []
+    body = list(parent.body)
     index = next(i for i, s in enumerate(body) if s is statement)
     checks: list[cst.CSTNode] = []
     while index > 0 and _apex_check(body[index - 1]):
