@@ -1368,7 +1368,8 @@ def _held_scale(scale: _LossScale, guard: cst.BaseExpression | None) -> cst.Base
 
 def _apex_check(statement: cst.CSTNode) -> bool:
     """``if not is_apex_available(): raise ImportError(...)`` (or ``if not has_apex: ...``): it
-    only runs to raise when Apex is missing (it may build its message first)."""
+    only runs to raise ImportError when Apex is missing (it may build its message first); a
+    ValueError for a flag (``if not args.apex: raise ValueError``) stays."""
     if not (isinstance(statement, cst.If) and statement.orelse is None):
         return False
     test = statement.test
@@ -1378,7 +1379,13 @@ def _apex_check(statement: cst.CSTNode) -> bool:
     if not (isinstance(probe, (cst.Name, cst.Attribute)) and "apex" in syntax.code(probe).lower()):
         return False
     body = statement.body
-    return isinstance(body, cst.IndentedBlock) and isinstance(syntax.sole_statement(body.body[-1]), cst.Raise)
+    if not isinstance(body, cst.IndentedBlock):
+        return False
+    last = syntax.sole_statement(body.body[-1])
+    if not (isinstance(last, cst.Raise) and last.exc is not None):
+        return False
+    raised = last.exc.func if isinstance(last.exc, cst.Call) else last.exc
+    return syntax.code(raised) in ("ImportError", "ModuleNotFoundError")
 
 
 def _apex_checks_before(ctx: ModuleContext, statement: cst.CSTNode) -> list[cst.CSTNode]:
