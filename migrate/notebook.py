@@ -27,6 +27,7 @@ _PLACEHOLDER_LINE = re.compile(r"^([ \t]*)pass  # __ampmigrate_magic_(\d+)__$", 
 # Line magics, shell escapes, help (`?obj`, `obj?`) and assignments from them.
 _MAGIC_LINE = re.compile(r"^[ \t]*(?:[%!?]|[\w.]+\?\??[ \t]*$|[\w., \t]+=[ \t]*[%!])")
 _RESERVED = "__ampmigrate_"
+_FUTURE_LINE = re.compile(r"^from[ \t]+__future__[ \t]+import[ \t]")
 # IPython runs a line that starts with a magic's or an alias's name without its `%` (automagic,
 # on by default): `cat metrics.json`, `ls data/`, `pip install x`. Such a line is taken for a magic
 # only where it is not Python (it does not compile alone), so `ls = []` or `cd(x)` stay code.
@@ -147,7 +148,7 @@ def to_program(notebook: Notebook) -> Program | None:
         if spans:  # the first cell needs no marker: whatever comes first is its
             parts.append(_MARKER.format(index) + "\n")
             line += 1
-        body = _hide_magics(source, magics, continued)
+        body = _hide_magics(source, magics, continued, later=bool(spans))
         if body and not body.endswith("\n"):
             body += "\n"
         spans.append(CellSpan(index, line, body.count("\n")))
@@ -158,13 +159,19 @@ def to_program(notebook: Notebook) -> Program | None:
     return Program("".join(parts), tuple(spans), tuple(magics), frozenset(continued))
 
 
-def _hide_magics(source: str, magics: list[str], continued: set[int]) -> str:
+def _hide_magics(source: str, magics: list[str], continued: set[int], *, later: bool = False) -> str:
+    """``source`` with its magic lines as placeholders (kept in ``magics``); in a ``later`` cell,
+    also its ``from __future__`` imports: IPython compiles each cell alone, where they stand
+    first, but they would stop the joined program from parsing."""
     lines = source.splitlines(keepends=True)
     number = 0
     while number < len(lines):
         text = lines[number]
+        future = later and _FUTURE_LINE.match(text) is not None and not _inside_statement(text)
         # `% 2)` continuing an open bracket is Python, not a magic.
-        if (_MAGIC_LINE.match(text) or _is_automagic(text)) and not _inside_statement("".join(lines[:number])):
+        if (future or _MAGIC_LINE.match(text) or _is_automagic(text)) and not _inside_statement(
+            "".join(lines[:number])
+        ):
             content = text.rstrip("\r\n")
             ending = text[len(content) :]
             indent = content[: len(content) - len(content.lstrip(" \t"))]

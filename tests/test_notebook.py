@@ -250,3 +250,38 @@ def test_automagic_shell_lines_are_magics(tmp_path: Path, monkeypatch: pytest.Mo
     written = ["".join(cell["source"]) for cell in json.loads((tmp_path / "tutorial.ipynb").read_text())["cells"]]
     assert written[1:3] == [cells[1]["source"], cells[2]["source"]]
     assert written[3] == 'with torch.autocast("cuda", dtype=torch.float16):\n    y = model(torch.ones(2))'
+
+
+def test_future_import_opening_a_later_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`from __future__ import print_function` opening the training cell of a Colab notebook
+    (ThilinaRajapakse/pytorch-transformers-classification's colab_quickstart.ipynb) is legal where
+    IPython compiles each cell alone: it is kept as it was, and the notebook migrates, where the
+    joined program failed to parse and the whole notebook failed."""
+    cells = [
+        code("!pip install -q transformers"),
+        code(
+            "from __future__ import absolute_import, print_function\n"
+            "import torch\n"
+            "from apex import amp\n"
+            "model = torch.nn.Linear(2, 2)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "model, opt = amp.initialize(model, opt, opt_level='O1')"
+        ),
+        code(
+            "for step in range(3):\n"
+            "    loss = model(torch.ones(1, 2)).sum()\n"
+            "    with amp.scale_loss(loss, opt) as scaled:\n"
+            "        scaled.backward()\n"
+            "    opt.step()"
+        ),
+    ]
+    program = nb.to_program(nb.load(notebook_json(cells).encode()))
+    assert program is not None
+    compile(program.text, "<notebook>", "exec")
+    (tmp_path / "colab.ipynb").write_text(notebook_json(cells), encoding="utf-8")
+    result = run_cli(tmp_path, monkeypatch, "--write", "colab.ipynb")
+    assert result.exit_code == 0, result.output
+    written = ["".join(cell["source"]) for cell in json.loads((tmp_path / "colab.ipynb").read_text())["cells"]]
+    assert written[1].startswith("from __future__ import absolute_import, print_function\nimport torch\n")
+    assert "amp.initialize" not in written[1] and "GradScaler" in written[1]
+    assert "scaler.scale(loss).backward()" in written[2]

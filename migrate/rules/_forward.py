@@ -203,6 +203,13 @@ def forward_span(
     return forward, last
 
 
+def calls_a_model(ctx: ModuleContext, first: cst.CSTNode, last: cst.CSTNode, model_names: set[str]) -> bool:
+    """Whether a statement from ``first`` to ``last`` (one block) calls one of the models."""
+    body = list[cst.CSTNode](ctx.block_of(first).body)
+    span = body[body.index(first) : body.index(last) + 1]
+    return any(_is_model_call(call, model_names) for statement in span for call in _calls(ctx, statement))
+
+
 def inner_loss_spans(
     ctx: ModuleContext, anchor: cst.CSTNode, loss: cst.BaseExpression, forward: cst.CSTNode
 ) -> list[tuple[cst.CSTNode, cst.CSTNode]]:

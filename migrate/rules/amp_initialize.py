@@ -1,8 +1,9 @@
 """amp_initialize: ``amp.initialize(...)`` becomes a ``torch.amp.GradScaler``.
 
 What it rewrites
-    The call goes (Apex returned the very objects it was given, list in, list out), and a
-    GradScaler is created in its place. Targets that differ from the arguments become a
+    The call goes (Apex returned the very objects it was given, list in, list out), with a
+    check just before it that Apex is installed (``if not is_apex_available(): raise ...``),
+    and a GradScaler is created in its place. Targets that differ from the arguments become a
     plain assignment (``model_amp = model``). ``enabled=``, a guarding ``if`` and an
     ``opt_level`` chosen at run time flow into the scaler's ``enabled=`` (O0 means fp32
     with scaling off); autocast follows the scaler. A switch that may hold an int or a
@@ -1484,9 +1485,47 @@ def _held_scale(scale: _LossScale, guard: cst.BaseExpression | None) -> cst.Base
     return cst.IfExp(test=test, body=syntax.call("float", [cst.Arg(expression.deep_clone())]), orelse=dynamic_value)
 
 
+def _apex_check(statement: cst.CSTNode) -> bool:
+    """``if not is_apex_available(): raise ImportError(...)`` (or ``if not has_apex: ...``): it
+    only runs to raise ImportError when Apex is missing (it may build its message first); a
+    ValueError for a flag (``if not args.apex: raise ValueError``) stays."""
+    if not (isinstance(statement, cst.If) and statement.orelse is None):
+        return False
+    test = statement.test
+    if not (isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)):
+        return False
+    probe = test.expression.func if isinstance(test.expression, cst.Call) else test.expression
+    if not (isinstance(probe, (cst.Name, cst.Attribute)) and "apex" in syntax.code(probe).lower()):
+        return False
+    body = statement.body
+    if not isinstance(body, cst.IndentedBlock):
+        return False
+    last = syntax.sole_statement(body.body[-1])
+    if not (isinstance(last, cst.Raise) and last.exc is not None):
+        return False
+    raised = last.exc.func if isinstance(last.exc, cst.Call) else last.exc
+    return syntax.code(raised) in ("ImportError", "ModuleNotFoundError")
+
+
+def _apex_checks_before(ctx: ModuleContext, statement: cst.CSTNode) -> list[cst.CSTNode]:
+    """The Apex checks just before the call in its block: they made sure the call could run, and
+    left behind they would stop the migrated fp16 run where Apex is no longer installed."""
+    parent = ctx.parent(statement)
+    if not isinstance(parent, (cst.Module, cst.IndentedBlock)):
+        return []
+    body = list(parent.body)
+    index = next(i for i, s in enumerate(body) if s is statement)
+    checks: list[cst.CSTNode] = []
+    while index > 0 and _apex_check(body[index - 1]):
+        index -= 1
+        checks.append(body[index])
+    return checks
+
+
 def _drop_call(ctx: ModuleContext, found: SetupCall, then: Sequence[Statement] = ()) -> None:
     """The call's statement goes, leaving its alias assignment (if any) and ``then``; so does
-    ``opt_level = 'O1'`` just before it where nothing else reads that name."""
+    ``opt_level = 'O1'`` just before it where nothing else reads that name, and a check just
+    before it that Apex is installed."""
     replacement = [*found.replacement(), *then]
     if replacement:
         ctx.plan.replace_statement[found.statement] = replacement
@@ -1495,6 +1534,7 @@ def _drop_call(ctx: ModuleContext, found: SetupCall, then: Sequence[Statement] =
     level = _level_read_only_here(ctx, found)
     if level is not None:
         ctx.plan.remove.add(level)
+    ctx.plan.remove.update(_apex_checks_before(ctx, found.statement))
 
 
 def _level_read_only_here(ctx: ModuleContext, found: SetupCall) -> cst.CSTNode | None:

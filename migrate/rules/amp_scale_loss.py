@@ -78,7 +78,13 @@ from migrate.rules._amp import (
 )
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
-from migrate.rules._forward import autocast_over_forward, forward_span, inner_loss_spans, parameter_callers
+from migrate.rules._forward import (
+    autocast_over_forward,
+    calls_a_model,
+    forward_span,
+    inner_loss_spans,
+    parameter_callers,
+)
 
 RULE = "amp_scale_loss"
 
@@ -138,6 +144,11 @@ def _plan_autocast(
     """Plan autocast over the forward pass feeding ``loss``; False (with AMP020) where it
     cannot be found: a GradScaler over a float32 forward pass trains unlike Apex."""
     span = forward_span(ctx, anchor, loss, scaler.model_names)
+    callers = _parameter_callers(ctx, model, anchor, loss)
+    if span is not None and callers and not calls_a_model(ctx, *span, scaler.model_names):
+        # `def optimize(self, loss)` only averages or divides the loss it is given: the forward
+        # pass that computed it is in the callers, and Apex O1 ran it in float16
+        span = None
     spans = [(*span, access)] if span is not None else []
     if span is not None:
         # the loss computed in the branch that scales it (after the forward pass, before that branch's
@@ -149,13 +160,8 @@ def _plan_autocast(
         # the loss may be a parameter: `def backward(self, loss)` called as `self.backward(loss)`
         # from several training steps; each caller's forward pass needs autocast
         function = ctx.function_of(anchor)
-        root = loss
-        while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):
-            root = root.value if not isinstance(root, cst.Call) else root.func
-        if function is not None and isinstance(root, cst.Name):
-            for caller, argument in parameter_callers(
-                ctx, function, root.value, model.calls_by_function_name, model.partials_by_function_name
-            ):
+        if function is not None:
+            for caller, argument in callers:
                 found = forward_span(ctx, ctx.statement_of(caller), argument, scaler.model_names)
                 if found is None:
                     ctx.report("AMP020", caller)
@@ -172,6 +178,20 @@ def _plan_autocast(
             return False
         return True
     return all(_wrap(ctx, model, scaler, reach, first, last, report_at) for first, last, reach in spans)
+
+
+def _parameter_callers(
+    ctx: ModuleContext, model: AmpModel, anchor: cst.CSTNode, loss: cst.BaseExpression
+) -> list[tuple[cst.Call, cst.BaseExpression]]:
+    """Where ``loss`` comes from a parameter of the function around ``anchor``: the calls of that
+    function in this file, each with the argument it gives for the parameter."""
+    function = ctx.function_of(anchor)
+    root = loss
+    while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):
+        root = root.value if not isinstance(root, cst.Call) else root.func
+    if function is None or not isinstance(root, cst.Name):
+        return []
+    return parameter_callers(ctx, function, root.value, model.calls_by_function_name, model.partials_by_function_name)
 
 
 def _caller_access(
