@@ -272,3 +272,37 @@ def test_an_unrewritten_kernel_keeps_amp_c_and_says_what_to_write() -> None:
     source = KERNEL + "    multi_tensor_applier(amp_C.multi_tensor_adam, buf, [a], 1e-3)\n"
     assert migrate_source(source).source == source
     assert any(re.search(r"torch\.optim\.AdamW\(params, .*fused=True\)", m) for m in messages(source, "AMP040"))
+
+
+# modelled on ruinmessi/ASFF main.py: `set_lr` reads the optimizer FP16_Optimizer wraps
+NESTED_USE = """import torch
+from apex.fp16_utils import FP16_Optimizer
+
+
+def train(model, loader, half):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if half:
+        model.half()
+        optimizer = FP16_Optimizer(optimizer, verbose=False)
+
+    def set_lr(lr):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+    for step, (x, y) in enumerate(loader):
+        set_lr(0.1 / (step + 1))
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        if half:
+            optimizer.backward(loss)
+        else:
+            loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_use_that_stops_the_model_and_the_uses_is_named_once() -> None:
+    result = migrate_source(NESTED_USE)
+    assert result.source == NESTED_USE
+    [kept] = [f.message for f in result.findings if f.code == "AMP040" and "left as it was" in f.message]
+    assert kept.count("is used in a nested function") == 1, kept

@@ -3110,6 +3110,8 @@ def plan(ctx: ModuleContext) -> None:
                 try:
                     planner.plan_uses()
                 except _Blocked as use_error:
+                    if (use_error.node, use_error.message) == (model_error.node, model_error.message):
+                        raise model_error from None  # the same use stopped both: say it once
                     line = ctx.position(use_error.node)[0]
                     raise _Blocked(
                         model_error.node, f"{model_error.message}; line {line}: {use_error.message}"
