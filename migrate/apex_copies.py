@@ -20,6 +20,8 @@ import ast
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from migrate import pytree
+
 if TYPE_CHECKING:
     from migrate.project import ProjectIndex
 
@@ -63,15 +65,6 @@ def _literal(node: ast.expr | None) -> object:
         return ...
 
 
-def _dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return None if base is None else f"{base}.{node.attr}"
-    return None
-
-
 def _parameters(function: ast.FunctionDef) -> list[tuple[str, object]]:
     """(name, literal default or ...) of the positional parameters, ``self`` included."""
     args = [*function.args.posonlyargs, *function.args.args]
@@ -91,9 +84,9 @@ def _calls(node: ast.AST) -> list[ast.Call]:
 def _has_property(cls: ast.ClassDef, name: str) -> bool:
     for item in cls.body:
         if isinstance(item, ast.FunctionDef) and item.name == name:
-            return any(_dotted(d) == "property" for d in item.decorator_list)
+            return any(pytree.dotted(d) == "property" for d in item.decorator_list)
         if isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in item.targets):
-            return isinstance(item.value, ast.Call) and _dotted(item.value.func) == "property"
+            return isinstance(item.value, ast.Call) and pytree.dotted(item.value.func) == "property"
     return False
 
 
@@ -125,7 +118,7 @@ def _optimizer(cls: ast.ClassDef) -> Definition | None:
     found: Definition = {"kind": "optimizer", "line": cls.lineno, "static": None, "dynamic": None, "clip": None}
     # which loss scaler each branch of the constructor builds
     for call in _calls(methods["__init__"]):
-        name = _dotted(call.func)
+        name = pytree.dotted(call.func)
         if name is None or not name.endswith("LossScaler"):
             continue
         names = {n.id for arg in call.args for n in ast.walk(arg) if isinstance(n, ast.Name)}
@@ -137,16 +130,16 @@ def _optimizer(cls: ast.ClassDef) -> Definition | None:
             found["dynamic"] = [name + "('dynamic')", call.lineno]
     # what clip_master_grads clips with: torch's clip_grad_norm(_) or a name bound to it
     aliases = {
-        target.attr: _dotted(statement.value)
+        target.attr: pytree.dotted(statement.value)
         for statement in ast.walk(methods["__init__"])
         if isinstance(statement, ast.Assign)
         for target in statement.targets
-        if isinstance(target, ast.Attribute) and _dotted(target.value) == "self"
+        if isinstance(target, ast.Attribute) and pytree.dotted(target.value) == "self"
     }
     for call in _calls(methods["clip_master_grads"]):
         if not any(isinstance(arg, ast.Name) and arg.id == "max_norm" for arg in call.args):
             continue
-        name = _dotted(call.func)
+        name = pytree.dotted(call.func)
         if name is not None and name.startswith("self."):
             name = aliases.get(name[5:])
         found["clip"] = name
@@ -156,7 +149,7 @@ def _optimizer(cls: ast.ClassDef) -> Definition | None:
 def _wrapper(cls: ast.ClassDef) -> Definition | None:
     """FP16_Module / FP16Model: an nn.Module that halves the module it is given and casts the
     inputs of its forward to half."""
-    if not any((_dotted(base) or "").endswith("Module") for base in cls.bases):
+    if not any((pytree.dotted(base) or "").endswith("Module") for base in cls.bases):
         return None
     methods = _methods(cls)
     init, forward = methods.get("__init__"), methods.get("forward")
@@ -166,35 +159,38 @@ def _wrapper(cls: ast.ClassDef) -> Definition | None:
     halves = any(
         isinstance(call.func, ast.Attribute)
         and call.func.attr == "half"
-        and _dotted(call.func.value) == child
-        or (_dotted(call.func) or "").endswith(("convert_network", "network_to_half"))
+        and pytree.dotted(call.func.value) == child
+        or (pytree.dotted(call.func) or "").endswith(("convert_network", "network_to_half"))
         and any(isinstance(arg, ast.Name) and arg.id == child for arg in call.args)
         for call in _calls(init)
     )
     inputs = forward.args.vararg.arg
     casts = any(
         (isinstance(call.func, ast.Attribute) and call.func.attr == "half")
-        or "fp16" in (_dotted(call.func) or "")
-        or "half" in (_dotted(call.func) or "")
+        or "fp16" in (pytree.dotted(call.func) or "")
+        or "half" in (pytree.dotted(call.func) or "")
         for call in _calls(forward)
     ) and any(isinstance(n, ast.Name) and n.id == inputs for n in ast.walk(forward))
     if not (halves and casts):
         return None
     state_dict = methods.get("state_dict")
     delegates = state_dict is not None and any(
-        (_dotted(call.func) or "").endswith(".state_dict") and (_dotted(call.func) or "").startswith("self.")
+        (pytree.dotted(call.func) or "").endswith(".state_dict")
+        and (pytree.dotted(call.func) or "").startswith("self.")
         for call in _calls(state_dict)
     )
     # where it holds the child: its state_dict keys carry that prefix unless state_dict delegates
     child_attribute = "module"
     for node in ast.walk(init):
-        if isinstance(node, ast.Call) and (_dotted(node.func) or "") == "self.add_module" and node.args:
+        if isinstance(node, ast.Call) and (pytree.dotted(node.func) or "") == "self.add_module" and node.args:
             name = _literal(node.args[0])
             child_attribute = name if isinstance(name, str) else child_attribute
         elif isinstance(node, ast.Assign) and any(
             isinstance(n, ast.Name) and n.id == child for n in ast.walk(node.value)
         ):
-            targets = [t.attr for t in node.targets if isinstance(t, ast.Attribute) and _dotted(t.value) == "self"]
+            targets = [
+                t.attr for t in node.targets if isinstance(t, ast.Attribute) and pytree.dotted(t.value) == "self"
+            ]
             child_attribute = targets[0] if targets else child_attribute
     return {"kind": "wrapper", "line": cls.lineno, "delegates": delegates, "child": child_attribute}
 
@@ -209,24 +205,24 @@ def _function(function: ast.FunctionDef) -> Definition | None:
         for statement in function.body:
             if isinstance(statement, ast.Return) and isinstance(statement.value, ast.Call):
                 outer = statement.value
-                if (_dotted(outer.func) or "").endswith("Sequential") and len(outer.args) == 2:
+                if (pytree.dotted(outer.func) or "").endswith("Sequential") and len(outer.args) == 2:
                     if any(
                         isinstance(c.func, ast.Attribute)
                         and c.func.attr == "half"
-                        and _dotted(c.func.value) == params[0]
+                        and pytree.dotted(c.func.value) == params[0]
                         for c in _calls(outer.args[1])
                     ):
                         return {"kind": "network_to_half", "line": function.lineno}
         return None
     if name == "BN_convert_float":
         batchnorm = any(
-            (_dotted(n) or "").endswith("_BatchNorm") for n in ast.walk(function) if isinstance(n, ast.expr)
+            (pytree.dotted(n) or "").endswith("_BatchNorm") for n in ast.walk(function) if isinstance(n, ast.expr)
         )
         floats = any(isinstance(c.func, ast.Attribute) and c.func.attr == "float" for c in calls)
         return {"kind": "bn_convert_float", "line": function.lineno} if batchnorm and floats else None
     if name == "to_python_float":
         items = any(
-            isinstance(c.func, ast.Attribute) and c.func.attr == "item" and _dotted(c.func.value) == params[0]
+            isinstance(c.func, ast.Attribute) and c.func.attr == "item" and pytree.dotted(c.func.value) == params[0]
             for c in calls
         )
         return {"kind": "to_python_float", "line": function.lineno} if items else None
@@ -311,7 +307,7 @@ def _torch_clip(statement: ast.stmt) -> list[str]:
     """Names a top-level ``X = torch.nn.utils.clip_grad_norm(_)`` binds (also under an ``if``)."""
     found = []
     for node in ast.walk(statement):
-        if isinstance(node, ast.Assign) and _dotted(node.value) in (
+        if isinstance(node, ast.Assign) and pytree.dotted(node.value) in (
             "torch.nn.utils.clip_grad_norm",
             "torch.nn.utils.clip_grad_norm_",
         ):

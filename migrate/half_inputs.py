@@ -20,6 +20,8 @@ import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from migrate import pytree
+
 _FLOAT16 = frozenset({"torch.float16", "torch.half"})
 _HALF_TYPES = _FLOAT16 | {"torch.cuda.HalfTensor", "torch.HalfTensor", "HalfTensor"}
 
@@ -43,15 +45,6 @@ class Feed:
     index: int | None = None  # ``feeders``: the model parameter's position (None: keyword-only)
 
 
-def _dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base is not None else None
-    return None
-
-
 def is_float16_cast(node: ast.AST) -> bool:
     """``X.half()``, ``X.to(torch.float16)``/``X.to(dtype=torch.half)``, ``X.type(torch.half)``."""
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
@@ -61,10 +54,10 @@ def is_float16_cast(node: ast.AST) -> bool:
         return not node.args and not node.keywords
     values = [*node.args, *(k.value for k in node.keywords if k.arg in ("dtype", None))]
     if method == "to":
-        return any(_dotted(v) in _FLOAT16 for v in values)
+        return any(pytree.dotted(v) in _FLOAT16 for v in values)
     if method == "type":
         return any(
-            _dotted(v) in _HALF_TYPES
+            pytree.dotted(v) in _HALF_TYPES
             or (isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value.endswith("HalfTensor"))
             for v in values
         )
@@ -197,7 +190,7 @@ def feeds(tree: ast.Module, source: str, names: frozenset[str]) -> list[Feed]:
     last part of a dotted name: ``self.model`` is ``model``)."""
 
     def model_of(node: ast.expr) -> str | None:
-        dotted = _dotted(node)
+        dotted = pytree.dotted(node)
         parts = (dotted or "").split(".")
         while len(parts) > 1 and parts[-1] == "module":
             parts.pop()  # `model.module`: the model a DataParallel wraps

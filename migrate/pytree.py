@@ -46,3 +46,13 @@ def own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
         yield node
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             pending.extend(ast.iter_child_nodes(node))
+
+
+def dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of Names and Attributes, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from migrate.pytree import own_nodes
+from migrate.pytree import dotted, own_nodes
 
 # the first torch release whose native API the migrated code needs (torch.amp.GradScaler("cuda"))
 NEEDED = (2, 3)
@@ -29,23 +29,14 @@ _FLIPPED: dict[type, type] = {ast.GtE: ast.LtE, ast.Gt: ast.Lt, ast.Lt: ast.Gt, 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
-def _dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base is not None else None
-    return None
-
-
 def _version_of(node: ast.expr) -> tuple[int, int] | str | None:
     """``"torch"`` for ``F(torch.__version__)``; (major, minor) for ``F("1.6.0")``; else None."""
     if not (isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords):
         return None
-    if (_dotted(node.func) or "").rpartition(".")[2] not in _VERSION_CALLS:
+    if (dotted(node.func) or "").rpartition(".")[2] not in _VERSION_CALLS:
         return None
     value = node.args[0]
-    if _dotted(value) == "torch.__version__":
+    if dotted(value) == "torch.__version__":
         return "torch"
     if isinstance(value, ast.Constant) and isinstance(value.value, str):
         match = re.fullmatch(r"(\d+)\.(\d+)(\.\d+)*", value.value)

@@ -956,9 +956,9 @@ def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str) -> str | No
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        for feed, module in helpers.get(_ast_dotted(node.func) or "", []):
+        for feed, module in helpers.get(pytree.dotted(node.func) or "", []):
             given = _ast_argument(node, feed.index, feed.model)
-            dotted = _ast_dotted(given) if given is not None else None
+            dotted = pytree.dotted(given) if given is not None else None
             if dotted is None or dotted.split(".")[-1] not in names:
                 continue
             where = f"line {feed.line}" if module is None else f"{module}:{feed.line}"
@@ -985,15 +985,6 @@ def _defined_once(tree: ast.Module, name: str) -> bool:
         ):
             return False
     return bound == 1
-
-
-def _ast_dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _ast_dotted(node.value)
-        return f"{base}.{node.attr}" if base is not None else None
-    return None
 
 
 def _ast_argument(call: ast.Call, index: int | None, name: str) -> ast.expr | None:
