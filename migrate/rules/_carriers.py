@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from migrate.rules import _syntax as syntax
-from migrate.rules._bindings import checks_presence
+from migrate.rules._bindings import checks_presence, dotted_name
 
 if TYPE_CHECKING:  # _context builds the carriers
     from migrate.rules._context import ModuleContext
@@ -577,7 +577,7 @@ class _NameCounter(cst.CSTVisitor):
     def visit_Assign(self, node: cst.Assign) -> None:
         target = node.targets[0].target if len(node.targets) == 1 else None
         if isinstance(target, cst.Name) and target.value in self.names and isinstance(node.value, cst.Call):
-            if _dotted(node.value.func) == "torch.amp.GradScaler" and target.value not in self.constructors:
+            if dotted_name(node.value.func) == "torch.amp.GradScaler" and target.value not in self.constructors:
                 self.constructors[target.value] = node.value
             else:
                 self.counts[target.value] = -1  # assigned twice, or otherwise: left alone
@@ -730,13 +730,3 @@ def _conjuncts(expression: cst.BaseExpression) -> list[cst.BaseExpression]:
 
 def _code(node: cst.CSTNode) -> str:
     return "".join(cst.Module([]).code_for_node(node).split())
-
-
-def _dotted(expression: cst.BaseExpression) -> str | None:
-    parts: list[str] = []
-    while isinstance(expression, cst.Attribute):
-        parts.insert(0, expression.attr.value)
-        expression = expression.value
-    if not isinstance(expression, cst.Name):
-        return None
-    return ".".join([expression.value, *parts])
