@@ -1975,17 +1975,7 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         ctx.report("AMP011", use.call, _inference_message(ctx, bound) or _beside_training_message(ctx, model, use))
         _drop_call(ctx, found)
         return
-    reached = None
-    if settings.level in ("O2", "O3"):
-        reached = _unproven_feed(ctx, found, settings.level)
-    elif settings.level is None and settings.level_expression is not None:
-        # O2/O3 among the levels chosen at run time
-        spelled = " ".join(syntax.code(settings.level_expression).split())
-        reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time, possibly O2 or O3)")
     unproven = _unproven_cast(ctx, found) if settings.level in ("O2", "O3") else None
-    if reached is not None and unproven is None:
-        ctx.report("AMP005", use.call, reached)
-        return
     if unproven is not None:
         fed = ctx.position(unproven.forward)[0]
         ctx.report(
@@ -1997,6 +1987,16 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
             "prove that this value reaches only that call, under this call's `enabled=` flag, nor that the model "
             "there is always this one: remove the cast where it only feeds this model, then run ampmigrate again",
         )
+        return
+    reached = None
+    if settings.level in ("O2", "O3"):
+        reached = _unproven_feed(ctx, found, settings.level)
+    elif settings.level is None and settings.level_expression is not None:
+        # O2/O3 among the levels chosen at run time
+        spelled = " ".join(syntax.code(settings.level_expression).split())
+        reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time, possibly O2 or O3)")
+    if reached is not None:
+        ctx.report("AMP005", use.call, reached)
         return
     home = _home(ctx, model, use.call, settings)
     if home is None:
