@@ -43,7 +43,10 @@ After::
 
 Not rewritten (reported instead)
     ``gradient_average`` chosen at run time, or ``False`` where the wrapped module has no name
-    to register the hook on; unknown keywords (AMP042). A subclass of Apex DDP, or the class
+    to register the hook on; unknown keywords; a wrapped module this module only runs, moves or
+    wraps while another wrapped module's ``.parameters()`` are taken (``augment = DDP(augment)``
+    beside ``SGD(net.parameters())``): it may have no parameter that requires a gradient, which
+    torch's DDP refuses with RuntimeError and Apex's wrapped (AMP042). A subclass of Apex DDP, or the class
     passed or stored for other uses than checks (AMP040, from amp_import); the Apex DDP calls
     of a module that keeps the class as such a value stay too (AMP040), as a torch DDP built
     there would no longer match it (``unwrap(net, (nn.DataParallel, DDP))``). ``LARC`` in a
@@ -613,7 +616,22 @@ def plan(ctx: ModuleContext) -> None:
             ctx.consumed.add(root)
             if is_call and holder is not None:
                 ctx.report("AMP041", holder, f"{path}: {_HELPER_NOTES[apex_name]}")
+    untrained = _untrained_wraps(ctx, ddp_calls)
     for call, path, root in ddp_calls:
+        if id(call) in untrained:
+            wrapped, trained, line = untrained[id(call)]
+            ctx.report(
+                "AMP042",
+                call,
+                f"{path} left as it was: nothing in this module trains the parameters of `{wrapped}` (no "
+                f"`{wrapped}.parameters()`, where `{trained}.parameters()` on line {line} goes to training), so it may "
+                f"have none that requires a gradient (an augmentation or a frozen network), and {TORCH_DDP} raises "
+                "RuntimeError on such a module where Apex's wrapper only ran its forward: if it has none, drop the "
+                f"wrap and keep `{wrapped}` as it is; otherwise write `{TORCH_DDP}({wrapped}, broadcast_buffers=False, "
+                "find_unused_parameters=True)`",
+            )
+            unmigrated_ddp = True
+            continue
         if kept_value is not None:
             # the class stays Apex's where it is a value (`wrappers = (nn.DataParallel, DDP)` passed on):
             # a torch DDP built here would no longer match it
@@ -646,6 +664,82 @@ def plan(ctx: ModuleContext) -> None:
                     f"only used in isinstance/issubclass checks, and the Apex DDP calls become {TORCH_DDP} (in other "
                     "modules too, when they are migrated)",
                 )
+
+
+def _untrained_wraps(
+    ctx: ModuleContext, ddp_calls: list[tuple[cst.Call, str, cst.Name]]
+) -> dict[int, tuple[str, str, int]]:
+    """The Apex DDP calls whose module (a plain name) this module never takes the parameters of
+    (``x.parameters()``, ``x.named_parameters()``) and only runs, moves or wraps, while another
+    name wrapped in a DDP here has its parameters taken:
+    ``augment = DDP(augment)`` beside ``net = DDP(net)`` and ``SGD(net.parameters())``. Such a
+    module may have no parameter that requires a gradient (buffers only, frozen), which torch's
+    DDP refuses with RuntimeError and Apex's wrapped anyway. Keyed by the call's id: (its name, the
+    trained name, the line of that name's parameters)."""
+    wrapped: dict[int, str] = {}
+    for call, _path, _root in ddp_calls:
+        bound = syntax.bind_arguments(call, _DDP_PARAMETERS)
+        module = bound.get("module") if bound is not None else None
+        if module is not None and isinstance(module.value, cst.Name):
+            wrapped[id(call)] = module.value.value
+    if not wrapped:
+        return {}
+    trained: dict[str, int] = {}
+    others: set[str] = set()  # the names wrapped in any DDP here, torch's included (a second pass)
+    for node in ctx.walk(ctx.module):
+        if (
+            isinstance(node, cst.Call)
+            and (dotted_name(node.func) or "").endswith("DistributedDataParallel")
+            and node.args
+            and isinstance(node.args[0].value, cst.Name)
+        ):
+            others.add(node.args[0].value.value)
+        if (
+            isinstance(node, cst.Attribute)
+            and node.attr.value in ("parameters", "named_parameters")
+            and isinstance(node.value, cst.Name)
+        ):
+            line = ctx.position(node)[0]
+            trained[node.value.value] = min(line, trained.get(node.value.value, line))
+    seen = sorted(name for name in others | set(wrapped.values()) if name in trained)
+    if not seen:
+        return {}
+    calls = {id(call) for call, _path, _root in ddp_calls}
+    return {
+        key: (name, seen[0], trained[seen[0]])
+        for key, name in wrapped.items()
+        if name not in trained and _only_run_here(ctx, name, calls)
+    }
+
+
+def _only_run_here(ctx: ModuleContext, name: str, ddp_calls: set[int]) -> bool:
+    """Whether every read of ``name`` in this module runs it, moves it or wraps it (``x(batch)``,
+    ``x.to(device)``, ``x.eval()``, the Apex DDP calls): none hands it to code that could train
+    its parameters (an optimizer factory, amp.initialize, a trainer)."""
+    for node in ctx.walk(ctx.module):
+        if not (isinstance(node, cst.Name) and node.value == name):
+            continue
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.AssignTarget, cst.Param)) or (
+            isinstance(parent, cst.Attribute) and parent.attr is node
+        ):
+            continue
+        if isinstance(parent, cst.Call) and parent.func is node:
+            continue  # its forward
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            if parent.attr.value in ("to", "cuda", "cpu", "eval", "train", "float", "half", "module"):
+                continue
+            return False
+        if isinstance(parent, cst.Arg):
+            call = ctx.parent(parent)
+            if id(call) in ddp_calls or (
+                isinstance(call, cst.Call)
+                and (dotted_name(call.func) or "").rpartition(".")[2]
+                in ("convert_syncbn_model", "convert_sync_batchnorm")
+            ):
+                continue
+        return False
+    return True
 
 
 def _stored_for_checks(ctx: ModuleContext, reference: cst.BaseExpression) -> str | None:
