@@ -72,7 +72,10 @@ Not rewritten (reported instead)
     (``x.half()``, ``torch.float16``, a ``HalfTensor``): without it those tensors would meet a
     float32 model (AMP005, the call stays), unless those casts are the proven ones above; an
     O2/O3 training call whose model's name receives such a cast the tool cannot prove (its value
-    also used elsewhere, another flag, a function called from out of sight) (AMP005); a factory like the one above
+    also used elsewhere, another flag, a function called from out of sight) (AMP005); a training
+    call whose model is copied (``copy.deepcopy(model)``) and the copy made float16 by hand
+    (``exported.half()`` for a traced export): Apex O1's patched ops cast its float32 inputs, and
+    without Apex it would meet them outside autocast (AMP005); a factory like the one above
     whose file has another amp.initialize, or that turns scaling off (O0, ``loss_scale=1``)
     while autocast stays on (AMP022).
 
@@ -907,6 +910,37 @@ def _model_names(found: SetupCall) -> set[str]:
         if dotted is not None:
             names.add(dotted.split(".")[-1])
     return names
+
+
+def _float16_model_copy(ctx: ModuleContext, found: SetupCall) -> cst.Call | None:
+    """The first ``copy.half()`` of a copy of one of the setup's models (``copy =
+    copy.deepcopy(model)``), made float16 by hand: Apex O1 ran it on float32 input by casting in
+    its patched ops (a traced export); without Apex nothing does. None where there is none."""
+    models = _model_names(found)
+    copies: set[str] = set()
+    for node in ctx.walk(ctx.module):
+        if (
+            isinstance(node, cst.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0].target, cst.Name)
+            and isinstance(node.value, cst.Call)
+            and (dotted_name(node.value.func) or "").rpartition(".")[2] == "deepcopy"
+            and node.value.args
+            and (dotted_name(node.value.args[0].value) or "").rpartition(".")[2] in models
+        ):
+            copies.add(node.targets[0].target.value)
+    copies -= models
+    for node in ctx.walk(ctx.module):
+        if (
+            isinstance(node, cst.Call)
+            and not node.args
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "half"
+            and isinstance(node.func.value, cst.Name)
+            and node.func.value.value in copies
+        ):
+            return node
+    return None
 
 
 def _unproven_cast(ctx: ModuleContext, found: SetupCall) -> hand_casts.HandCast | None:
@@ -1986,6 +2020,20 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
             "float16 weights Apex gave the model; the migration keeps the model in float32, and the tool cannot "
             "prove that this value reaches only that call, under this call's `enabled=` flag, nor that the model "
             "there is always this one: remove the cast where it only feeds this model, then run ampmigrate again",
+        )
+        return
+    half_copy = _float16_model_copy(ctx, found) if settings.level != "O0" else None
+    if half_copy is not None:
+        copied = ctx.code(half_copy.func.value)  # type: ignore[attr-defined]
+        ctx.report(
+            "AMP005",
+            use.call,
+            f"amp.initialize left as it was: line {ctx.position(half_copy)[0]} makes `{copied}`, a copy of the model "
+            f"this call sets up, float16 by hand (`{ctx.code(half_copy)}`), and Apex O1 cast the float32 inputs of its "
+            "convolutions and linear layers to float16 in every op of the process, so that copy ran on float32 "
+            "input; without Apex it meets float32 input outside autocast (`Input type (float) and weight type "
+            f'(half)`): run its forward under `with torch.autocast("{ctx.options.device}", dtype=torch.float16):` '
+            "or give it float16 input, then run ampmigrate again",
         )
         return
     reached = None
