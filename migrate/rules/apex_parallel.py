@@ -46,7 +46,9 @@ Not rewritten (reported instead)
     to register the hook on; unknown keywords; a wrapped module this module only runs, moves or
     wraps while another wrapped module's ``.parameters()`` are taken (``augment = DDP(augment)``
     beside ``SGD(net.parameters())``): it may have no parameter that requires a gradient, which
-    torch's DDP refuses with RuntimeError and Apex's wrapped (AMP042). A subclass of Apex DDP, or the class
+    torch's DDP refuses with RuntimeError and Apex's wrapped, unless it is given weights here
+    (``from_pretrained``, ``load_state_dict``); a wrapped module this module freezes whole
+    (``for p in teacher.parameters(): p.requires_grad = False``) (AMP042). A subclass of Apex DDP, or the class
     passed or stored for other uses than checks (AMP040, from amp_import); the Apex DDP calls
     of a module that keeps the class as such a value stay too (AMP040), as a torch DDP built
     there would no longer match it (``unwrap(net, (nn.DataParallel, DDP))``). ``LARC`` in a
@@ -620,6 +622,17 @@ def plan(ctx: ModuleContext) -> None:
     for call, path, root in ddp_calls:
         if id(call) in untrained:
             wrapped, trained, line = untrained[id(call)]
+            if not trained:
+                ctx.report(
+                    "AMP042",
+                    call,
+                    f"{path} left as it was: line {line} freezes every parameter of `{wrapped}`, and "
+                    f"{TORCH_DDP} is built for parameters that get gradients (it raises RuntimeError when built over "
+                    "a module without one), where Apex's wrapper only ran the forward of a frozen module: drop the "
+                    f"wrap and keep `{wrapped}` as it is",
+                )
+                unmigrated_ddp = True
+                continue
             ctx.report(
                 "AMP042",
                 call,
@@ -701,15 +714,67 @@ def _untrained_wraps(
         ):
             line = ctx.position(node)[0]
             trained[node.value.value] = min(line, trained.get(node.value.value, line))
-    seen = sorted(name for name in others | set(wrapped.values()) if name in trained)
-    if not seen:
-        return {}
+    frozen = _frozen(ctx)
+    seen = sorted(name for name in others | set(wrapped.values()) if name in trained and name not in frozen)
     calls = {id(call) for call, _path, _root in ddp_calls}
-    return {
-        key: (name, seen[0], trained[seen[0]])
-        for key, name in wrapped.items()
-        if name not in trained and _only_run_here(ctx, name, calls)
-    }
+    found: dict[int, tuple[str, str, int]] = {}
+    for key, name in wrapped.items():
+        if name in frozen:
+            found[key] = (name, "", frozen[name])
+        elif seen and name not in trained and _only_run_here(ctx, name, calls) and not _has_weights(ctx, name):
+            found[key] = (name, seen[0], trained[seen[0]])
+    return found
+
+
+def _frozen(ctx: ModuleContext) -> dict[str, int]:
+    """The names whose every parameter this module freezes, by the line: ``x.requires_grad_(False)``,
+    ``for p in x.parameters(): p.requires_grad = False``."""
+    found: dict[str, int] = {}
+    for node in ctx.walk(ctx.module):
+        target = None
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "requires_grad_"
+            and node.args
+            and syntax.literal(node.args[0].value) is False
+        ):
+            target = node.func.value
+        elif (
+            isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and isinstance(node.iter.func, cst.Attribute)
+        ):
+            if node.iter.func.attr.value == "parameters" and any(
+                isinstance(inner, cst.Assign)
+                and isinstance(inner.targets[0].target, cst.Attribute)
+                and inner.targets[0].target.attr.value == "requires_grad"
+                and syntax.literal(inner.value) is False
+                for inner in ctx.walk(node.body)
+            ):
+                target = node.iter.func.value
+        if isinstance(target, cst.Name):
+            found.setdefault(target.value, ctx.position(node)[0])
+    return found
+
+
+def _has_weights(ctx: ModuleContext, name: str) -> bool:
+    """Whether ``name`` is given weights here (``X.from_pretrained(...)``, ``name.load_state_dict``):
+    a network with parameters, which require gradients unless frozen."""
+    for node in ctx.walk(ctx.module):
+        if (
+            isinstance(node, cst.Assign)
+            and any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets)
+            and isinstance(node.value, cst.Call)
+            and (dotted_name(node.value.func) or "").endswith(".from_pretrained")
+        ):
+            return True
+        if (
+            isinstance(node, cst.Attribute)
+            and node.attr.value == "load_state_dict"
+            and isinstance(node.value, cst.Name)
+            and node.value.value == name
+        ):
+            return True
+    return False
 
 
 def _only_run_here(ctx: ModuleContext, name: str, ddp_calls: set[int]) -> bool:
