@@ -47,7 +47,7 @@ Not rewritten (reported instead)
     wraps while another wrapped module's ``.parameters()`` are taken (``augment = DDP(augment)``
     beside ``SGD(net.parameters())``): it may have no parameter that requires a gradient, which
     torch's DDP refuses with RuntimeError and Apex's wrapped, unless it is given weights here
-    (``from_pretrained``, ``load_state_dict``); a wrapped module this module freezes whole
+    (``from_pretrained``, ``load_state_dict``); a wrapped module this module freezes whole before the wrap
     (``for p in teacher.parameters(): p.requires_grad = False``) (AMP042). A subclass of Apex DDP, or the class
     passed or stored for other uses than checks (AMP040, from amp_import); the Apex DDP calls
     of a module that keeps the class as such a value stay too (AMP040), as a torch DDP built
@@ -718,8 +718,11 @@ def _untrained_wraps(
     seen = sorted(name for name in others | set(wrapped.values()) if name in trained and name not in frozen)
     calls = {id(call) for call, _path, _root in ddp_calls}
     found: dict[int, tuple[str, str, int]] = {}
+    lines = {id(call): ctx.position(call)[0] for call, _path, _root in ddp_calls}
     for key, name in wrapped.items():
-        if name in frozen:
+        if frozen.get(name, lines[key]) < lines[key]:
+            # frozen before the wrap; one frozen after it (MiB's teacher) still had trainable
+            # parameters when torch's DDP was built, and a no-grad forward never reduces
             found[key] = (name, "", frozen[name])
         elif seen and name not in trained and _only_run_here(ctx, name, calls) and not _has_weights(ctx, name):
             found[key] = (name, seen[0], trained[seen[0]])
