@@ -751,7 +751,16 @@ def _passed_by_every_caller(
     """What every call of the module-level ``function`` passes for its parameter ``name`` (at
     ``index``), when all pass the same and there is at least one call."""
     passed: list[cst.BaseExpression] = []
-    for call in ctx.amp.calls_by_function_name.get(function.name.value, []):
+    calls = ctx.amp.calls_by_function_name.get(function.name.value, [])
+    for seen in ctx.nodes_of(cst.Name):
+        # also used as a value (a callback, `pool.map(train, ...)`): callers out of sight
+        if (
+            seen.value == function.name.value
+            and seen is not function.name
+            and not any(call.func is seen for call in calls)
+        ):
+            return None
+    for call in calls:
         keyword = next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
         positional = [arg for arg in call.args if arg.keyword is None]
         if any(arg.star for arg in call.args):
