@@ -573,10 +573,250 @@ def _calls_backward(ctx: ModuleContext, node: cst.CSTNode) -> bool:
     return any(_calls_backward(ctx, child) for child in node.children)
 
 
+def _calls_unscaled_backward(ctx: ModuleContext, node: cst.CSTNode) -> bool:
+    """``_calls_backward``, leaving out a backward of what a GradScaler scaled
+    (``self.scaler.scale(loss).backward()``: a native path with a scaler and steps of its own)."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+        receiver = node.func.value
+        if (
+            isinstance(receiver, cst.Call)
+            and isinstance(receiver.func, cst.Attribute)
+            and receiver.func.attr.value == "scale"
+        ):
+            return False
+    if isinstance(node, cst.With) or (
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
+    ):
+        return _calls_backward(ctx, node)
+    return any(_calls_unscaled_backward(ctx, child) for child in node.children)
+
+
 def _always_on(scaler: Scaler) -> bool:
     """Whether the scaler is on in every path: an ``amp.initialize`` of this module that no
     condition guards (no ``enabled=``, no ``if``, a fixed opt level other than O0)."""
     return scaler.initialize is not None and scaler.enabled is None and not scaler.may_be_disabled
+
+
+def _test_parts(expression: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``a and bool(b) and (c)`` as [a, b, c]: the parts each of which holds where the whole does."""
+    expression = syntax.strip_parens(expression)
+    if isinstance(expression, cst.BooleanOperation) and isinstance(expression.operator, cst.And):
+        return _test_parts(expression.left) + _test_parts(expression.right)
+    if (
+        isinstance(expression, cst.Call)
+        and isinstance(expression.func, cst.Name)
+        and expression.func.value == "bool"
+        and len(expression.args) == 1
+        and expression.args[0].keyword is None
+        and not expression.args[0].star
+    ):
+        return _test_parts(expression.args[0].value)
+    return [expression]
+
+
+def _on_only_where(ctx: ModuleContext, scaler: Scaler, test: cst.BaseExpression) -> bool:
+    """Whether the scaler is off wherever ``test`` is false, so that the unscaled ``else`` of
+    ``if test:`` runs with a disabled scaler: each part of ``test`` is a part of the scaler's
+    ``enabled=`` or of an ``if`` around amp.initialize (read through ``self.x = x``, a local
+    ``x = ...`` or a parameter every caller passes the same), or tests for something only Apex's
+    setup sets (the amp module, an amp handle)."""
+    enabled = scaler.enabled
+    if scaler.initialize is None or enabled is None:
+        return True  # always on: `_always_on`; received from elsewhere: its own module checks
+    if isinstance(enabled, cst.Name) and enabled.value == "False":
+        return True
+    conditions = [enabled]
+    child: cst.CSTNode = scaler.initialize
+    for ancestor in ctx.ancestors(scaler.initialize):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+            break
+        if isinstance(ancestor, cst.If) and child is ancestor.body:
+            conditions.append(ancestor.test)
+        child = ancestor
+    on: set[str] = set()
+    for condition in conditions:
+        for part in _test_parts(condition):
+            on.add(syntax.normalized(part))
+            on.update(_spelled_as(ctx, part, scaler.initialize))
+
+    def holds(spelled: str) -> bool:
+        # `x is not None` holds wherever `x` is true
+        return spelled in on or (spelled.endswith("isnotNone") and spelled[: -len("isnotNone")] in on)
+
+    for part in _test_parts(test):
+        if holds(syntax.normalized(part)) or _tests_amp_presence(ctx, part, test):
+            continue
+        spelled = _spelled_as(ctx, part, test)
+        if not spelled or not all(holds(each) for each in spelled):
+            return False
+    return True
+
+
+def _stored_on_self(ctx: ModuleContext, klass: cst.ClassDef) -> dict[str, list[cst.BaseExpression]]:
+    """The values each ``self.x = ...`` of the class assigns, by attribute."""
+    stored: dict[str, list[cst.BaseExpression]] = defaultdict(list)
+    for node in ctx.walk(klass):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                if isinstance(target.target, cst.Attribute) and _is_self(target.target.value):
+                    stored[target.target.attr.value].append(node.value)
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            if isinstance(node.target, cst.Attribute) and _is_self(node.target.value):
+                stored[node.target.attr.value].append(node.value or cst.Name("None"))
+    return stored
+
+
+def _is_self(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "self"
+
+
+def _spelled_as(ctx: ModuleContext, part: cst.BaseExpression, at: cst.CSTNode, depth: int = 0) -> set[str]:
+    """The parts ``part`` stands for where its names are read through what set them: ``self.fp16``
+    as ``fp16`` where the class sets ``self.fp16 = fp16`` once, a local assigned once as its value
+    (``with_apex`` as the parts of ``args.fp16 and args.amp == "apex"``), a parameter as what every
+    caller passes (empty: nothing to read through)."""
+    if depth > 3:
+        return set()
+    part = syntax.strip_parens(part)
+    if isinstance(part, cst.Name):
+        value = _name_value(ctx, part, at)
+        if value is None:
+            return set()
+        return {spelled for sub in _test_parts(value) for spelled in _spelled_or_self(ctx, sub, value, depth)}
+    klass = next((node for node in ctx.ancestors(at) if isinstance(node, cst.ClassDef)), None)
+    stored = _stored_on_self(ctx, klass) if klass is not None else {}
+    if isinstance(part, cst.Attribute) and _is_self(part.value) and len(stored.get(part.attr.value, [])) == 1:
+        value = stored[part.attr.value][0]  # `self._use_apex = apex_opt_level is not None`
+        return {spelled for sub in _test_parts(value) for spelled in _spelled_or_self(ctx, sub, value, depth)}
+    replaced: dict[int, cst.BaseExpression] = {}
+    for node in ctx.walk(part):
+        parent = ctx.parent(node)
+        if isinstance(node, cst.Attribute) and _is_self(node.value):
+            values = stored.get(node.attr.value, [])
+            if len(values) == 1 and dotted_name(values[0]) is not None:
+                replaced[id(node)] = values[0]
+        elif (
+            isinstance(node, cst.Name)
+            and not (isinstance(parent, cst.Attribute) and parent.attr is node)
+            and not (isinstance(parent, cst.Arg) and parent.keyword is node)
+        ):
+            value = _name_value(ctx, node, at)
+            if value is not None and dotted_name(value) is not None:
+                replaced[id(node)] = value
+    if not replaced:
+        return set()
+    originals = {id(node): node for node in ctx.walk(part)}
+
+    class Through(cst.CSTTransformer):
+        def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
+            if id(original) in replaced and originals.get(id(original)) is original:
+                return replaced[id(original)]
+            return updated
+
+    return {syntax.normalized(part.visit(Through()))}  # type: ignore[arg-type]
+
+
+def _name_value(ctx: ModuleContext, name: cst.Name, at: cst.CSTNode) -> cst.BaseExpression | None:
+    """What a local name assigned once in the function holds, or what every caller of a
+    module-level function passes for a parameter of that name."""
+    function = ctx.function_of(at)
+    if function is None:
+        return None
+    parameters = [param.name.value for param in (*function.params.posonly_params, *function.params.params)]
+    values = [
+        node.value
+        for node in ctx.walk(function)
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign))
+        and any(
+            isinstance(target, cst.Name) and target.value == name.value
+            for target in (
+                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[union-attr]
+            )
+        )
+    ]
+    if name.value not in parameters:
+        return values[0] if len(values) == 1 and isinstance(values[0], cst.BaseExpression) else None
+    if values or ctx.parent(function) is not ctx.module:
+        return None
+    return _passed_by_every_caller(ctx, function, parameters.index(name.value), name.value)
+
+
+def _spelled_or_self(ctx: ModuleContext, part: cst.BaseExpression, at: cst.CSTNode, depth: int) -> set[str]:
+    return {syntax.normalized(part)} | _spelled_as(ctx, part, at, depth + 1)
+
+
+def _passed_by_every_caller(
+    ctx: ModuleContext, function: cst.FunctionDef, index: int, name: str
+) -> cst.BaseExpression | None:
+    """What every call of the module-level ``function`` passes for its parameter ``name`` (at
+    ``index``), when all pass the same and there is at least one call."""
+    passed: list[cst.BaseExpression] = []
+    calls = ctx.amp.calls_by_function_name.get(function.name.value, [])
+    for seen in ctx.nodes_of(cst.Name):
+        # also used as a value (a callback, `pool.map(train, ...)`): callers out of sight
+        if (
+            seen.value == function.name.value
+            and seen is not function.name
+            and not any(call.func is seen for call in calls)
+        ):
+            return None
+    for call in calls:
+        keyword = next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
+        positional = [arg for arg in call.args if arg.keyword is None]
+        if any(arg.star for arg in call.args):
+            return None
+        if keyword is not None:
+            passed.append(keyword.value)
+        elif index < len(positional):
+            passed.append(positional[index].value)
+        else:
+            return None
+    if not passed or len({syntax.normalized(value) for value in passed}) != 1:
+        return None
+    return passed[0]
+
+
+def _tests_amp_presence(ctx: ModuleContext, part: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    """``amp``, ``amp is not None``, ``self.amp``, ``amp_handle``: true only where Apex's setup
+    ran, the amp module or what an amp call returned being all that is ever stored there
+    besides None."""
+    subject = syntax.strip_parens(part)
+    if (
+        isinstance(subject, cst.Comparison)
+        and len(subject.comparisons) == 1
+        and isinstance(subject.comparisons[0].operator, cst.IsNot)
+        and isinstance(subject.comparisons[0].comparator, cst.Name)
+        and subject.comparisons[0].comparator.value == "None"
+    ):
+        subject = syntax.strip_parens(subject.left)
+    amp_names = {id(name) for name in ctx.amp.value_uses}
+    if isinstance(subject, cst.Name) and id(subject) in amp_names:
+        return True
+
+    def from_amp(value: cst.BaseExpression) -> bool:
+        if isinstance(value, cst.Name) and value.value == "None":
+            return True
+        if isinstance(value, cst.Name) and id(value) in amp_names:
+            return True
+        return isinstance(value, cst.Call) and (
+            any(use.call is value for use in ctx.amp.calls)
+            or any(handle.call is value for handle in ctx.handles.handles)
+        )
+
+    klass = next((node for node in ctx.ancestors(at) if isinstance(node, cst.ClassDef)), None)
+    if isinstance(subject, cst.Attribute) and _is_self(subject.value) and klass is not None:
+        values = _stored_on_self(ctx, klass).get(subject.attr.value, [])
+    elif isinstance(subject, cst.Name):
+        scope = ctx.function_of(at) or ctx.module
+        values = [
+            node.value
+            for node in ctx.walk(scope)
+            if isinstance(node, cst.Assign)
+            and any(isinstance(t.target, cst.Name) and t.target.value == subject.value for t in node.targets)
+        ]
+    else:
+        return False
+    return any(not (isinstance(v, cst.Name) and v.value == "None") for v in values) and all(from_amp(v) for v in values)
 
 
 def _managed_optimizers(
@@ -637,6 +877,23 @@ def _plan_one(
             "still steps through the scaler, which is on in that path too as far as the tool sees (amp.initialize "
             f"at line {ctx.position(scaler.initialize)[0]} has no `enabled=` and no `if` directly around it): pass "  # type: ignore[arg-type]
             "`enabled=` to amp.initialize with the same condition, or scale both paths",
+        )
+        return
+    if (
+        branch is not None
+        and not scaler.carried
+        and _calls_unscaled_backward(ctx, branch.orelse)  # type: ignore[arg-type]
+        and not _on_only_where(ctx, scaler, branch.test)
+    ):
+        ctx.report(
+            "AMP022",
+            call,
+            f"the `else` of `if {syntax.code(branch.test)}:` backpropagates an unscaled loss while the optimizer "
+            f"still steps through the scaler, which is on whenever `{syntax.code(scaler.enabled)}` holds "  # type: ignore[arg-type]
+            f"(amp.initialize at line {ctx.position(scaler.initialize)[0]}), a condition the tool cannot show "  # type: ignore[arg-type]
+            "implies the `if`: where it holds and the `if` does not, Apex ran O1 without loss scaling, and the "
+            "GradScaler would scale (or crash in `step` before any `scale`): guard amp.initialize with the "
+            "`if`'s condition, or scale both paths",
         )
         return
     if not scaler.carried:  # a carrier's steps check their own backward passes

@@ -64,6 +64,10 @@ initialize goes::
     if args.apex_amp:                               model = model.cuda()
         model = amp.initialize(model, opt_level="O1")
 
+Newer timm names the choice: ``use_amp = "apex"`` in ``if args.amp_impl == "apex":``, then
+``if use_amp == "apex": model = amp.initialize(...)``; that clause sets the factory, where no
+other assignment of ``use_amp`` runs after it (those before the chain, or in its ``else``).
+
 Only where the flag is a name or attribute the function does not set again after the chain,
 and the factory is not entered before the initialize (where Apex did not cast yet); otherwise
 amp_initialize's inference path takes the call (AMP011).
@@ -282,9 +286,64 @@ def _inference_initialize(ctx: ModuleContext, call: cst.Call) -> cst.If | None:
     statement = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
     if not isinstance(statement, cst.If) or statement.orelse is not None or len(block.body) != 1:  # type: ignore[union-attr]
         return None
-    if not isinstance(statement.test, (cst.Name, cst.Attribute)):
+    if not isinstance(statement.test, (cst.Name, cst.Attribute)) and _choice_test(statement.test) is None:
         return None
     return statement
+
+
+def _choice_test(test: cst.BaseExpression) -> tuple[str, str] | None:
+    """``use_amp == "apex"`` as ("use_amp", "apex"): newer timm's validate.py names its choice."""
+    if not (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal)
+        and isinstance(test.left, cst.Name)
+        and isinstance(test.comparisons[0].comparator, cst.SimpleString)
+    ):
+        return None
+    return test.left.value, test.comparisons[0].comparator.evaluated_value  # type: ignore[return-value]
+
+
+def _choice_clause(ctx: ModuleContext, function: cst.FunctionDef, guard: cst.If) -> cst.If | None:
+    """For ``if use_amp == "apex":`` around the initialize: the ``if`` of the earlier chain whose
+    body sets ``use_amp = "apex"``, where no other assignment of ``use_amp`` runs after it (the
+    others come before that chain or in the ``else`` of that ``if``)."""
+    choice = _choice_test(guard.test)
+    if choice is None:
+        return None
+    flag, value = choice
+    assignments = [
+        node
+        for node in ctx.walk(function, into_definitions=False)
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor))
+        and any(
+            isinstance(target, cst.Name) and target.value == flag
+            for target in (
+                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[union-attr]
+            )
+        )
+    ]
+    chosen = [
+        node
+        for node in assignments
+        if isinstance(node, cst.Assign)
+        and isinstance(node.value, cst.SimpleString)
+        and node.value.evaluated_value == value
+    ]
+    if len(chosen) != 1:
+        return None
+    line = ctx.statement_of(chosen[0])
+    block = ctx.parent(line)
+    clause = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if not isinstance(clause, cst.If) or clause.body is not block or ctx.position(clause)[0] > ctx.position(guard)[0]:
+        return None
+    for node in assignments:
+        if node is chosen[0] or ctx.position(node)[0] < ctx.position(clause)[0]:
+            continue
+        exclusive = clause.orelse is not None and any(ancestor is clause.orelse for ancestor in ctx.ancestors(node))
+        if not exclusive:
+            return None
+    return clause
 
 
 def _flag_set_after(ctx: ModuleContext, function: cst.FunctionDef, flag: str, line: int) -> bool:
@@ -316,20 +375,26 @@ def _inference_recipe(ctx: ModuleContext, use: AmpCall) -> tuple[cst.If, cst.If,
         return None
     flag = syntax.code(guard.test)
     start = ctx.position(guard)[0]
-    clauses = [
-        node
-        for node in ctx.walk(function, into_definitions=False)
-        if isinstance(node, cst.If) and node is not guard and syntax.code(node.test) == flag
-    ]
-    if len(clauses) != 1 or ctx.position(clauses[0])[0] > start:
-        return None
-    clause = clauses[0]
+    if _choice_test(guard.test) is not None:
+        chosen = _choice_clause(ctx, function, guard)
+        if chosen is None or not isinstance(chosen.body, cst.IndentedBlock):
+            return None
+        clause = chosen
+    else:
+        clauses = [
+            node
+            for node in ctx.walk(function, into_definitions=False)
+            if isinstance(node, cst.If) and node is not guard and syntax.code(node.test) == flag
+        ]
+        if len(clauses) != 1 or ctx.position(clauses[0])[0] > start:
+            return None
+        clause = clauses[0]
+        if _flag_set_after(ctx, function, flag, ctx.position(clause)[0]):
+            return None
     if not isinstance(clause.body, cst.IndentedBlock):
         return None
     factory = _autocast_factory(ctx, clause.body, suppress[0])
     if factory is None:
-        return None
-    if _flag_set_after(ctx, function, flag, ctx.position(clause)[0]):
         return None
     for name in ctx.walk(function, into_definitions=False):
         if isinstance(name, cst.Name) and name.value == factory and ctx.position(name)[0] < start:
