@@ -1769,7 +1769,7 @@ class ProjectPlan:
         """Why the runner ``path`` builds may not be the only one to run the hooks and runner methods
         of ``related``: another ``builder(...)`` call or ``register_training_hooks(...)``
         (config-driven) in the program's files, a construction of one of their classes by name, or
-        a module of the program that imports Apex and is not among them (not given, or another
+        a module of the program that imports Apex (where it can reach amp) and is not among them (not given, or another
         setup); None if nothing does (read only for a runner setup).
 
         Other runners do not count where no other runner can get one of those classes: each is
@@ -1819,7 +1819,7 @@ class ProjectPlan:
                     f"{self.display(other)} copies or pickles the model, whose forward would be an autocast "
                     "wrapper of the original's bound method (a deep copy would run the original)"
                 )
-            if os.path.abspath(other) not in members and _IMPORTS_APEX.search(text):
+            if os.path.abspath(other) not in members and _may_reach_amp(text):
                 return (
                     f"{self.display(other)} imports Apex too, and is not among them (include it in the run, or "
                     "migrate it first)"
@@ -2343,6 +2343,18 @@ _AMP_INITIALIZE = re.compile(rb"\bamp\s*\.\s*initialize\s*\(")
 _COPIES_THE_MODEL = re.compile(r"\b(deepcopy|torch\.save|pickle\.dumps?)\(\s*(self\.|runner\.)?model\b")
 _IMPORTS_BY_NAME = re.compile(r"\b(import_module|__import__|import_modules_from_strings)\s*\(")
 _IMPORTS_APEX = re.compile(r"^\s*(import\s+apex\b|from\s+apex\b)", re.M)
+# Apex's packages that cannot hand a module amp: `from apex.normalization import FusedLayerNorm`
+# binds no `apex` name (unlike `import apex.normalization`), and none of them imports amp's API
+_AMP_FREE_APEX = re.compile(
+    r"^\s*from\s+apex\.(normalization|optimizers|parallel|contrib|mlp|fused_dense|multi_tensor_apply)\b", re.M
+)
+
+
+def _may_reach_amp(text: str) -> bool:
+    """Whether a module's text imports Apex in a way that can reach amp: any Apex import but
+    ``from apex.<package> import ...`` of the packages in ``_AMP_FREE_APEX`` (VDIGPKU/CBNetV2's
+    EVA backbones import only ``FusedLayerNorm``, in a try/except, and cannot run amp)."""
+    return any(not _AMP_FREE_APEX.match(text, match.start()) for match in _IMPORTS_APEX.finditer(text))
 
 
 def _carrier_users_outside(paths: list[str], attributes: set[str], given: set[str]) -> str | None:

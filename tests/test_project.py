@@ -415,6 +415,32 @@ def test_runner_hook_setup_run_on_part_of_the_tree_stays(tmp_path: Path) -> None
     assert "imports Apex too, and is not among them (include it in the run" in creator
 
 
+@pytest.mark.parametrize(
+    ("imports", "blocks"),
+    [
+        # VDIGPKU/CBNetV2's EVA backbones: only Apex's fused LayerNorm, which cannot run amp
+        ("try:\n    from apex.normalization import FusedLayerNorm\nexcept ImportError:\n    pass\n", False),
+        ("from apex.optimizers import FusedAdam\nfrom apex.parallel import DistributedDataParallel\n", False),
+        # these can reach amp: `import apex.normalization` binds `apex` (apex.amp.scale_loss)
+        ("import apex.normalization\n", True),
+        ("from apex import amp\n", True),
+        ("from apex import normalization\n", True),
+        ("    from apex.amp import scale_loss\n", True),
+    ],
+)
+def test_a_module_outside_a_runner_setup_keeps_it_only_where_it_can_reach_amp(
+    tmp_path: Path, imports: str, blocks: bool
+) -> None:
+    """A module of the program that imports Apex but is not among the setup's modules keeps a
+    runner setup on Apex only where that import can reach amp; one run then migrates the rest, so
+    `--write` reaches a fixed point (a second `--check` finds nothing)."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "runner_hook_and_checkpoint_through_a_registry" / "in", root)
+    (root / "detkit" / "blocks.py").write_text(imports + "\n\ndef width(x):\n    return x * 2\n")
+    creator = _runner_messages(root).get("detkit/apis.py", "")
+    assert ("blocks.py imports Apex too" in creator) is blocks
+
+
 def _runner_messages(root: Path) -> dict[str, str]:
     return {
         Path(result.path).resolve().relative_to(root.resolve()).as_posix(): diagnostic.message
