@@ -194,6 +194,16 @@ CODES: dict[str, Code] = {
         "gradients after it, then run ampmigrate again.",
         False,
     ),
+    "AMP029": Code(
+        "clip-of-float16-model-gradients",
+        "Under Apex O2 the optimizer stepped float32 master copies, unscaled when scale_loss exited; a clip of "
+        "the model's own parameters acted on its still-scaled float16 gradients, which nothing stepped. "
+        "Natively the clip would act on the gradients that are stepped, so the setup was left as it was.",
+        "Decide which update you want: drop the clip (Apex's update), or clip "
+        "`amp.master_params(optimizer)` (what Apex documents, and what the migration clips after "
+        "`scaler.unscale_(optimizer)`), then run ampmigrate again.",
+        False,
+    ),
     "AMP030": Code(
         "amp-module-used-as-value",
         "The apex amp module is stored, passed or compared as a value.",

@@ -75,6 +75,7 @@ from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, arm, fp32_only, is_clip, optimizer_key
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
+from migrate.rules.amp_initialize import PARAMETERS as INITIALIZE_PARAMETERS
 from migrate.rules.amp_initialize import _bound_inside
 
 RULE = "amp_master_params"
@@ -683,6 +684,9 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, requests: list[_Unsca
 
     Apex had unscaled the gradients when ``scale_loss`` exited, so clipping the model's
     own parameters was fine; with GradScaler they are still scaled until ``unscale_``.
+    Not at O2 with master weights: Apex unscaled only the float32 master copies, so a clip
+    of the model's parameters met its scaled float16 gradients, which nothing stepped; that
+    setup stays (AMP029).
     """
     if not model.sites:
         return
@@ -720,7 +724,52 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, requests: list[_Unsca
         if not backward_at or min(backward_at) > ctx.order(clip):
             continue
         optimizer = step.func.value  # type: ignore[attr-defined]
+        master = _o2_with_master_weights(ctx, model)
+        if master is not None and is_clip(clip.func) and _clips_module_parameters(ctx, clip):
+            ctx.report(
+                "AMP029",
+                clip,
+                f"`{syntax.code(clip.func)}(...)` clips the model's own parameters after the scaled backward of the "
+                f"amp.initialize at line {master} (opt_level O2): Apex had unscaled only the float32 master copies, "
+                "which the optimizer steps, so this clip acted on the model's still-scaled float16 gradients, which "
+                "nothing steps (and on its float32 BatchNorm gradients, unscaled, by a factor set by the scaled norm). "
+                "Natively the optimizer steps the model's own float32 parameters: `scaler.unscale_(optimizer)` before "
+                "this clip would clip the gradients that are stepped and train differently, so the setup was left as "
+                "it was. To keep Apex's update, drop the clip; to clip what is stepped (what Apex asked for with "
+                "`amp.master_params(optimizer)`), clip after `scaler.unscale_(optimizer)`",
+            )
+            ctx.unfinished.append(clip)  # the setup stays as it was (AMP025), as the finding says
+            continue
         _unscale_before(ctx, model, clip, optimizer, requests)
+
+
+def _clips_module_parameters(ctx: ModuleContext, clip: cst.Call) -> bool:
+    """Whether the clip's first argument takes a module's ``parameters()`` (not the optimizer's
+    param_groups, which under O2 held the float32 master copies)."""
+    first = clip.args[0].value if clip.args else None
+    return first is not None and any(
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in ("parameters", "named_parameters")
+        for node in ctx.walk(first)
+    )
+
+
+def _o2_with_master_weights(ctx: ModuleContext, model: AmpModel) -> int | None:
+    """The line of an amp.initialize of this module at literal opt_level "O2" with an optimizer
+    (master weights not turned off): its optimizer stepped float32 master copies of the float16
+    model, so a clip of the model's own parameters did not touch what was stepped; None if none.
+    traveller59/second.pytorch second/pytorch/train.py clips `net.parameters()` so."""
+    for use in model.of("initialize"):
+        bound = syntax.bind_arguments(use.call, INITIALIZE_PARAMETERS)
+        if not bound or "optimizers" not in bound or "opt_level" not in bound:
+            continue
+        if syntax.literal(bound["opt_level"].value) != "O2":
+            continue
+        if "master_weights" in bound and syntax.literal(bound["master_weights"].value) is False:
+            continue  # the optimizer stepped the model's float16 parameters themselves
+        return ctx.position(use.call)[0]
+    return None
 
 
 def plan(ctx: ModuleContext) -> None:
