@@ -116,6 +116,12 @@ touches stays as it was)
     in an attribute, ``self.optimizer = FP16_Optimizer(...)``, or returned to callers that keep it,
     ``self.optimizers = {"model": self.build("model")}``, the finding names each construction's
     GradScaler and what each use of the attribute or of the callers' container becomes, line by line),
+    a nested function using the optimizer other than for its groups' settings (``for g in optimizer.param_groups:
+    g["lr"] = lr`` stays as written: Apex's ``param_groups`` was the wrapped optimizer's list; a read of
+    ``g["params"]`` reached Apex's float32 masters), an input cast to float16 by hand reaching the model
+    outside the forward pass put under autocast (an evaluation's ``model(x.half())``) or a call handing the
+    model the fp16 switch (``evaluator.evaluate(model, args.half)``: the callee may cast its inputs for the
+    float16 model, which the float32 one would meet outside autocast),
     ``state_dict`` / ``load_state_dict`` not called on the spot, ``load_state_dict`` after a model
     halved by network_to_half / FP16Model / BN_convert_float (the masters cover only the float16
     parameters, which the float32 model cannot tell apart) or followed by the model's
@@ -185,6 +191,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from migrate import half_inputs, pytree
 from migrate.apex_copies import pre2019_dynamic
 from migrate.rules import _local_copies as local_copies
 from migrate.rules import _syntax as syntax
@@ -1240,7 +1247,62 @@ class _Planner:
         if not isinstance(scope, cst.Module) and not all(
             isinstance(inner, cst.FunctionDef) and inner.name.value in self.closures for inner in chain
         ):
+            if self._group_setting(node, chain[0]):
+                return True
+            groups = ctx.parent(node)
+            if isinstance(groups, cst.Attribute) and groups.value is node and groups.attr.value == "param_groups":
+                raise _Blocked(
+                    node,
+                    f"`{self.name}.param_groups` is read in a nested function other than for a group's settings "
+                    f'(`group["lr"]`): under Apex its groups\' `"params"` were FP16_Optimizer\'s float32 masters, '
+                    f"whose gradients were unscaled, and migrated they are the model's parameters, whose gradients "
+                    f"stay scaled until `{self.scaler}.unscale_({self.name})`: pass `{self.scaler}` to it and unscale "
+                    "first, or read only the groups' settings there",
+                )
             raise _Blocked(node, f"`{self.name}` is used in a nested function: pass `{self.scaler}` to it as well")
+        return True
+
+    def _group_setting(self, node: cst.CSTNode, function: cst.CSTNode) -> bool:
+        """A nested function's ``for group in optimizer.param_groups: group["lr"] = lr`` (or
+        ``optimizer.param_groups[0]["lr"]``): Apex's FP16_Optimizer.param_groups is a property returning
+        the wrapped optimizer's list, which the migrated name now is, so the same dicts are read and
+        written. Only keys other than ``"params"`` (those lists held Apex's float32 masters, whose
+        gradients were unscaled, where the migrated groups hold the model's parameters)."""
+        ctx = self.ctx
+        groups = ctx.parent(node)
+        if not (isinstance(groups, cst.Attribute) and groups.value is node and groups.attr.value == "param_groups"):
+            return False
+        if _is_store(ctx, groups):
+            return False
+
+        def setting(subscript: cst.CSTNode | None, value: cst.CSTNode) -> bool:
+            # `value[<a string literal, not "params">]`
+            if not (isinstance(subscript, cst.Subscript) and subscript.value is value and len(subscript.slice) == 1):
+                return False
+            index = subscript.slice[0].slice
+            if not isinstance(index, cst.Index) or not isinstance(index.value, cst.SimpleString):
+                return False
+            key = syntax.literal(index.value)
+            return isinstance(key, str) and key != "params"
+
+        outer = ctx.parent(groups)
+        if isinstance(outer, cst.Subscript) and outer.value is groups:
+            index = outer.slice[0].slice if len(outer.slice) == 1 else None
+            if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Integer)):
+                return False
+            return setting(ctx.parent(outer), outer)
+        if not (
+            isinstance(outer, (cst.For, cst.CompFor)) and outer.iter is groups and isinstance(outer.target, cst.Name)
+        ):
+            return False
+        group = outer.target.value
+        for other in ctx.walk(function):
+            if isinstance(other, cst.Name) and other.value == group and other is not outer.target:
+                parent = ctx.parent(other)
+                if isinstance(parent, cst.Attribute) and parent.attr is other:
+                    continue
+                if not setting(parent, other):
+                    return False
         return True
 
     def uses(self) -> list[cst.Name]:
@@ -1388,6 +1450,79 @@ class _Planner:
         if handler is None:
             raise _Blocked(outer, self._advice(attribute))
         handler(outer)
+
+    def check_half_feeds(self) -> None:
+        """The migrated model is float32; where Apex's float16 model was run outside the forward pass the
+        rule puts under torch.autocast (an evaluation), an input cast to float16 by hand would meet float32
+        weights (``Input type (Half) and weight type (Float)``). So: no cast to float16 reaching the model
+        (``half_inputs``) and no call handing the model together with the fp16 switch (ASFF's
+        ``evaluator.evaluate(model, args.half)``, whose evaluator picks ``torch.cuda.HalfTensor``) outside
+        the autocast regions planned."""
+        ctx = self.ctx
+        names = {name.split(".")[-1] for name in self._trained_models()} | self.model_names
+        if not names:
+            return
+        regions = []
+        for first, last, _ in self.edits.wraps:
+            regions.append((ctx.position(first)[0], ctx._locate(last)[2]))
+
+        def covered(line: int) -> bool:
+            return any(start <= line <= end for start, end in regions)
+
+        blocked: list[_Blocked] = []
+        with_autocast = (
+            f'under `with torch.autocast("{ctx.options.device}", dtype=torch.{ctx.options.dtype}'
+            + (f", enabled={syntax.code(self.enabled).strip()}" if self.enabled is not None else "")
+            + "):`"
+        )
+        for feed in half_inputs.feeds(pytree.parse(ctx.source), ctx.source, frozenset(names)):
+            if covered(feed.call_line):
+                continue
+            blocked.append(
+                _Blocked(
+                    self.setup.first.call,
+                    f"line {feed.line} casts to float16 (`{feed.cast}`) what line {feed.call_line} hands to "
+                    f"`{feed.model}` outside the forward pass put under torch.autocast: the migrated model is float32, "
+                    "and that float16 input would meet float32 weights (`Input type (Half) and weight type (Float)`): "
+                    f"write `{feed.bare}` instead, or put line {feed.call_line} {with_autocast}, then run ampmigrate again",
+                )
+            )
+        switches = {conjunct for guard in self.guards for conjunct in _conjuncts(guard)}
+        for call in ctx.nodes_of(cst.Call) if switches else []:
+            if covered(ctx.position(call)[0]):
+                continue
+            model = flag = None
+            for arg in call.args:
+                dotted = dotted_name(arg.value)
+                parts = (dotted or "").split(".")
+                while len(parts) > 1 and parts[-1] == "module":
+                    parts.pop()
+                if dotted is not None and parts[-1] in names:
+                    model = dotted
+                elif syntax.normalized(arg.value) in switches:
+                    flag = syntax.code(arg.value).strip()
+            if model is None or flag is None:
+                continue
+            code = syntax.code(call).strip()
+            blocked.append(
+                _Blocked(
+                    call,
+                    f"`{code if len(code) <= 80 else code[:77] + '...'}` hands `{model}` the fp16 switch `{flag}` "
+                    "with it, which the callee may use to cast its inputs to float16 for the float16 model Apex trained "
+                    "(an evaluator choosing `torch.cuda.HalfTensor`); the migrated model is float32, and outside "
+                    "torch.autocast a float16 input would meet float32 weights: put this call "
+                    f"{with_autocast}, or pass it `False` for `{flag}` (float32 inputs), then run ampmigrate again",
+                )
+            )
+        if len(blocked) > 1:
+            raise _Blocked(
+                blocked[0].node,
+                "; ".join(
+                    (f"line {ctx.position(b.node)[0]}: " if i else "") + b.message for i, b in enumerate(blocked)
+                ),
+            )
+        if blocked:
+            raise blocked[0]
 
     def _callers(self) -> str:
         """Where this module's callers of the set-up's function keep what it returns, and what each use
@@ -3118,6 +3253,7 @@ def plan(ctx: ModuleContext) -> None:
                     ) from None
                 raise
             planner.plan_uses()
+            planner.check_half_feeds()
         except _Blocked as error:
             _report_blocked(ctx, error, setup.first.call)
             at = ctx.position(setup.first.call)[0]
