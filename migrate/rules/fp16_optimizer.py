@@ -5,7 +5,9 @@ What it rewrites
     optimizer) and a GradScaler takes its place, created before the ``if`` that guards the
     construction, with ``enabled=`` that guard. The model stays float32: ``model.half()``,
     ``model = network_to_half(model)``, ``FP16Model(model)`` and ``BN_convert_float(model.half())``
-    under the same guard go, and the forward pass and loss run under ``torch.autocast``. So does a
+    under the same guard go (a test repeated around the set-up, ``if a: if b: model.half()`` then ``if a: if b:``
+    set-up nested in ``if a:``, counts once where nothing between assigns what it reads), and the forward
+    pass and loss run under ``torch.autocast``. So does a
     later ``model.half()`` of that model after the set-up under the same guard and more tests (a
     float32 checkpoint saved in the loop: ``model.float()``, save, ``if fp16: model.half()``): it
     only re-halved the model FP16_Optimizer trains, and ``model.float()`` is a no-op on the float32 model.
@@ -462,6 +464,14 @@ def {name}(closure, optimizer, scaler, new_scale=None):
 
 # nn.Module methods that return the module they are called on
 _SELF_RETURNING = frozenset("cuda to cpu half float double bfloat16 train eval type requires_grad_ apply".split())
+
+
+# the nodes of a test that is a plain read of names (no call, no subscript): read again, it gives the same
+_PLAIN_TEST_NODES: tuple[type[cst.CSTNode], ...] = (
+    cst.Name, cst.Attribute, cst.Comparison, cst.ComparisonTarget, cst.BooleanOperation, cst.UnaryOperation,
+    cst.Integer, cst.Float, cst.SimpleString, cst.LeftParen, cst.RightParen, cst.Dot,
+    cst.BaseCompOp, cst.BaseBooleanOp, cst.BaseUnaryOp, cst.BaseParenthesizableWhitespace,
+)  # fmt: skip
 
 
 class _Blocked(Exception):
@@ -1146,11 +1156,7 @@ class _Planner:
         """``expression`` is evaluated again later (each step, or where autocast starts): it must be a
         plain read of names the function does not assign after the FP16_Optimizer set-up."""
         ctx = self.ctx
-        allowed = (
-            cst.Name, cst.Attribute, cst.Comparison, cst.ComparisonTarget, cst.BooleanOperation, cst.UnaryOperation,
-            cst.Integer, cst.Float, cst.SimpleString, cst.LeftParen, cst.RightParen, cst.Dot,
-            cst.BaseCompOp, cst.BaseBooleanOp, cst.BaseUnaryOp, cst.BaseParenthesizableWhitespace,
-        )  # fmt: skip
+        allowed = _PLAIN_TEST_NODES
         read: set[str] = set()
         for node in syntax.descendants(expression):
             if not isinstance(node, allowed):
@@ -2085,7 +2091,7 @@ class _Planner:
             halved = True
             conditions, _ = _guards(ctx, statement)
             codes = [syntax.normalized(c) for c in conditions]
-            if codes != guard_codes:
+            if codes != guard_codes and not self._same_tests_repeated(codes, guard_codes, statement):
                 later.append((call, halving, statement, codes))
                 continue
             if ctx.position(statement)[0] < self.start_line:
@@ -2501,6 +2507,35 @@ class _Planner:
         conditions, _ = _guards(self.ctx, self.ctx.statement_of(node))
         own = {c for condition in conditions for c in _conjuncts(condition)}
         return bool(self.guards) and {c for guard in self.guards for c in _conjuncts(guard)} <= own
+
+    def _same_tests_repeated(self, codes: list[str], guard_codes: list[str], statement: cst.CSTNode) -> bool:
+        """Whether the tests around ``statement`` are the set-up's with one repeated (NLU-QNLI's ``if
+        args.do_train:`` around ``model.half()``, and again around the optimizer's ``if args.do_train:``
+        inside it): ``a and a and b`` is ``a and b`` where nothing between the two changes what ``a`` reads."""
+        ctx = self.ctx
+        if list(dict.fromkeys(codes)) != list(dict.fromkeys(guard_codes)):
+            return False
+        read: set[str] = set()
+        for guard in self.guards:
+            for node in syntax.descendants(guard):
+                if isinstance(node, (cst.Name, cst.Attribute)):
+                    dotted = dotted_name(node)
+                    if dotted is not None:
+                        read.add(dotted)
+                elif not isinstance(node, _PLAIN_TEST_NODES):
+                    return False  # a call, a subscript: read again, it may differ
+        first, last = sorted((ctx.position(statement)[0], self.start_line))
+        for node in ctx.nodes_of(cst.Name):
+            target = ctx.parent(node)
+            while isinstance(target, cst.Attribute) and target.value is node:
+                node, target = target, ctx.parent(target)  # type: ignore[assignment]
+            dotted = dotted_name(node)
+            if dotted is None or not any(dotted == r or r.startswith(dotted + ".") for r in read):
+                continue
+            if ctx.scope_of(node) is self.setup.scope and _is_store(ctx, node):
+                if first <= ctx.position(node)[0] <= last:
+                    return False
+        return True
 
     def _halved_again(
         self,
