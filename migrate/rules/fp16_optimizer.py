@@ -118,6 +118,8 @@ touches stays as it was)
     in an attribute, ``self.optimizer = FP16_Optimizer(...)``, or returned to callers that keep it,
     ``self.optimizers = {"model": self.build("model")}``, the finding names each construction's
     GradScaler and what each use of the attribute or of the callers' container becomes, line by line),
+    a read of the groups' ``"params"`` through ``optimizer.param_groups`` (Apex's float32 masters, their gradients
+    unscaled; migrated, the model's parameters with scaled gradients),
     a nested function using the optimizer other than for its groups' settings (``for g in optimizer.param_groups:
     g["lr"] = lr`` stays as written: Apex's ``param_groups`` was the wrapped optimizer's list; a read of
     ``g["params"]`` reached Apex's float32 masters), an input cast to float16 by hand reaching the model
@@ -1268,6 +1270,39 @@ class _Planner:
             raise _Blocked(node, f"`{self.name}` is used in a nested function: pass `{self.scaler}` to it as well")
         return True
 
+    def _reads_group_params(self, node: cst.CSTNode) -> bool:
+        """Whether ``node.param_groups`` is read for its groups' ``"params"``: ``X.param_groups[i]["params"]``, or
+        ``group["params"]`` in the loop or comprehension ``for group in X.param_groups``."""
+        ctx = self.ctx
+        groups = ctx.parent(node)
+        outer = ctx.parent(groups) if groups is not None else None
+
+        def params_of(subscript: cst.CSTNode | None, value: cst.CSTNode) -> bool:
+            if not (isinstance(subscript, cst.Subscript) and subscript.value is value and len(subscript.slice) == 1):
+                return False
+            index = subscript.slice[0].slice
+            return isinstance(index, cst.Index) and syntax.literal(index.value) == "params"
+
+        if isinstance(outer, cst.Subscript) and outer.value is groups:
+            return params_of(ctx.parent(outer), outer)
+        if not (
+            isinstance(outer, (cst.For, cst.CompFor)) and outer.iter is groups and isinstance(outer.target, cst.Name)
+        ):
+            return False
+        region: cst.CSTNode | None = outer
+        if isinstance(outer, cst.CompFor):
+            while region is not None and not isinstance(
+                region, (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+            ):
+                region = ctx.parent(region)
+        if region is None:
+            return False
+        group = outer.target.value
+        return any(
+            isinstance(other, cst.Name) and other.value == group and params_of(ctx.parent(other), other)
+            for other in ctx.walk(region)
+        )
+
     def _group_setting(self, node: cst.CSTNode, function: cst.CSTNode) -> bool:
         """A nested function's ``for group in optimizer.param_groups: group["lr"] = lr`` (or
         ``optimizer.param_groups[0]["lr"]``): Apex's FP16_Optimizer.param_groups is a property returning
@@ -1436,6 +1471,15 @@ class _Planner:
             )
         attribute = parent.attr.value
         outer = ctx.parent(parent)
+        if attribute == "param_groups" and self._reads_group_params(node):
+            raise _Blocked(
+                parent,
+                f'the groups\' `"params"` of `{name}.param_groups` are read here: under Apex they were '
+                "FP16_Optimizer's float32 masters, whose gradients `backward` had unscaled, and migrated they are the "
+                f"model's parameters, whose gradients stay scaled until `{self.scaler}.unscale_({name})`: write "
+                f"{_RECIPE}, with `{self.scaler}.unscale_({name})` after the backward and before this read (once per "
+                "step)",
+            )
         if attribute in ("param_groups", "state"):
             return
         if attribute == ("cur_scale" if self.flavor == "optimizers" else "loss_scale"):
