@@ -1514,7 +1514,7 @@ class _Planner:
             return
         regions = []
         for first, last, _ in self.edits.wraps:
-            regions.append((ctx.position(first)[0], ctx._locate(last)[2]))
+            regions.append((ctx.lines(first)[0], ctx.lines(last)[1]))
 
         def covered(line: int) -> bool:
             return any(start <= line <= end for start, end in regions)
