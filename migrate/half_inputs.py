@@ -189,13 +189,7 @@ def feeds(tree: ast.Module, source: str, names: frozenset[str]) -> list[Feed]:
     """The casts anywhere in the module that reach a call on a model named ``names`` (by the
     last part of a dotted name: ``self.model`` is ``model``)."""
 
-    def model_of(node: ast.expr) -> str | None:
-        dotted = pytree.dotted(node)
-        parts = (dotted or "").split(".")
-        while len(parts) > 1 and parts[-1] == "module":
-            parts.pop()  # `model.module`: the model a DataParallel wraps
-        return dotted if dotted is not None and parts[-1] in names else None
-
+    model_of = _model_matcher(names)
     found: list[Feed] = []
     for scope, body, top in _scopes(tree):
         found.extend(_scope_feeds(scope, body, source, model_of, top))
@@ -243,3 +237,66 @@ def feeders_in(source: str) -> dict[str, list[Feed]]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
     return feeders(tree, source)
+
+
+def _model_matcher(names: frozenset[str]) -> Callable[[ast.expr], str | None]:
+    """The dotted name of an expression that is a model named ``names`` (by the last part,
+    ``.module`` of a DataParallel aside), or None."""
+
+    def model_of(node: ast.expr) -> str | None:
+        dotted = pytree.dotted(node)
+        parts = (dotted or "").split(".")
+        while len(parts) > 1 and parts[-1] == "module":
+            parts.pop()  # `model.module`: the model a DataParallel wraps
+        return dotted if dotted is not None and parts[-1] in names else None
+
+    return model_of
+
+
+def halvings(tree: ast.Module, source: str, names: frozenset[str]) -> list[Feed]:
+    """The casts to float16 of a model named ``names`` itself (``model.half()``,
+    ``self.net.module.to(torch.float16)``), anywhere in the module."""
+    model_of = _model_matcher(names)
+    found: list[Feed] = []
+    for scope, body, top in _scopes(tree):
+        definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        for statement in body:
+            if isinstance(statement, definitions):
+                continue
+            for node in _own_walk(statement):
+                if not is_float16_cast(node):
+                    continue
+                assert isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                model = model_of(node.func.value)
+                if model is None:
+                    continue
+                found.append(
+                    Feed(
+                        line=node.lineno,
+                        column=node.col_offset,
+                        cast=ast.get_source_segment(source, node) or "",
+                        bare=ast.get_source_segment(source, node.func.value) or "",
+                        call_line=node.lineno,
+                        model=model,
+                        function=top,
+                    )
+                )
+    return sorted(set(found), key=lambda feed: (feed.line, feed.column))
+
+
+def parameter_owners(tree: ast.Module) -> frozenset[str]:
+    """The names (last part, ``.module`` aside) whose ``.parameters()`` or
+    ``.named_parameters()`` the module reads: the models an optimizer is made for."""
+    owners: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("parameters", "named_parameters")
+        ):
+            parts = (pytree.dotted(node.func.value) or "").split(".")
+            while len(parts) > 1 and parts[-1] == "module":
+                parts.pop()
+            if parts[-1] and parts[-1] != "self":
+                owners.add(parts[-1])
+    return frozenset(owners)

@@ -917,24 +917,43 @@ def _unproven_cast(ctx: ModuleContext, found: SetupCall) -> hand_casts.HandCast 
     return next((cast for cast in _hand_casts(ctx) if not cast.setups and cast.model in names), None)
 
 
-def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str) -> str | None:
+def _unproven_feed(
+    ctx: ModuleContext, found: SetupCall, level: str, names: frozenset[str] | None = None
+) -> str | None:
     """AMP005's message where a cast to float16 by hand (``model(x.half())``, a cast lines above
     the call, a function here or imported that casts what it hands the model it is given) may
-    reach this O2/O3 setup's model, and is not one of the casts proven to go with the setup
-    (``_droppable_casts``); None where there is none. Migrated, the model is float32, and outside
-    a torch.autocast region that input meets float32 weights."""
-    names = frozenset(_model_names(found))
+    reach this setup's model (``names``: the models it is given), and is not one of the casts
+    proven to go with an O2/O3 setup (``_droppable_casts``); None where there is none. Migrated,
+    the model is float32, and outside a torch.autocast region that input meets float32 weights.
+
+    At O1 (``level`` "O1", or the old API's ``amp.init``) the model was float32 under Apex too,
+    but Apex's patched functions cast the input and the weights alike to float16 everywhere in
+    the process, evaluation included, where autocast now covers the training step alone."""
+    names = frozenset(_model_names(found)) if names is None else names
     if not names:
         return None
     tree = pytree.parse(ctx.source)
     dropped = {ctx.position(cast.call) for cast in _droppable_casts(ctx)}
+    o1 = level in ("O1", "init")
+    subject = "amp.init (the old API, O1)" if level == "init" else f"amp.initialize at opt_level {level}"
 
     def message(where: str, feed: half_inputs.Feed, reaches: str) -> str:
+        if o1:
+            why = (
+                "; Apex O1 patched torch's functions for the whole process, so the float32 model's ops cast that "
+                "input and their weights alike to float16 wherever it ran, evaluation included, while the "
+                "migration puts only the training step's forward pass and loss under torch.autocast: elsewhere "
+                "that float16 input would meet float32 weights (`mat1 and mat2 must have the same dtype`), which "
+                "the tool cannot rule out here"
+            )
+        else:
+            why = (
+                ", matching the float16 weights Apex gave the model; the migration keeps the model in float32, and "
+                "outside a torch.autocast region that float16 input would meet float32 weights (`Input type (Half) "
+                "and weight type (Float)`), which the tool cannot rule out here"
+            )
         return (
-            f"amp.initialize at opt_level {level} left as it was: {where} casts to float16 by hand (`{feed.cast}`) "
-            f"what {reaches}, matching the float16 weights Apex gave the model; the migration keeps the model in "
-            "float32, and outside a torch.autocast region that float16 input would meet float32 weights (`Input "
-            "type (Half) and weight type (Float)`), which the tool cannot rule out here: write "
+            f"{subject} left as it was: {where} casts to float16 by hand (`{feed.cast}`) what {reaches}{why}: write "
             f"`{feed.bare}` instead of `{feed.cast}` (the float32 model takes the float32 input), put that call "
             f'under `with torch.autocast("{ctx.options.device}", dtype=torch.float16):` if float16 speed matters, '
             "then run ampmigrate again"
@@ -972,6 +991,40 @@ def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str) -> str | No
                 f"{hands} hands to `{feed.model}`, the parameter that line {node.lineno} gives `{dotted}` (`{call}`)",
             )
     return None
+
+
+def _o1_hand_cast(ctx: ModuleContext, found: SetupCall) -> str | None:
+    """AMP005's message where an O1 setup (``amp.initialize``, or the old API's ``amp.init``,
+    whose models are those an optimizer is made for) may see a float16 tensor or a float16
+    model made by hand; None where there is none.
+
+    Apex O1 left the model float32 and patched torch's functions process-wide: ``model(x.half())``
+    and a ``model.half()`` fed float32 inputs ran wherever they were, evaluation included. The
+    migration's autocast covers the training step alone: elsewhere either mismatch is a dtype
+    error, and a float16 model in training gives GradScaler float16 gradients, which it refuses
+    to unscale."""
+    old_api = found.use.api == "init"
+    tree = pytree.parse(ctx.source)
+    names = half_inputs.parameter_owners(tree) if old_api else frozenset(_model_names(found))
+    if not names:
+        return None
+    reached = _unproven_feed(ctx, found, "init" if old_api else "O1", names)
+    if reached is not None:
+        return reached
+    halved = next(iter(half_inputs.halvings(tree, ctx.source, names)), None)
+    if halved is None:
+        return None
+    subject = "amp.init (the old API, O1)" if old_api else "amp.initialize at opt_level O1"
+    return (
+        f"{subject} left as it was: line {halved.line} casts the model itself to float16 by hand "
+        f"(`{halved.cast}`); Apex O1 patched torch's functions for the whole process, so the float32 inputs it "
+        "was given were cast to match wherever it ran, while the migration puts only the training step under "
+        "torch.autocast: elsewhere a float32 input would meet float16 weights (a dtype error), and GradScaler "
+        "refuses the float16 gradients of a float16 model (`Attempting to unscale FP16 gradients`): keep the "
+        f"model in float32 (drop `{halved.cast}`) and put the evaluation under "
+        f'`with torch.autocast("{ctx.options.device}", dtype=torch.float16):` if float16 speed matters, then run '
+        "ampmigrate again"
+    )
 
 
 def _defined_once(tree: ast.Module, name: str) -> bool:
@@ -1991,6 +2044,8 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
     reached = None
     if settings.level in ("O2", "O3"):
         reached = _unproven_feed(ctx, found, settings.level)
+    elif settings.level == "O1" and not settings.disabled:
+        reached = _o1_hand_cast(ctx, found)
     elif settings.level is None and settings.level_expression is not None:
         # O2/O3 among the levels chosen at run time
         spelled = " ".join(syntax.code(settings.level_expression).split())
