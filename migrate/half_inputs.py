@@ -128,35 +128,57 @@ def _scope_feeds(
         receiver = cast.func.value
         if model_of(receiver) is not None:
             continue  # `model.half()`: the model itself, not its input
-        found: tuple[ast.Call, str] | None = None
+        found: list[tuple[ast.Call, str]] = []
         node: ast.AST = cast
         parent = parents.get(id(node))
         while parent is not None and not isinstance(parent, (ast.stmt, ast.Lambda)):
+            if _leaves_float16(node, parent, parents):
+                break
             if isinstance(parent, ast.Call) and node is not parent.func:
                 model = on_model(parent)
                 if model is not None:
-                    found = (parent, model)
+                    found.append((parent, model))
                     break
             node, parent = parent, parents.get(id(parent))
-        if found is None and isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        if not found and isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            # (a value cast back, `extractor(x.half()).float()`, breaks out above with a
+            # parent that is no assignment)
             carriers = {name for name in _targets(parent) if model_of(ast.Name(id=name)) is None}
             for call in calls:
                 model = on_model(call)
                 mentioned = {n.id for a in _arguments(call) for n in ast.walk(a) if isinstance(n, ast.Name)}
                 if model is not None and mentioned & carriers:
-                    found = (call, model)
-                    break
-        if found is None:
-            continue
-        yield Feed(
-            line=cast.lineno,
-            column=cast.col_offset,
-            cast=ast.get_source_segment(source, cast) or "",
-            bare=ast.get_source_segment(source, receiver) or "",
-            call_line=found[0].lineno,
-            model=found[1],
-            function=function,
-        )
+                    found.append((call, model))  # each call it may reach, in source order
+        for call, model in found:
+            yield Feed(
+                line=cast.lineno,
+                column=cast.col_offset,
+                cast=ast.get_source_segment(source, cast) or "",
+                bare=ast.get_source_segment(source, receiver) or "",
+                call_line=call.lineno,
+                model=model,
+                function=function,
+            )
+
+
+# methods whose result is no float16 tensor any more: cast back, or taken to the host as numbers
+_LEAVES = frozenset({"float", "double", "numpy", "tolist", "item"})
+
+
+def _leaves_float16(node: ast.AST, parent: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    """Whether ``parent`` takes what ``node`` holds out of float16 (``node.float()``,
+    ``node.to(torch.float32)``, ``node.numpy()``)."""
+    if not (isinstance(parent, ast.Attribute) and parent.value is node):
+        return False
+    call = parents.get(id(parent))
+    if not (isinstance(call, ast.Call) and call.func is parent):
+        return False
+    if parent.attr in _LEAVES:
+        return True
+    values = [*call.args, *(k.value for k in call.keywords if k.arg in ("dtype", None))]
+    return parent.attr in ("to", "type") and any(
+        pytree.dotted(v) in ("torch.float32", "torch.float", "torch.float64", "torch.double") for v in values
+    )
 
 
 def _own_walk(node: ast.AST) -> Iterator[ast.AST]:
@@ -193,7 +215,7 @@ def feeds(tree: ast.Module, source: str, names: frozenset[str]) -> list[Feed]:
     found: list[Feed] = []
     for scope, body, top in _scopes(tree):
         found.extend(_scope_feeds(scope, body, source, model_of, top))
-    return sorted(set(found), key=lambda feed: (feed.line, feed.column))
+    return sorted(set(found), key=lambda feed: (feed.line, feed.column, feed.call_line))
 
 
 def feeders(tree: ast.Module, source: str) -> dict[str, list[Feed]]:
@@ -258,7 +280,7 @@ def halvings(tree: ast.Module, source: str, names: frozenset[str]) -> list[Feed]
     ``self.net.module.to(torch.float16)``), anywhere in the module."""
     model_of = _model_matcher(names)
     found: list[Feed] = []
-    for scope, body, top in _scopes(tree):
+    for _scope, body, top in _scopes(tree):
         definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
         for statement in body:
             if isinstance(statement, definitions):

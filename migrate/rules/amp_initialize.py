@@ -72,7 +72,10 @@ Not rewritten (reported instead)
     (``x.half()``, ``torch.float16``, a ``HalfTensor``): without it those tensors would meet a
     float32 model (AMP005, the call stays), unless those casts are the proven ones above; an
     O2/O3 training call whose model's name receives such a cast the tool cannot prove (its value
-    also used elsewhere, another flag, a function called from out of sight) (AMP005); a factory like the one above
+    also used elsewhere, another flag, a function called from out of sight) (AMP005); an O1
+    training call whose model's name receives such a cast, or is cast to float16 itself
+    (``model.half()``): Apex O1's patched functions cast the other side to match wherever the
+    model ran, evaluation included, where autocast covers the training step alone (AMP005); a factory like the one above
     whose file has another amp.initialize, or that turns scaling off (O0, ``loss_scale=1``)
     while autocast stays on (AMP022).
 
@@ -104,6 +107,7 @@ from migrate.rules import amp_private_state
 from migrate.rules._amp import AmpCall, AmpModel, Scaler, in_clip
 from migrate.rules._bindings import dotted_name, target_names
 from migrate.rules._context import ModuleContext
+from migrate.rules._forward import forward_span
 from migrate.rules._plan import Statement
 
 RULE = "amp_initialize"
@@ -863,7 +867,7 @@ def _inference_message(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> str | N
     )
 
 
-def _float16_by_hand(ctx: ModuleContext, call: cst.Call) -> cst.CSTNode | None:
+def float16_by_hand(ctx: ModuleContext, call: cst.Call) -> cst.CSTNode | None:
     """The first cast to float16 written out in the module, outside ``call`` (``x.half()``,
     ``torch.float16``/``torch.half``, a ``HalfTensor``); None where there is none. A cast
     whose result leaves for the host (``x.half().numpy()``) does not count."""
@@ -917,9 +921,7 @@ def _unproven_cast(ctx: ModuleContext, found: SetupCall) -> hand_casts.HandCast 
     return next((cast for cast in _hand_casts(ctx) if not cast.setups and cast.model in names), None)
 
 
-def _unproven_feed(
-    ctx: ModuleContext, found: SetupCall, level: str, names: frozenset[str] | None = None
-) -> str | None:
+def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str, names: frozenset[str] | None = None) -> str | None:
     """AMP005's message where a cast to float16 by hand (``model(x.half())``, a cast lines above
     the call, a function here or imported that casts what it hands the model it is given) may
     reach this setup's model (``names``: the models it is given), and is not one of the casts
@@ -959,12 +961,26 @@ def _unproven_feed(
             "then run ampmigrate again"
         )
 
+    autocast = _training_forward_lines(ctx, names) if o1 else []
     for feed in half_inputs.feeds(tree, ctx.source, names):
+        if any(first <= feed.call_line <= last for first, last in autocast):
+            continue  # the migration runs that call under autocast, as Apex's patches ran it
         if (feed.line, feed.column + 1) not in dropped:
             return message(f"line {feed.line}", feed, f"line {feed.call_line} hands to `{feed.model}`")
     helpers: dict[str, list[tuple[half_inputs.Feed, str | None]]] = {}
     for name, feeds in half_inputs.feeders(tree, ctx.source).items():
-        kept = [(feed, None) for feed in feeds if (feed.line, feed.column + 1) not in dropped]
+        kept = [
+            (feed, None)
+            for feed in feeds
+            if (feed.line, feed.column + 1) not in dropped
+            and not (
+                o1
+                and any(
+                    first <= feed.call_line <= last
+                    for first, last in _training_forward_lines(ctx, frozenset({feed.model}))
+                )
+            )
+        ]
         if kept and _defined_once(tree, name):
             helpers.setdefault(name, []).extend(kept)
     for alias, index, parameter, origin, line, cast, bare in ctx.options.facts.half_feeders:
@@ -991,6 +1007,21 @@ def _unproven_feed(
                 f"{hands} hands to `{feed.model}`, the parameter that line {node.lineno} gives `{dotted}` (`{call}`)",
             )
     return None
+
+
+def _training_forward_lines(ctx: ModuleContext, names: frozenset[str]) -> list[tuple[int, int]]:
+    """The lines (first, last) of each forward pass the scale_loss rule puts under autocast:
+    from the statement calling a model to the last one computing the loss that a
+    ``with amp.scale_loss(loss, ...)`` (or a handle's) scales, in one block (``forward_span``)."""
+    found = []
+    for use in ctx.amp.of("scale_loss"):
+        if not use.call.args:
+            continue
+        statement = ctx.statement_of(use.call)
+        span = forward_span(ctx, statement, use.call.args[0].value, set(names))
+        if span is not None:
+            found.append((ctx.lines(span[0])[0], ctx.lines(span[1])[1]))
+    return found
 
 
 def _o1_hand_cast(ctx: ModuleContext, found: SetupCall) -> str | None:
@@ -2016,7 +2047,7 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         _drop_call(ctx, found)
         return
     if found.inference_only:
-        cast = _float16_by_hand(ctx, use.call)
+        cast = float16_by_hand(ctx, use.call)
         level = syntax.literal(bound["opt_level"].value) if "opt_level" in bound else "O1"
         if cast is not None and level != "O0":
             # the use is not consumed: the setup stays as it was
