@@ -73,9 +73,11 @@ Not rewritten (reported instead)
     float32 model (AMP005, the call stays), unless those casts are the proven ones above; an
     O2/O3 training call whose model's name receives such a cast the tool cannot prove (its value
     also used elsewhere, another flag, a function called from out of sight) (AMP005); an O1
-    training call whose model's name receives such a cast, or is cast to float16 itself
-    (``model.half()``): Apex O1's patched functions cast the other side to match wherever the
-    model ran, evaluation included, where autocast covers the training step alone (AMP005); a factory like the one above
+    training call whose model's name receives such a cast outside the training step's forward
+    pass (and outside a function with an amp.initialize of its own), or is cast to float16
+    itself (``model.half()``, at any level): Apex O1's patched functions cast the other side to
+    match wherever the model ran, evaluation included, where autocast covers the training step
+    alone (AMP005); a factory like the one above
     whose file has another amp.initialize, or that turns scaling off (O0, ``loss_scale=1``)
     while autocast stays on (AMP022).
 
@@ -962,9 +964,16 @@ def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str, names: froz
         )
 
     autocast = _training_forward_lines(ctx, names) if o1 else []
+    # top-level functions with a setup of their own (WaveFlow's O3 synthesis beside O1 training):
+    # that one speaks for the models they run
+    others = {_top_function(ctx, use.call) for use in ctx.amp.of("initialize") if use.call is not found.call}
+    others.discard(_top_function(ctx, found.call))
+    others.discard(None)
     for feed in half_inputs.feeds(tree, ctx.source, names):
         if any(first <= feed.call_line <= last for first, last in autocast):
             continue  # the migration runs that call under autocast, as Apex's patches ran it
+        if o1 and feed.function in others:
+            continue
         if (feed.line, feed.column + 1) not in dropped:
             return message(f"line {feed.line}", feed, f"line {feed.call_line} hands to `{feed.model}`")
     helpers: dict[str, list[tuple[half_inputs.Feed, str | None]]] = {}
@@ -973,6 +982,7 @@ def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str, names: froz
             (feed, None)
             for feed in feeds
             if (feed.line, feed.column + 1) not in dropped
+            and not (o1 and name in others)
             and not (
                 o1
                 and any(
@@ -1009,6 +1019,14 @@ def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str, names: froz
     return None
 
 
+def _top_function(ctx: ModuleContext, node: cst.CSTNode) -> str | None:
+    """The name of the top-level function ``node`` sits in (None: elsewhere)."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.FunctionDef) and isinstance(ctx.parent(ancestor), cst.Module):
+            return ancestor.name.value
+    return None
+
+
 def _training_forward_lines(ctx: ModuleContext, names: frozenset[str]) -> list[tuple[int, int]]:
     """The lines (first, last) of each forward pass the scale_loss rule puts under autocast:
     from the statement calling a model to the last one computing the loss that a
@@ -1042,17 +1060,35 @@ def _o1_hand_cast(ctx: ModuleContext, found: SetupCall) -> str | None:
     reached = _unproven_feed(ctx, found, "init" if old_api else "O1", names)
     if reached is not None:
         return reached
-    halved = next(iter(half_inputs.halvings(tree, ctx.source, names)), None)
+    return _halved_by_hand(ctx, names, "amp.init (the old API, O1)" if old_api else "amp.initialize at opt_level O1")
+
+
+def _halved_by_hand(ctx: ModuleContext, names: frozenset[str], subject: str, o1: bool = True) -> str | None:
+    """AMP005's message where the module casts a model named ``names`` itself to float16 by hand
+    (``model.half()``, ``self.net.to(torch.float16)``); None where it does not.
+
+    Migrated, the model is float32 and autocast covers the training step alone: a model halved
+    by hand meets float32 inputs elsewhere (Apex's patches cast them to match), and its float16
+    gradients are ones GradScaler refuses to unscale."""
+    halved = next(iter(half_inputs.halvings(pytree.parse(ctx.source), ctx.source, names)), None)
     if halved is None:
         return None
-    subject = "amp.init (the old API, O1)" if old_api else "amp.initialize at opt_level O1"
+    if o1:
+        how = (
+            "Apex O1 patched torch's functions for the whole process, so the float32 inputs it was given were "
+            "cast to match wherever it ran"
+        )
+    else:
+        how = (
+            "Apex had made the model float16 already and its patched forward cast the inputs to match, so this "
+            "changed little there"
+        )
     return (
         f"{subject} left as it was: line {halved.line} casts the model itself to float16 by hand "
-        f"(`{halved.cast}`); Apex O1 patched torch's functions for the whole process, so the float32 inputs it "
-        "was given were cast to match wherever it ran, while the migration puts only the training step under "
-        "torch.autocast: elsewhere a float32 input would meet float16 weights (a dtype error), and GradScaler "
-        "refuses the float16 gradients of a float16 model (`Attempting to unscale FP16 gradients`): keep the "
-        f"model in float32 (drop `{halved.cast}`) and put the evaluation under "
+        f"(`{halved.cast}`); {how}, while the migration keeps the model in float32 and puts only the training "
+        "step under torch.autocast: elsewhere a float32 input would meet float16 weights (a dtype error), and "
+        "GradScaler refuses the float16 gradients of a float16 model (`Attempting to unscale FP16 gradients`): "
+        f"keep the model in float32 (drop `{halved.cast}`) and put the evaluation under "
         f'`with torch.autocast("{ctx.options.device}", dtype=torch.float16):` if float16 speed matters, then run '
         "ampmigrate again"
     )
@@ -2074,13 +2110,17 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         return
     reached = None
     if settings.level in ("O2", "O3"):
-        reached = _unproven_feed(ctx, found, settings.level)
+        reached = _unproven_feed(ctx, found, settings.level) or _halved_by_hand(
+            ctx, frozenset(_model_names(found)), f"amp.initialize at opt_level {settings.level}", o1=False
+        )
     elif settings.level == "O1" and not settings.disabled:
         reached = _o1_hand_cast(ctx, found)
     elif settings.level is None and settings.level_expression is not None:
         # O2/O3 among the levels chosen at run time
         spelled = " ".join(syntax.code(settings.level_expression).split())
-        reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time, possibly O2 or O3)")
+        reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time, possibly O2 or O3)") or _halved_by_hand(
+            ctx, frozenset(_model_names(found)), f"amp.initialize at opt_level `{spelled}` (chosen at run time)"
+        )
     if reached is not None:
         ctx.report("AMP005", use.call, reached)
         return
