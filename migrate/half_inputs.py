@@ -275,10 +275,33 @@ def _model_matcher(names: frozenset[str]) -> Callable[[ast.expr], str | None]:
     return model_of
 
 
-def halvings(tree: ast.Module, source: str, names: frozenset[str]) -> list[Feed]:
+def _negated_tests(node: ast.AST, parents: dict[int, ast.AST]) -> set[str]:
+    """What the ``if``s around ``node`` require false: ``X`` for ``if not X:`` or
+    ``if not X and Y:`` holding it in their body (as ``ast.unparse`` spells ``X``)."""
+    negated: set[str] = set()
+    child, parent = node, parents.get(id(node))
+    while parent is not None:
+        if isinstance(parent, ast.If) and child in parent.body:
+            tests = (
+                parent.test.values
+                if isinstance(parent.test, ast.BoolOp) and isinstance(parent.test.op, ast.And)
+                else [parent.test]
+            )
+            for test in tests:
+                if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                    negated.add(ast.unparse(test.operand))
+        child, parent = parent, parents.get(id(parent))
+    return negated
+
+
+def halvings(
+    tree: ast.Module, source: str, names: frozenset[str], exclusive: frozenset[str] = frozenset()
+) -> list[Feed]:
     """The casts to float16 of a model named ``names`` itself (``model.half()``,
-    ``self.net.module.to(torch.float16)``), anywhere in the module."""
+    ``self.net.module.to(torch.float16)``), anywhere in the module but under an ``if not X``
+    where ``X`` is one of ``exclusive`` (the tests guarding the setup: that branch runs without it)."""
     model_of = _model_matcher(names)
+    parents = _parents(tree) if exclusive else {}
     found: list[Feed] = []
     for _scope, body, top in _scopes(tree):
         definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -290,7 +313,7 @@ def halvings(tree: ast.Module, source: str, names: frozenset[str]) -> list[Feed]
                     continue
                 assert isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 model = model_of(node.func.value)
-                if model is None:
+                if model is None or (exclusive and _negated_tests(node, parents) & exclusive):
                     continue
                 found.append(
                     Feed(

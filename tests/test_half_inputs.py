@@ -106,3 +106,18 @@ def test_parameter_owners_are_the_models_an_optimizer_is_made_for() -> None:
     total = sum(p.numel() for p in self.parameters())
     """
     assert half_inputs.parameter_owners(ast.parse(textwrap.dedent(source))) == {"net", "model"}
+
+
+def test_halvings_under_a_test_the_setup_needs_false_do_not_count() -> None:
+    source = textwrap.dedent("""
+    def main(args, model):
+        if args.do_train:
+            model = setup(model)
+        if args.do_predict:
+            if not args.do_train and args.fp16:
+                model.half()
+            if not args.local:
+                model.half()
+    """)
+    found = half_inputs.halvings(ast.parse(source), source, frozenset({"model"}), frozenset({"args.do_train"}))
+    assert [f.line for f in found] == [9]

@@ -1060,17 +1060,35 @@ def _o1_hand_cast(ctx: ModuleContext, found: SetupCall) -> str | None:
     reached = _unproven_feed(ctx, found, "init" if old_api else "O1", names)
     if reached is not None:
         return reached
-    return _halved_by_hand(ctx, names, "amp.init (the old API, O1)" if old_api else "amp.initialize at opt_level O1")
+    return _halved_by_hand(
+        ctx, found.call, names, "amp.init (the old API, O1)" if old_api else "amp.initialize at opt_level O1"
+    )
 
 
-def _halved_by_hand(ctx: ModuleContext, names: frozenset[str], subject: str, o1: bool = True) -> str | None:
+def _guard_tests(ctx: ModuleContext, call: cst.Call) -> frozenset[str]:
+    """The tests of the ``if``s whose body holds ``call``, as ``ast.unparse`` spells them."""
+    found = set()
+    for ancestor in ctx.ancestors(call):
+        if isinstance(ancestor, cst.If) and any(a is ancestor.body for a in ctx.ancestors(call)):
+            try:
+                found.add(ast.unparse(ast.parse(syntax.code(ancestor.test).strip(), mode="eval").body))
+            except SyntaxError:
+                continue
+    return frozenset(found)
+
+
+def _halved_by_hand(
+    ctx: ModuleContext, call: cst.Call, names: frozenset[str], subject: str, o1: bool = True
+) -> str | None:
     """AMP005's message where the module casts a model named ``names`` itself to float16 by hand
     (``model.half()``, ``self.net.to(torch.float16)``); None where it does not.
 
     Migrated, the model is float32 and autocast covers the training step alone: a model halved
     by hand meets float32 inputs elsewhere (Apex's patches cast them to match), and its float16
     gradients are ones GradScaler refuses to unscale."""
-    halved = next(iter(half_inputs.halvings(pytree.parse(ctx.source), ctx.source, names)), None)
+    halved = next(
+        iter(half_inputs.halvings(pytree.parse(ctx.source), ctx.source, names, _guard_tests(ctx, call))), None
+    )
     if halved is None:
         return None
     if o1:
@@ -2111,7 +2129,7 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
     reached = None
     if settings.level in ("O2", "O3"):
         reached = _unproven_feed(ctx, found, settings.level) or _halved_by_hand(
-            ctx, frozenset(_model_names(found)), f"amp.initialize at opt_level {settings.level}", o1=False
+            ctx, found.call, frozenset(_model_names(found)), f"amp.initialize at opt_level {settings.level}", o1=False
         )
     elif settings.level == "O1" and not settings.disabled:
         reached = _o1_hand_cast(ctx, found)
@@ -2119,7 +2137,10 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         # O2/O3 among the levels chosen at run time
         spelled = " ".join(syntax.code(settings.level_expression).split())
         reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time, possibly O2 or O3)") or _halved_by_hand(
-            ctx, frozenset(_model_names(found)), f"amp.initialize at opt_level `{spelled}` (chosen at run time)"
+            ctx,
+            found.call,
+            frozenset(_model_names(found)),
+            f"amp.initialize at opt_level `{spelled}` (chosen at run time)",
         )
     if reached is not None:
         ctx.report("AMP005", use.call, reached)
