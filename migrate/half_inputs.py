@@ -128,35 +128,57 @@ def _scope_feeds(
         receiver = cast.func.value
         if model_of(receiver) is not None:
             continue  # `model.half()`: the model itself, not its input
-        found: tuple[ast.Call, str] | None = None
+        found: list[tuple[ast.Call, str]] = []
         node: ast.AST = cast
         parent = parents.get(id(node))
         while parent is not None and not isinstance(parent, (ast.stmt, ast.Lambda)):
+            if _leaves_float16(node, parent, parents):
+                break
             if isinstance(parent, ast.Call) and node is not parent.func:
                 model = on_model(parent)
                 if model is not None:
-                    found = (parent, model)
+                    found.append((parent, model))
                     break
             node, parent = parent, parents.get(id(parent))
-        if found is None and isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        if not found and isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            # (a value cast back, `extractor(x.half()).float()`, breaks out above with a
+            # parent that is no assignment)
             carriers = {name for name in _targets(parent) if model_of(ast.Name(id=name)) is None}
             for call in calls:
                 model = on_model(call)
                 mentioned = {n.id for a in _arguments(call) for n in ast.walk(a) if isinstance(n, ast.Name)}
                 if model is not None and mentioned & carriers:
-                    found = (call, model)
-                    break
-        if found is None:
-            continue
-        yield Feed(
-            line=cast.lineno,
-            column=cast.col_offset,
-            cast=ast.get_source_segment(source, cast) or "",
-            bare=ast.get_source_segment(source, receiver) or "",
-            call_line=found[0].lineno,
-            model=found[1],
-            function=function,
-        )
+                    found.append((call, model))  # each call it may reach, in source order
+        for call, model in found:
+            yield Feed(
+                line=cast.lineno,
+                column=cast.col_offset,
+                cast=ast.get_source_segment(source, cast) or "",
+                bare=ast.get_source_segment(source, receiver) or "",
+                call_line=call.lineno,
+                model=model,
+                function=function,
+            )
+
+
+# methods whose result is no float16 tensor any more: cast back, or taken to the host as numbers
+_LEAVES = frozenset({"float", "double", "numpy", "tolist", "item"})
+
+
+def _leaves_float16(node: ast.AST, parent: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    """Whether ``parent`` takes what ``node`` holds out of float16 (``node.float()``,
+    ``node.to(torch.float32)``, ``node.numpy()``)."""
+    if not (isinstance(parent, ast.Attribute) and parent.value is node):
+        return False
+    call = parents.get(id(parent))
+    if not (isinstance(call, ast.Call) and call.func is parent):
+        return False
+    if parent.attr in _LEAVES:
+        return True
+    values = [*call.args, *(k.value for k in call.keywords if k.arg in ("dtype", None))]
+    return parent.attr in ("to", "type") and any(
+        pytree.dotted(v) in ("torch.float32", "torch.float", "torch.float64", "torch.double") for v in values
+    )
 
 
 def _own_walk(node: ast.AST) -> Iterator[ast.AST]:
@@ -189,17 +211,11 @@ def feeds(tree: ast.Module, source: str, names: frozenset[str]) -> list[Feed]:
     """The casts anywhere in the module that reach a call on a model named ``names`` (by the
     last part of a dotted name: ``self.model`` is ``model``)."""
 
-    def model_of(node: ast.expr) -> str | None:
-        dotted = pytree.dotted(node)
-        parts = (dotted or "").split(".")
-        while len(parts) > 1 and parts[-1] == "module":
-            parts.pop()  # `model.module`: the model a DataParallel wraps
-        return dotted if dotted is not None and parts[-1] in names else None
-
+    model_of = _model_matcher(names)
     found: list[Feed] = []
     for scope, body, top in _scopes(tree):
         found.extend(_scope_feeds(scope, body, source, model_of, top))
-    return sorted(set(found), key=lambda feed: (feed.line, feed.column))
+    return sorted(set(found), key=lambda feed: (feed.line, feed.column, feed.call_line))
 
 
 def feeders(tree: ast.Module, source: str) -> dict[str, list[Feed]]:
@@ -243,3 +259,89 @@ def feeders_in(source: str) -> dict[str, list[Feed]]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
     return feeders(tree, source)
+
+
+def _model_matcher(names: frozenset[str]) -> Callable[[ast.expr], str | None]:
+    """The dotted name of an expression that is a model named ``names`` (by the last part,
+    ``.module`` of a DataParallel aside), or None."""
+
+    def model_of(node: ast.expr) -> str | None:
+        dotted = pytree.dotted(node)
+        parts = (dotted or "").split(".")
+        while len(parts) > 1 and parts[-1] == "module":
+            parts.pop()  # `model.module`: the model a DataParallel wraps
+        return dotted if dotted is not None and parts[-1] in names else None
+
+    return model_of
+
+
+def _negated_tests(node: ast.AST, parents: dict[int, ast.AST]) -> set[str]:
+    """What the ``if``s around ``node`` require false: ``X`` for ``if not X:`` or
+    ``if not X and Y:`` holding it in their body (as ``ast.unparse`` spells ``X``)."""
+    negated: set[str] = set()
+    child, parent = node, parents.get(id(node))
+    while parent is not None:
+        if isinstance(parent, ast.If) and child in parent.body:
+            tests = (
+                parent.test.values
+                if isinstance(parent.test, ast.BoolOp) and isinstance(parent.test.op, ast.And)
+                else [parent.test]
+            )
+            for test in tests:
+                if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                    negated.add(ast.unparse(test.operand))
+        child, parent = parent, parents.get(id(parent))
+    return negated
+
+
+def halvings(
+    tree: ast.Module, source: str, names: frozenset[str], exclusive: frozenset[str] = frozenset()
+) -> list[Feed]:
+    """The casts to float16 of a model named ``names`` itself (``model.half()``,
+    ``self.net.module.to(torch.float16)``), anywhere in the module but under an ``if not X``
+    where ``X`` is one of ``exclusive`` (the tests guarding the setup: that branch runs without it)."""
+    model_of = _model_matcher(names)
+    parents = _parents(tree) if exclusive else {}
+    found: list[Feed] = []
+    for _scope, body, top in _scopes(tree):
+        definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        for statement in body:
+            if isinstance(statement, definitions):
+                continue
+            for node in _own_walk(statement):
+                if not is_float16_cast(node):
+                    continue
+                assert isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                model = model_of(node.func.value)
+                if model is None or (exclusive and _negated_tests(node, parents) & exclusive):
+                    continue
+                found.append(
+                    Feed(
+                        line=node.lineno,
+                        column=node.col_offset,
+                        cast=ast.get_source_segment(source, node) or "",
+                        bare=ast.get_source_segment(source, node.func.value) or "",
+                        call_line=node.lineno,
+                        model=model,
+                        function=top,
+                    )
+                )
+    return sorted(set(found), key=lambda feed: (feed.line, feed.column))
+
+
+def parameter_owners(tree: ast.Module) -> frozenset[str]:
+    """The names (last part, ``.module`` aside) whose ``.parameters()`` or
+    ``.named_parameters()`` the module reads: the models an optimizer is made for."""
+    owners: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("parameters", "named_parameters")
+        ):
+            parts = (pytree.dotted(node.func.value) or "").split(".")
+            while len(parts) > 1 and parts[-1] == "module":
+                parts.pop()
+            if parts[-1] and parts[-1] != "self":
+                owners.add(parts[-1])
+    return frozenset(owners)

@@ -195,7 +195,8 @@ def param_group_readers_in(source: str) -> dict[str, GroupReader]:
     """The top-level functions of ``source`` (each defined once) that use one parameter only as
     ``P.param_groups`` (DialoGPT's ``set_lr(optimizer, ...)``: ``for g in optimizer.param_groups:
     g["lr"] = ...``): given an FP16_Optimizer, they read and set the wrapped optimizer's groups
-    (Apex's ``param_groups`` was the wrapped optimizer's), so the migrated optimizer can be passed."""
+    (Apex's ``param_groups`` was the wrapped optimizer's), so the migrated optimizer can be passed. Not one
+    that reads a group's ``"params"``: Apex's float32 masters there, the model's parameters once migrated."""
     found: dict[str, GroupReader] = {}
     for definition in _functions_defined_once(source, ".param_groups"):
         if definition.args.posonlyargs or definition.decorator_list:
@@ -228,4 +229,9 @@ def _only_param_groups(definition: ast.FunctionDef, parameter: str) -> bool:
         ):
             return False
         used = True
-    return used
+    # a group's "params" were FP16_Optimizer's float32 masters (gradients unscaled); migrated, the model's
+    # parameters (gradients still scaled): only the groups' settings read alike
+    return used and not any(
+        isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "params"
+        for node in ast.walk(definition)
+    )

@@ -274,7 +274,8 @@ def test_an_unrewritten_kernel_keeps_amp_c_and_says_what_to_write() -> None:
     assert any(re.search(r"torch\.optim\.AdamW\(params, .*fused=True\)", m) for m in messages(source, "AMP040"))
 
 
-# modelled on ruinmessi/ASFF main.py: `set_lr` reads the optimizer FP16_Optimizer wraps
+# modelled on ruinmessi/ASFF main.py: a nested function uses the optimizer FP16_Optimizer wraps (zero_grad there:
+# ASFF's `set_lr`, which only writes the groups' learning rates, now migrates)
 NESTED_USE = """import torch
 from apex.fp16_utils import FP16_Optimizer
 
@@ -285,12 +286,11 @@ def train(model, loader, half):
         model.half()
         optimizer = FP16_Optimizer(optimizer, verbose=False)
 
-    def set_lr(lr):
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+    def clear():
+        optimizer.zero_grad()
 
     for step, (x, y) in enumerate(loader):
-        set_lr(0.1 / (step + 1))
+        clear()
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
         if half:

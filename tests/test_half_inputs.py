@@ -70,3 +70,54 @@ def test_feeders_name_the_model_parameter() -> None:
     assert {name: [(f.line, f.model, f.index) for f in feeds] for name, feeds in found.items()} == {
         "evaluate": [(4, "net", 0), (5, "head", None)]
     }
+
+
+def test_a_value_cast_back_to_float32_on_its_way_does_not_reach_the_model() -> None:
+    source = """
+    def train(model, extractor, img):
+        prior = extractor(img.half()).float()
+        other = extractor(img.half()).to(torch.float32)
+        model(img, prior, other, extractor(img.half()).numpy())
+        model(img.half().float())
+    """
+    assert _feeds(source, "model") == []
+
+
+def test_halvings_are_casts_of_the_model_itself() -> None:
+    source = textwrap.dedent("""
+    def test(self, batch, fp16):
+        if fp16:
+            self.model.half()
+            net = self.net.module.to(torch.float16)
+        self.extractor.half()
+        return self.model(batch.half())
+    """)
+    found = half_inputs.halvings(ast.parse(source), source, frozenset({"model", "net"}))
+    assert [(f.line, f.cast, f.model, f.function) for f in found] == [
+        (4, "self.model.half()", "self.model", "test"),
+        (5, "self.net.module.to(torch.float16)", "self.net.module", "test"),
+    ]
+
+
+def test_parameter_owners_are_the_models_an_optimizer_is_made_for() -> None:
+    source = """
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    groups = [p for n, p in self.model.module.named_parameters()]
+    total = sum(p.numel() for p in self.parameters())
+    """
+    assert half_inputs.parameter_owners(ast.parse(textwrap.dedent(source))) == {"net", "model"}
+
+
+def test_halvings_under_a_test_the_setup_needs_false_do_not_count() -> None:
+    source = textwrap.dedent("""
+    def main(args, model):
+        if args.do_train:
+            model = setup(model)
+        if args.do_predict:
+            if not args.do_train and args.fp16:
+                model.half()
+            if not args.local:
+                model.half()
+    """)
+    found = half_inputs.halvings(ast.parse(source), source, frozenset({"model"}), frozenset({"args.do_train"}))
+    assert [f.line for f in found] == [9]

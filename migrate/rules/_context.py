@@ -132,6 +132,11 @@ class ModuleContext:
         line, column, _ = self._locate(node)
         return line, column
 
+    def lines(self, node: cst.CSTNode) -> tuple[int, int]:
+        """1-based first and last line of ``node`` in the input."""
+        first, _, last = self._locate(node)
+        return first, last
+
     def report(self, code: str, node: cst.CSTNode, message: str | None = None) -> None:
         line, column = self.position(node)
         finding = make_finding(code, line, column, message)

@@ -46,7 +46,12 @@ Not rewritten (reported instead)
     ``loss_scale`` after: AMP010), or ``allow_banned=True`` (AMP005: Apex then ran
     ``binary_cross_entropy`` in float32, torch.autocast raises on it). A handle used any other
     way (tested, stored elsewhere, ``handle._deactivate()``) keeps the
-    whole setup as it was (AMP030/AMP032, and AMP025 at the call); so does a handle passed to a
+    whole setup as it was (AMP030/AMP032, and AMP025 at the call). A model the module makes an
+    optimizer for (``X.parameters()``) that receives an input cast to float16 by hand
+    (``X(img.half())``) or is cast to float16 itself (``X.half()``), and an unused handle (inference)
+    in a module that casts to float16 by hand, keep the call as it was (AMP005): Apex's patched
+    functions cast the other side of each op to match wherever it ran, autocast would cover the
+    training step alone. So does a handle passed to a
     function that some caller calls without it, or to a function of another module; a
     module-level handle that another module of the project imports is reported (AMP030).
 
@@ -71,7 +76,7 @@ from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel
 from migrate.rules._context import ModuleContext
 from migrate.rules._handles import Handle, Received, Wrapper
-from migrate.rules.amp_initialize import SetupCall, plan_setup
+from migrate.rules.amp_initialize import SetupCall, float16_by_hand, plan_setup
 
 RULE = "amp_init"
 
@@ -157,6 +162,20 @@ def _plan_handle(ctx: ModuleContext, model: AmpModel, handle: Handle, shared: se
     references = handles.references(handle)
     if not references:
         # the handle is never used: Apex cast ops globally for inference, nothing to scale
+        cast = float16_by_hand(ctx, call)
+        enabled = bound["enabled"].value if "enabled" in bound else None
+        if cast is not None and (enabled is None or syntax.literal(enabled) is not False):
+            # the use is not consumed: the call stays as it was
+            ctx.report(
+                "AMP005",
+                call,
+                "amp.init without a loss to scale (inference) left as it was: this module casts to float16 by hand "
+                f"(line {ctx.position(cast)[0]}: `{ctx.code(cast)}`), and Apex's patched ops cast the other side "
+                "of each op to match wherever it ran; without the call a float16 tensor or model would meet float32 "
+                "ones (a dtype mismatch where Apex ran): to migrate by hand, drop those casts and run the inference "
+                'under `with torch.autocast("cuda", dtype=torch.float16):`, then run ampmigrate again',
+            )
+            return
         ctx.consumed.add(use.base)
         handle.migrated = True
         scope = ctx.scope_of(call)

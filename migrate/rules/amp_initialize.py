@@ -72,10 +72,14 @@ Not rewritten (reported instead)
     (``x.half()``, ``torch.float16``, a ``HalfTensor``): without it those tensors would meet a
     float32 model (AMP005, the call stays), unless those casts are the proven ones above; an
     O2/O3 training call whose model's name receives such a cast the tool cannot prove (its value
-    also used elsewhere, another flag, a function called from out of sight) (AMP005); a training
-    call whose model is copied (``copy.deepcopy(model)``) and the copy made float16 by hand
-    (``exported.half()`` for a traced export): Apex O1's patched ops cast its float32 inputs, and
-    without Apex it would meet them outside autocast (AMP005); a factory like the one above
+    also used elsewhere, another flag, a function called from out of sight) (AMP005); an O1
+    training call whose model's name receives such a cast outside the training step's forward
+    pass (and outside a function with an amp.initialize of its own), or is cast to float16
+    itself (``model.half()``, at any level): Apex O1's patched functions cast the other side to
+    match wherever the model ran, evaluation included, where autocast covers the training step
+    alone (AMP005); a training call whose model is copied (``copy.deepcopy(model)``) and the copy
+    made float16 by hand (``exported.half()`` for a traced export): Apex O1's patched ops cast its
+    float32 inputs, and without Apex it would meet them outside autocast (AMP005); a factory like the one above
     whose file has another amp.initialize, or that turns scaling off (O0, ``loss_scale=1``)
     while autocast stays on (AMP022).
 
@@ -107,6 +111,7 @@ from migrate.rules import amp_private_state
 from migrate.rules._amp import AmpCall, AmpModel, Scaler, in_clip
 from migrate.rules._bindings import dotted_name, target_names
 from migrate.rules._context import ModuleContext
+from migrate.rules._forward import forward_span
 from migrate.rules._plan import Statement
 
 RULE = "amp_initialize"
@@ -866,7 +871,7 @@ def _inference_message(ctx: ModuleContext, bound: dict[str, cst.Arg]) -> str | N
     )
 
 
-def _float16_by_hand(ctx: ModuleContext, call: cst.Call) -> cst.CSTNode | None:
+def float16_by_hand(ctx: ModuleContext, call: cst.Call) -> cst.CSTNode | None:
     """The first cast to float16 written out in the module, outside ``call`` (``x.half()``,
     ``torch.float16``/``torch.half``, a ``HalfTensor``); None where there is none. A cast
     whose result leaves for the host (``x.half().numpy()``) does not count."""
@@ -951,35 +956,74 @@ def _unproven_cast(ctx: ModuleContext, found: SetupCall) -> hand_casts.HandCast 
     return next((cast for cast in _hand_casts(ctx) if not cast.setups and cast.model in names), None)
 
 
-def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str) -> str | None:
+def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str, names: frozenset[str] | None = None) -> str | None:
     """AMP005's message where a cast to float16 by hand (``model(x.half())``, a cast lines above
     the call, a function here or imported that casts what it hands the model it is given) may
-    reach this O2/O3 setup's model, and is not one of the casts proven to go with the setup
-    (``_droppable_casts``); None where there is none. Migrated, the model is float32, and outside
-    a torch.autocast region that input meets float32 weights."""
-    names = frozenset(_model_names(found))
+    reach this setup's model (``names``: the models it is given), and is not one of the casts
+    proven to go with an O2/O3 setup (``_droppable_casts``); None where there is none. Migrated,
+    the model is float32, and outside a torch.autocast region that input meets float32 weights.
+
+    At O1 (``level`` "O1", or the old API's ``amp.init``) the model was float32 under Apex too,
+    but Apex's patched functions cast the input and the weights alike to float16 everywhere in
+    the process, evaluation included, where autocast now covers the training step alone."""
+    names = frozenset(_model_names(found)) if names is None else names
     if not names:
         return None
     tree = pytree.parse(ctx.source)
     dropped = {ctx.position(cast.call) for cast in _droppable_casts(ctx)}
+    o1 = level in ("O1", "init")
+    subject = "amp.init (the old API, O1)" if level == "init" else f"amp.initialize at opt_level {level}"
 
     def message(where: str, feed: half_inputs.Feed, reaches: str) -> str:
+        if o1:
+            why = (
+                "; Apex O1 patched torch's functions for the whole process, so the float32 model's ops cast that "
+                "input and their weights alike to float16 wherever it ran, evaluation included, while the "
+                "migration puts only the training step's forward pass and loss under torch.autocast: elsewhere "
+                "that float16 input would meet float32 weights (`mat1 and mat2 must have the same dtype`), which "
+                "the tool cannot rule out here"
+            )
+        else:
+            why = (
+                ", matching the float16 weights Apex gave the model; the migration keeps the model in float32, and "
+                "outside a torch.autocast region that float16 input would meet float32 weights (`Input type (Half) "
+                "and weight type (Float)`), which the tool cannot rule out here"
+            )
         return (
-            f"amp.initialize at opt_level {level} left as it was: {where} casts to float16 by hand (`{feed.cast}`) "
-            f"what {reaches}, matching the float16 weights Apex gave the model; the migration keeps the model in "
-            "float32, and outside a torch.autocast region that float16 input would meet float32 weights (`Input "
-            "type (Half) and weight type (Float)`), which the tool cannot rule out here: write "
+            f"{subject} left as it was: {where} casts to float16 by hand (`{feed.cast}`) what {reaches}{why}: write "
             f"`{feed.bare}` instead of `{feed.cast}` (the float32 model takes the float32 input), put that call "
             f'under `with torch.autocast("{ctx.options.device}", dtype=torch.float16):` if float16 speed matters, '
             "then run ampmigrate again"
         )
 
+    autocast = _training_forward_lines(ctx, names) if o1 else []
+    # top-level functions with a setup of their own (WaveFlow's O3 synthesis beside O1 training):
+    # that one speaks for the models they run
+    others = {_top_function(ctx, use.call) for use in ctx.amp.of("initialize") if use.call is not found.call}
+    others.discard(_top_function(ctx, found.call))
+    others.discard(None)
     for feed in half_inputs.feeds(tree, ctx.source, names):
+        if any(first <= feed.call_line <= last for first, last in autocast):
+            continue  # the migration runs that call under autocast, as Apex's patches ran it
+        if o1 and feed.function in others:
+            continue
         if (feed.line, feed.column + 1) not in dropped:
             return message(f"line {feed.line}", feed, f"line {feed.call_line} hands to `{feed.model}`")
     helpers: dict[str, list[tuple[half_inputs.Feed, str | None]]] = {}
     for name, feeds in half_inputs.feeders(tree, ctx.source).items():
-        kept = [(feed, None) for feed in feeds if (feed.line, feed.column + 1) not in dropped]
+        kept = [
+            (feed, None)
+            for feed in feeds
+            if (feed.line, feed.column + 1) not in dropped
+            and not (o1 and name in others)
+            and not (
+                o1
+                and any(
+                    first <= feed.call_line <= last
+                    for first, last in _training_forward_lines(ctx, frozenset({feed.model}))
+                )
+            )
+        ]
         if kept and _defined_once(tree, name):
             helpers.setdefault(name, []).extend(kept)
     for alias, index, parameter, origin, line, cast, bare in ctx.options.facts.half_feeders:
@@ -1006,6 +1050,99 @@ def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str) -> str | No
                 f"{hands} hands to `{feed.model}`, the parameter that line {node.lineno} gives `{dotted}` (`{call}`)",
             )
     return None
+
+
+def _top_function(ctx: ModuleContext, node: cst.CSTNode) -> str | None:
+    """The name of the top-level function ``node`` sits in (None: elsewhere)."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.FunctionDef) and isinstance(ctx.parent(ancestor), cst.Module):
+            return ancestor.name.value
+    return None
+
+
+def _training_forward_lines(ctx: ModuleContext, names: frozenset[str]) -> list[tuple[int, int]]:
+    """The lines (first, last) of each forward pass the scale_loss rule puts under autocast:
+    from the statement calling a model to the last one computing the loss that a
+    ``with amp.scale_loss(loss, ...)`` (or a handle's) scales, in one block (``forward_span``)."""
+    found = []
+    for use in ctx.amp.of("scale_loss"):
+        if not use.call.args:
+            continue
+        statement = ctx.statement_of(use.call)
+        span = forward_span(ctx, statement, use.call.args[0].value, set(names))
+        if span is not None:
+            found.append((ctx.lines(span[0])[0], ctx.lines(span[1])[1]))
+    return found
+
+
+def _o1_hand_cast(ctx: ModuleContext, found: SetupCall) -> str | None:
+    """AMP005's message where an O1 setup (``amp.initialize``, or the old API's ``amp.init``,
+    whose models are those an optimizer is made for) may see a float16 tensor or a float16
+    model made by hand; None where there is none.
+
+    Apex O1 left the model float32 and patched torch's functions process-wide: ``model(x.half())``
+    and a ``model.half()`` fed float32 inputs ran wherever they were, evaluation included. The
+    migration's autocast covers the training step alone: elsewhere either mismatch is a dtype
+    error, and a float16 model in training gives GradScaler float16 gradients, which it refuses
+    to unscale."""
+    old_api = found.use.api == "init"
+    tree = pytree.parse(ctx.source)
+    names = half_inputs.parameter_owners(tree) if old_api else frozenset(_model_names(found))
+    if not names:
+        return None
+    reached = _unproven_feed(ctx, found, "init" if old_api else "O1", names)
+    if reached is not None:
+        return reached
+    return _halved_by_hand(
+        ctx, found.call, names, "amp.init (the old API, O1)" if old_api else "amp.initialize at opt_level O1"
+    )
+
+
+def _guard_tests(ctx: ModuleContext, call: cst.Call) -> frozenset[str]:
+    """The tests of the ``if``s whose body holds ``call``, as ``ast.unparse`` spells them."""
+    found = set()
+    for ancestor in ctx.ancestors(call):
+        if isinstance(ancestor, cst.If) and any(a is ancestor.body for a in ctx.ancestors(call)):
+            try:
+                found.add(ast.unparse(ast.parse(syntax.code(ancestor.test).strip(), mode="eval").body))
+            except SyntaxError:
+                continue
+    return frozenset(found)
+
+
+def _halved_by_hand(
+    ctx: ModuleContext, call: cst.Call, names: frozenset[str], subject: str, o1: bool = True
+) -> str | None:
+    """AMP005's message where the module casts a model named ``names`` itself to float16 by hand
+    (``model.half()``, ``self.net.to(torch.float16)``); None where it does not.
+
+    Migrated, the model is float32 and autocast covers the training step alone: a model halved
+    by hand meets float32 inputs elsewhere (Apex's patches cast them to match), and its float16
+    gradients are ones GradScaler refuses to unscale."""
+    halved = next(
+        iter(half_inputs.halvings(pytree.parse(ctx.source), ctx.source, names, _guard_tests(ctx, call))), None
+    )
+    if halved is None:
+        return None
+    if o1:
+        how = (
+            "Apex O1 patched torch's functions for the whole process, so the float32 inputs it was given were "
+            "cast to match wherever it ran"
+        )
+    else:
+        how = (
+            "Apex had made the model float16 already and its patched forward cast the inputs to match, so this "
+            "changed little there"
+        )
+    return (
+        f"{subject} left as it was: line {halved.line} casts the model itself to float16 by hand "
+        f"(`{halved.cast}`); {how}, while the migration keeps the model in float32 and puts only the training "
+        "step under torch.autocast: elsewhere a float32 input would meet float16 weights (a dtype error), and "
+        "GradScaler refuses the float16 gradients of a float16 model (`Attempting to unscale FP16 gradients`): "
+        f"keep the model in float32 (drop `{halved.cast}`) and put the evaluation under "
+        f'`with torch.autocast("{ctx.options.device}", dtype=torch.float16):` if float16 speed matters, then run '
+        "ampmigrate again"
+    )
 
 
 def _defined_once(tree: ast.Module, name: str) -> bool:
@@ -1997,7 +2134,7 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         _drop_call(ctx, found)
         return
     if found.inference_only:
-        cast = _float16_by_hand(ctx, use.call)
+        cast = float16_by_hand(ctx, use.call)
         level = syntax.literal(bound["opt_level"].value) if "opt_level" in bound else "O1"
         if cast is not None and level != "O0":
             # the use is not consumed: the setup stays as it was
@@ -2038,11 +2175,20 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
         return
     reached = None
     if settings.level in ("O2", "O3"):
-        reached = _unproven_feed(ctx, found, settings.level)
+        reached = _unproven_feed(ctx, found, settings.level) or _halved_by_hand(
+            ctx, found.call, frozenset(_model_names(found)), f"amp.initialize at opt_level {settings.level}", o1=False
+        )
+    elif settings.level == "O1" and not settings.disabled:
+        reached = _o1_hand_cast(ctx, found)
     elif settings.level is None and settings.level_expression is not None:
         # O2/O3 among the levels chosen at run time
         spelled = " ".join(syntax.code(settings.level_expression).split())
-        reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time, possibly O2 or O3)")
+        reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time, possibly O2 or O3)") or _halved_by_hand(
+            ctx,
+            found.call,
+            frozenset(_model_names(found)),
+            f"amp.initialize at opt_level `{spelled}` (chosen at run time)",
+        )
     if reached is not None:
         ctx.report("AMP005", use.call, reached)
         return

@@ -44,6 +44,11 @@ The same goes for a clip of ``model.parameters()`` (or any parameters) after a s
 backward, and for a function of the module that touches ``.grad`` given them (a norm, a
 hand-made clip, a log of the largest gradient, whatever its name): Apex had unscaled them.
 
+An ``if fp16: clip(amp.master_params(optimizer)) else: clip(model.parameters())`` folds into
+``unscale_`` + the model clip only where the optimizer provably holds every parameter of the
+model (built here over ``model.parameters()`` or the weight-decay split of
+``model.named_parameters()``); otherwise each arm keeps its parameters, after its own ``unscale_``.
+
 Gradients read at several places before one step (a norm logged under one condition, a
 clip under another) get one ``unscale_``: before the first read of each block when those
 blocks exclude each other (``if``/``else``), else right after the scaled backward of their
@@ -75,6 +80,7 @@ from migrate.rules import _syntax as syntax
 from migrate.rules._amp import AmpCall, AmpModel, arm, fp32_only, is_clip, optimizer_key
 from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
+from migrate.rules._optimizer_coverage import holds_every_parameter
 from migrate.rules.amp_initialize import PARAMETERS as INITIALIZE_PARAMETERS
 from migrate.rules.amp_initialize import _bound_inside
 
@@ -86,8 +92,9 @@ def _parameters_of(optimizer: cst.BaseExpression, as_list: bool = False) -> cst.
     return cst.parse_expression(f"[{code}]" if as_list else f"({code})")
 
 
-def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode) -> cst.If | None:
-    """The `if` around ``statement`` when its `else` is the same clip of other parameters."""
+def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode, optimizer: cst.BaseExpression) -> cst.If | None:
+    """The `if` around ``statement`` when its `else` is the same clip of the parameters that
+    ``optimizer`` provably holds all of (``model.parameters()``)."""
     block = ctx.parent(statement)
     owner = ctx.parent(block) if isinstance(block, cst.IndentedBlock) else None
     if not (isinstance(owner, cst.If) and owner.body is block and len(block.body) == 1):
@@ -112,6 +119,9 @@ def _collapsible_else(ctx: ModuleContext, statement: cst.CSTNode) -> cst.If | No
 
     if shape(mine) is None or shape(mine) != shape(other):
         return None
+    clipped = next(n for n in ctx.walk(other) if isinstance(n, cst.Call) and is_clip(n.func)).args[0].value
+    if not holds_every_parameter(ctx, optimizer, clipped, statement):
+        return None  # each arm keeps its own parameters (an optimizer over part of the model)
     return owner
 
 
@@ -619,7 +629,7 @@ def _plan_one(ctx: ModuleContext, model: AmpModel, use: AmpCall, requests: list[
     if reads_gradients:
         assert isinstance(outer, cst.Call)
         statement = ctx.statement_of(call)
-        collapsible = _collapsible_else(ctx, statement) if is_clip(outer.func) else None
+        collapsible = _collapsible_else(ctx, statement, optimizer) if is_clip(outer.func) else None
         if collapsible is not None and _steps_every_time(ctx, model, call, optimizer, collapsible):
             found = model.scaler_access_or_report(call)
             if found is None:

@@ -5,7 +5,9 @@ What it rewrites
     optimizer) and a GradScaler takes its place, created before the ``if`` that guards the
     construction, with ``enabled=`` that guard. The model stays float32: ``model.half()``,
     ``model = network_to_half(model)``, ``FP16Model(model)`` and ``BN_convert_float(model.half())``
-    under the same guard go, and the forward pass and loss run under ``torch.autocast``. So does a
+    under the same guard go (a test repeated around the set-up, ``if a: if b: model.half()`` then ``if a: if b:``
+    set-up nested in ``if a:``, counts once where nothing between assigns what it reads), and the forward
+    pass and loss run under ``torch.autocast``. So does a
     later ``model.half()`` of that model after the set-up under the same guard and more tests (a
     float32 checkpoint saved in the loop: ``model.float()``, save, ``if fp16: model.half()``): it
     only re-halved the model FP16_Optimizer trains, and ``model.float()`` is a no-op on the float32 model.
@@ -116,6 +118,14 @@ touches stays as it was)
     in an attribute, ``self.optimizer = FP16_Optimizer(...)``, or returned to callers that keep it,
     ``self.optimizers = {"model": self.build("model")}``, the finding names each construction's
     GradScaler and what each use of the attribute or of the callers' container becomes, line by line),
+    a read of the groups' ``"params"`` through ``optimizer.param_groups`` (Apex's float32 masters, their gradients
+    unscaled; migrated, the model's parameters with scaled gradients),
+    a nested function using the optimizer other than for its groups' settings (``for g in optimizer.param_groups:
+    g["lr"] = lr`` stays as written: Apex's ``param_groups`` was the wrapped optimizer's list; a read of
+    ``g["params"]`` reached Apex's float32 masters), an input cast to float16 by hand reaching the model
+    outside the forward pass put under autocast (an evaluation's ``model(x.half())``) or a call handing the
+    model the fp16 switch (``evaluator.evaluate(model, args.half)``: the callee may cast its inputs for the
+    float16 model, which the float32 one would meet outside autocast),
     ``state_dict`` / ``load_state_dict`` not called on the spot, ``load_state_dict`` after a model
     halved by network_to_half / FP16Model / BN_convert_float (the masters cover only the float16
     parameters, which the float32 model cannot tell apart) or followed by the model's
@@ -185,6 +195,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from migrate import half_inputs, pytree
 from migrate.apex_copies import pre2019_dynamic
 from migrate.rules import _local_copies as local_copies
 from migrate.rules import _syntax as syntax
@@ -455,6 +466,14 @@ def {name}(closure, optimizer, scaler, new_scale=None):
 
 # nn.Module methods that return the module they are called on
 _SELF_RETURNING = frozenset("cuda to cpu half float double bfloat16 train eval type requires_grad_ apply".split())
+
+
+# the nodes of a test that is a plain read of names (no call, no subscript): read again, it gives the same
+_PLAIN_TEST_NODES: tuple[type[cst.CSTNode], ...] = (
+    cst.Name, cst.Attribute, cst.Comparison, cst.ComparisonTarget, cst.BooleanOperation, cst.UnaryOperation,
+    cst.Integer, cst.Float, cst.SimpleString, cst.LeftParen, cst.RightParen, cst.Dot,
+    cst.BaseCompOp, cst.BaseBooleanOp, cst.BaseUnaryOp, cst.BaseParenthesizableWhitespace,
+)  # fmt: skip
 
 
 class _Blocked(Exception):
@@ -1139,11 +1158,7 @@ class _Planner:
         """``expression`` is evaluated again later (each step, or where autocast starts): it must be a
         plain read of names the function does not assign after the FP16_Optimizer set-up."""
         ctx = self.ctx
-        allowed = (
-            cst.Name, cst.Attribute, cst.Comparison, cst.ComparisonTarget, cst.BooleanOperation, cst.UnaryOperation,
-            cst.Integer, cst.Float, cst.SimpleString, cst.LeftParen, cst.RightParen, cst.Dot,
-            cst.BaseCompOp, cst.BaseBooleanOp, cst.BaseUnaryOp, cst.BaseParenthesizableWhitespace,
-        )  # fmt: skip
+        allowed = _PLAIN_TEST_NODES
         read: set[str] = set()
         for node in syntax.descendants(expression):
             if not isinstance(node, allowed):
@@ -1240,7 +1255,95 @@ class _Planner:
         if not isinstance(scope, cst.Module) and not all(
             isinstance(inner, cst.FunctionDef) and inner.name.value in self.closures for inner in chain
         ):
+            if self._group_setting(node, chain[0]):
+                return True
+            groups = ctx.parent(node)
+            if isinstance(groups, cst.Attribute) and groups.value is node and groups.attr.value == "param_groups":
+                raise _Blocked(
+                    node,
+                    f"`{self.name}.param_groups` is read in a nested function other than for a group's settings "
+                    f'(`group["lr"]`): under Apex its groups\' `"params"` were FP16_Optimizer\'s float32 masters, '
+                    f"whose gradients were unscaled, and migrated they are the model's parameters, whose gradients "
+                    f"stay scaled until `{self.scaler}.unscale_({self.name})`: pass `{self.scaler}` to it and unscale "
+                    "first, or read only the groups' settings there",
+                )
             raise _Blocked(node, f"`{self.name}` is used in a nested function: pass `{self.scaler}` to it as well")
+        return True
+
+    def _reads_group_params(self, node: cst.CSTNode) -> bool:
+        """Whether ``node.param_groups`` is read for its groups' ``"params"``: ``X.param_groups[i]["params"]``, or
+        ``group["params"]`` in the loop or comprehension ``for group in X.param_groups``."""
+        ctx = self.ctx
+        groups = ctx.parent(node)
+        outer = ctx.parent(groups) if groups is not None else None
+
+        def params_of(subscript: cst.CSTNode | None, value: cst.CSTNode) -> bool:
+            if not (isinstance(subscript, cst.Subscript) and subscript.value is value and len(subscript.slice) == 1):
+                return False
+            index = subscript.slice[0].slice
+            return isinstance(index, cst.Index) and syntax.literal(index.value) == "params"
+
+        if isinstance(outer, cst.Subscript) and outer.value is groups:
+            return params_of(ctx.parent(outer), outer)
+        if not (
+            isinstance(outer, (cst.For, cst.CompFor)) and outer.iter is groups and isinstance(outer.target, cst.Name)
+        ):
+            return False
+        region: cst.CSTNode | None = outer
+        if isinstance(outer, cst.CompFor):
+            while region is not None and not isinstance(
+                region, (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+            ):
+                region = ctx.parent(region)
+        if region is None:
+            return False
+        group = outer.target.value
+        return any(
+            isinstance(other, cst.Name) and other.value == group and params_of(ctx.parent(other), other)
+            for other in ctx.walk(region)
+        )
+
+    def _group_setting(self, node: cst.CSTNode, function: cst.CSTNode) -> bool:
+        """A nested function's ``for group in optimizer.param_groups: group["lr"] = lr`` (or
+        ``optimizer.param_groups[0]["lr"]``): Apex's FP16_Optimizer.param_groups is a property returning
+        the wrapped optimizer's list, which the migrated name now is, so the same dicts are read and
+        written. Only keys other than ``"params"`` (those lists held Apex's float32 masters, whose
+        gradients were unscaled, where the migrated groups hold the model's parameters)."""
+        ctx = self.ctx
+        groups = ctx.parent(node)
+        if not (isinstance(groups, cst.Attribute) and groups.value is node and groups.attr.value == "param_groups"):
+            return False
+        if _is_store(ctx, groups):
+            return False
+
+        def setting(subscript: cst.CSTNode | None, value: cst.CSTNode) -> bool:
+            # `value[<a string literal, not "params">]`
+            if not (isinstance(subscript, cst.Subscript) and subscript.value is value and len(subscript.slice) == 1):
+                return False
+            index = subscript.slice[0].slice
+            if not isinstance(index, cst.Index) or not isinstance(index.value, cst.SimpleString):
+                return False
+            key = syntax.literal(index.value)
+            return isinstance(key, str) and key != "params"
+
+        outer = ctx.parent(groups)
+        if isinstance(outer, cst.Subscript) and outer.value is groups:
+            index = outer.slice[0].slice if len(outer.slice) == 1 else None
+            if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Integer)):
+                return False
+            return setting(ctx.parent(outer), outer)
+        if not (
+            isinstance(outer, (cst.For, cst.CompFor)) and outer.iter is groups and isinstance(outer.target, cst.Name)
+        ):
+            return False
+        group = outer.target.value
+        for other in ctx.walk(function):
+            if isinstance(other, cst.Name) and other.value == group and other is not outer.target:
+                parent = ctx.parent(other)
+                if isinstance(parent, cst.Attribute) and parent.attr is other:
+                    continue
+                if not setting(parent, other):
+                    return False
         return True
 
     def uses(self) -> list[cst.Name]:
@@ -1368,6 +1471,15 @@ class _Planner:
             )
         attribute = parent.attr.value
         outer = ctx.parent(parent)
+        if attribute == "param_groups" and self._reads_group_params(node):
+            raise _Blocked(
+                parent,
+                f'the groups\' `"params"` of `{name}.param_groups` are read here: under Apex they were '
+                "FP16_Optimizer's float32 masters, whose gradients `backward` had unscaled, and migrated they are the "
+                f"model's parameters, whose gradients stay scaled until `{self.scaler}.unscale_({name})`: write "
+                f"{_RECIPE}, with `{self.scaler}.unscale_({name})` after the backward and before this read (once per "
+                "step)",
+            )
         if attribute in ("param_groups", "state"):
             return
         if attribute == ("cur_scale" if self.flavor == "optimizers" else "loss_scale"):
@@ -1388,6 +1500,79 @@ class _Planner:
         if handler is None:
             raise _Blocked(outer, self._advice(attribute))
         handler(outer)
+
+    def check_half_feeds(self) -> None:
+        """The migrated model is float32; where Apex's float16 model was run outside the forward pass the
+        rule puts under torch.autocast (an evaluation), an input cast to float16 by hand would meet float32
+        weights (``Input type (Half) and weight type (Float)``). So: no cast to float16 reaching the model
+        (``half_inputs``) and no call handing the model together with the fp16 switch (ASFF's
+        ``evaluator.evaluate(model, args.half)``, whose evaluator picks ``torch.cuda.HalfTensor``) outside
+        the autocast regions planned."""
+        ctx = self.ctx
+        names = {name.split(".")[-1] for name in self._trained_models()} | self.model_names
+        if not names:
+            return
+        regions = []
+        for first, last, _ in self.edits.wraps:
+            regions.append((ctx.lines(first)[0], ctx.lines(last)[1]))
+
+        def covered(line: int) -> bool:
+            return any(start <= line <= end for start, end in regions)
+
+        blocked: list[_Blocked] = []
+        with_autocast = (
+            f'under `with torch.autocast("{ctx.options.device}", dtype=torch.{ctx.options.dtype}'
+            + (f", enabled={syntax.code(self.enabled).strip()}" if self.enabled is not None else "")
+            + "):`"
+        )
+        for feed in half_inputs.feeds(pytree.parse(ctx.source), ctx.source, frozenset(names)):
+            if covered(feed.call_line):
+                continue
+            blocked.append(
+                _Blocked(
+                    self.setup.first.call,
+                    f"line {feed.line} casts to float16 (`{feed.cast}`) what line {feed.call_line} hands to "
+                    f"`{feed.model}` outside the forward pass put under torch.autocast: the migrated model is float32, "
+                    "and that float16 input would meet float32 weights (`Input type (Half) and weight type (Float)`): "
+                    f"write `{feed.bare}` instead, or put line {feed.call_line} {with_autocast}, then run ampmigrate again",
+                )
+            )
+        switches = {conjunct for guard in self.guards for conjunct in _conjuncts(guard)}
+        for call in ctx.nodes_of(cst.Call) if switches else []:
+            if covered(ctx.position(call)[0]):
+                continue
+            model = flag = None
+            for arg in call.args:
+                dotted = dotted_name(arg.value)
+                parts = (dotted or "").split(".")
+                while len(parts) > 1 and parts[-1] == "module":
+                    parts.pop()
+                if dotted is not None and parts[-1] in names:
+                    model = dotted
+                elif syntax.normalized(arg.value) in switches:
+                    flag = syntax.code(arg.value).strip()
+            if model is None or flag is None:
+                continue
+            code = syntax.code(call).strip()
+            blocked.append(
+                _Blocked(
+                    call,
+                    f"`{code if len(code) <= 80 else code[:77] + '...'}` hands `{model}` the fp16 switch `{flag}` "
+                    "with it, which the callee may use to cast its inputs to float16 for the float16 model Apex trained "
+                    "(an evaluator choosing `torch.cuda.HalfTensor`); the migrated model is float32, and outside "
+                    "torch.autocast a float16 input would meet float32 weights: put this call "
+                    f"{with_autocast}, or pass it `False` for `{flag}` (float32 inputs), then run ampmigrate again",
+                )
+            )
+        if len(blocked) > 1:
+            raise _Blocked(
+                blocked[0].node,
+                "; ".join(
+                    (f"line {ctx.position(b.node)[0]}: " if i else "") + b.message for i, b in enumerate(blocked)
+                ),
+            )
+        if blocked:
+            raise blocked[0]
 
     def _callers(self) -> str:
         """Where this module's callers of the set-up's function keep what it returns, and what each use
@@ -1950,7 +2135,7 @@ class _Planner:
             halved = True
             conditions, _ = _guards(ctx, statement)
             codes = [syntax.normalized(c) for c in conditions]
-            if codes != guard_codes:
+            if codes != guard_codes and not self._same_tests_repeated(codes, guard_codes, statement):
                 later.append((call, halving, statement, codes))
                 continue
             if ctx.position(statement)[0] < self.start_line:
@@ -2366,6 +2551,35 @@ class _Planner:
         conditions, _ = _guards(self.ctx, self.ctx.statement_of(node))
         own = {c for condition in conditions for c in _conjuncts(condition)}
         return bool(self.guards) and {c for guard in self.guards for c in _conjuncts(guard)} <= own
+
+    def _same_tests_repeated(self, codes: list[str], guard_codes: list[str], statement: cst.CSTNode) -> bool:
+        """Whether the tests around ``statement`` are the set-up's with one repeated (NLU-QNLI's ``if
+        args.do_train:`` around ``model.half()``, and again around the optimizer's ``if args.do_train:``
+        inside it): ``a and a and b`` is ``a and b`` where nothing between the two changes what ``a`` reads."""
+        ctx = self.ctx
+        if list(dict.fromkeys(codes)) != list(dict.fromkeys(guard_codes)):
+            return False
+        read: set[str] = set()
+        for guard in self.guards:
+            for node in syntax.descendants(guard):
+                if isinstance(node, (cst.Name, cst.Attribute)):
+                    dotted = dotted_name(node)
+                    if dotted is not None:
+                        read.add(dotted)
+                elif not isinstance(node, _PLAIN_TEST_NODES):
+                    return False  # a call, a subscript: read again, it may differ
+        first, last = sorted((ctx.position(statement)[0], self.start_line))
+        for node in ctx.nodes_of(cst.Name):
+            target = ctx.parent(node)
+            while isinstance(target, cst.Attribute) and target.value is node:
+                node, target = target, ctx.parent(target)  # type: ignore[assignment]
+            dotted = dotted_name(node)
+            if dotted is None or not any(dotted == r or r.startswith(dotted + ".") for r in read):
+                continue
+            if ctx.scope_of(node) is self.setup.scope and _is_store(ctx, node):
+                if first <= ctx.position(node)[0] <= last:
+                    return False
+        return True
 
     def _halved_again(
         self,
@@ -3118,6 +3332,7 @@ def plan(ctx: ModuleContext) -> None:
                     ) from None
                 raise
             planner.plan_uses()
+            planner.check_half_feeds()
         except _Blocked as error:
             _report_blocked(ctx, error, setup.first.call)
             at = ctx.position(setup.first.call)[0]
