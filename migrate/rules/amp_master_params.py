@@ -82,7 +82,7 @@ from migrate.rules._bindings import dotted_name
 from migrate.rules._context import ModuleContext
 from migrate.rules._optimizer_coverage import holds_every_parameter
 from migrate.rules.amp_initialize import PARAMETERS as INITIALIZE_PARAMETERS
-from migrate.rules.amp_initialize import _bound_inside
+from migrate.rules.amp_initialize import _assigned_literal, _bound_inside
 
 RULE = "amp_master_params"
 
@@ -774,7 +774,10 @@ def _o2_with_master_weights(ctx: ModuleContext, model: AmpModel) -> int | None:
         bound = syntax.bind_arguments(use.call, INITIALIZE_PARAMETERS)
         if not bound or "optimizers" not in bound or "opt_level" not in bound:
             continue
-        if syntax.literal(bound["opt_level"].value) != "O2":
+        level = syntax.literal(bound["opt_level"].value)
+        if level is ... and isinstance(bound["opt_level"].value, cst.Name):
+            level = _assigned_literal(ctx, bound["opt_level"].value.value, use.call)  # `opt_level = "O2"` before
+        if level != "O2":
             continue
         if "master_weights" in bound and syntax.literal(bound["master_weights"].value) is False:
             continue  # the optimizer stepped the model's float16 parameters themselves
