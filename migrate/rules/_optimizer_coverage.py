@@ -153,6 +153,7 @@ def _covers(ctx: ModuleContext, built: cst.BaseExpression, modules: set[str], fu
     if "params" not in bound:
         return False
     params = syntax.strip_parens(bound["params"].value)
+    modules = modules | _stored_from(ctx, function, modules)
     owner = _parameters_owner(params)
     if owner is not None:
         return syntax.normalized(owner) in modules
@@ -160,6 +161,21 @@ def _covers(ctx: ModuleContext, built: cst.BaseExpression, modules: set[str], fu
         return False
     groups = _values_assigned(ctx, function if function is not None else ctx.module, params.value)
     return len(groups) == 1 and _split_groups(ctx, groups[0], modules, function)
+
+
+def _stored_from(ctx: ModuleContext, function: cst.FunctionDef | None, modules: set[str]) -> set[str]:
+    """The names the constructor's function stored as one of ``modules`` (``self.student = student``
+    in ``__init__``, where the optimizer is built over ``student``)."""
+    found: set[str] = set()
+    for node in ctx.walk(function if function is not None else ctx.module):
+        if (
+            isinstance(node, cst.Assign)
+            and len(node.targets) == 1
+            and syntax.normalized(node.targets[0].target) in modules
+            and isinstance(node.value, (cst.Name, cst.Attribute))
+        ):
+            found.add(syntax.normalized(node.value))
+    return found
 
 
 def _split_groups(
@@ -210,7 +226,17 @@ def _selection_test(
         and syntax.normalized(loop.target.elements[1].value) == syntax.normalized(selection.elt)
     ):
         return None
-    return syntax.normalized(loop.ifs[0].test) if loop.ifs else ""
+    if not loop.ifs:
+        return ""
+    test = syntax.strip_parens(loop.ifs[0].test)
+    # `... and p.requires_grad`: a parameter left out by it gets no gradient to clip
+    if (
+        isinstance(test, cst.BooleanOperation)
+        and isinstance(test.operator, cst.And)
+        and syntax.normalized(test.right) == f"{syntax.normalized(selection.elt)}.requires_grad"
+    ):
+        test = syntax.strip_parens(test.left)
+    return syntax.normalized(test)
 
 
 def _named_parameters_of(
