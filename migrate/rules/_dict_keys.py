@@ -89,8 +89,8 @@ def _event(ctx: ModuleContext, name: cst.Name) -> tuple[str, str, cst.CSTNode] |
             if key is None or not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
                 return f"`{syntax.code(parent)}` sets a key not spelled as a string"
             return "set", key, ctx.statement_of(assign)
-        if isinstance(holder, (cst.Del, cst.AugAssign, cst.AnnAssign)):
-            return f"`{name.value}` is changed by `{syntax.code(holder).strip()}`"
+        if isinstance(holder, (cst.Del, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.AsName, cst.Element)):
+            return f"`{syntax.code(parent)}` on line {ctx.position(parent)[0]} may be assigned"
         return None  # `d["k"]` read
     if isinstance(parent, cst.Attribute) and parent.value is name:
         call = ctx.parent(parent)
