@@ -19,6 +19,7 @@ import libcst as cst
 from migrate.rules import _syntax as syntax
 from migrate.rules._bindings import bound_name, dotted_name, is_import_fallback
 from migrate.rules._context import ModuleContext
+from migrate.rules._dict_keys import Keys, dict_keys
 from migrate.rules._exports import reached_from_outside
 
 
@@ -63,8 +64,64 @@ def _matches(path: str, replacement: Replacement) -> bool:
     )
 
 
-def _rewrite(call: cst.Call, replacement: Replacement) -> cst.Call | str:
-    """The torch call, or the reason it cannot be written."""
+def _spread(call: cst.Call) -> cst.Name | None:
+    """The dict a call unpacks as its only starred argument, last: ``f(x, k=1, **opt_args)``."""
+    starred = [arg for arg in call.args if arg.star]
+    last = call.args[-1] if call.args else None
+    if len(starred) != 1 or starred[0] is not last or last.star != "**" or not isinstance(last.value, cst.Name):
+        return None
+    return last.value
+
+
+def _spread_problem(call: cst.Call, replacement: Replacement, keys: Keys) -> str:
+    """Why the torch call cannot take the ``**`` dict whose keys are ``keys`` as it is ("" when
+    it can): each key it may hold must pass to torch unchanged, and each keyword the torch call
+    would add (a default that differs) must be one it surely holds."""
+    spread = _spread(call)
+    assert spread is not None
+    bound = syntax.bind_arguments(call.with_changes(args=call.args[:-1]), replacement.parameters)
+    if bound is None:
+        return f"{replacement.apex_name} is called with too many positional arguments or a keyword it lacks"
+    passed = set(_torch_parameters(replacement)) - {replacement.parameters[0]}
+    values = {name: syntax.literal(arg.value) for name, arg in bound.items()}
+    unknown = sorted(keys.possible - set(replacement.parameters))
+    if unknown:
+        return (
+            f"`{spread.value}` may hold {', '.join(unknown)}, which {replacement.apex_name} does not take (Apex "
+            "raised a TypeError where it did)"
+        )
+    foreign = sorted(keys.possible - passed)
+    if foreign:
+        return f"`{spread.value}` may hold {', '.join(foreign)}, which the torch call does not take as it is"
+    given_twice = sorted(keys.possible & set(bound))
+    if given_twice:
+        return f"`{spread.value}` may hold {', '.join(given_twice)}, also given by name"
+    codes = {name: syntax.code(arg.value).strip() for name, arg in bound.items()}
+    for key in sorted(keys.possible):
+        varied = {**values, key: ...}
+        if replacement.added(varied) != replacement.added(values) or (
+            not isinstance(replacement.target, str)
+            and replacement.target(varied, {**codes, key: key}) != replacement.target(values, codes)
+        ):
+            return f"`{spread.value}` may hold {key}, which changes the torch call written"
+    unsure = sorted(
+        name for name in replacement.added(values) if name not in bound and name != "fused" and name not in keys.sure
+    )
+    unsure += sorted(name for name in replacement.no_default if name not in bound and name not in keys.sure)
+    if unsure:
+        return f"`{spread.value}` may leave out {', '.join(unsure)}, whose default differs in torch's optimizer"
+    return ""
+
+
+def _rewrite(call: cst.Call, replacement: Replacement, keys: Keys | None = None) -> cst.Call | str:
+    """The torch call, or the reason it cannot be written (``keys``: those of the dict the call
+    unpacks last, ``**opt_args``, where they are known)."""
+    spread = call.args[-1] if keys is not None else None
+    if spread is not None:
+        problem = _spread_problem(call, replacement, keys)  # type: ignore[arg-type]
+        if problem:
+            return f"{replacement.apex_name} is called with **{syntax.code(spread.value)}: {problem}"
+        call = call.with_changes(args=call.args[:-1])
     bound = syntax.bind_arguments(call, replacement.parameters)
     target = replacement.target if isinstance(replacement.target, str) else None
     if bound is None:
@@ -100,8 +157,10 @@ def _rewrite(call: cst.Call, replacement: Replacement) -> cst.Call | str:
             )
         kept.append(arg)
     for name, code in replacement.added(values).items():
-        if name not in bound:
+        if name not in bound and (keys is None or name not in keys.possible):
             kept.append(syntax.keyword(name, cst.parse_expression(code)))
+    if spread is not None:
+        kept.append(spread)
     if kept and call.args and not isinstance(call.args[-1].comma, cst.Comma):
         kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
     for position in range(len(kept) - 1):
@@ -111,11 +170,11 @@ def _rewrite(call: cst.Call, replacement: Replacement) -> cst.Call | str:
     return call.with_changes(func=func, args=kept)
 
 
-def _rewritten(updated: cst.CSTNode, replacement: Replacement) -> cst.CSTNode:
+def _rewritten(updated: cst.CSTNode, replacement: Replacement, keys: Keys | None = None) -> cst.CSTNode:
     """The torch call built from the call as the other edits left it (its arguments may hold
     rewritten Apex calls: ``SyncBatchNorm(n, process_group=create_syncbn_process_group(k))``)."""
     assert isinstance(updated, cst.Call)
-    result = _rewrite(updated, replacement)
+    result = _rewrite(updated, replacement, keys)
     assert not isinstance(result, str), result  # the arguments' names and count did not change
     return result
 
@@ -183,17 +242,30 @@ def _plan_calls(ctx: ModuleContext, replacements: tuple[Replacement, ...]) -> No
         if other is not None:
             _report_other_library(ctx, root, path, replacement, other)
             continue
-        result = _rewrite(call, replacement)
+        keys: Keys | None = None
+        spread = _spread(call)
+        if spread is not None:
+            known = dict_keys(ctx, call, spread)
+            if isinstance(known, str):
+                ctx.report(
+                    "AMP042",
+                    call,
+                    f"{replacement.apex_name} is called with **{spread.value}, whose keys are not known here: {known}; "
+                    f"spell its arguments out: `{replacement.apex_name}({', '.join(replacement.parameters)})`",
+                )
+                continue
+            keys = known
+        result = _rewrite(call, replacement, keys)
         if isinstance(result, str):
             ctx.report("AMP042", call, result)
             continue
-        ctx.plan.replace[call] = functools.partial(_rewritten, replacement=replacement)
+        ctx.plan.replace[call] = functools.partial(_rewritten, replacement=replacement, keys=keys)
         ctx.plan.needs_torch_import = True
         ctx.consumed.add(root)
         target = syntax.code(result.func).strip("()")
         note = replacement.note
         if callable(note):
-            bound = syntax.bind_arguments(call, replacement.parameters) or {}
+            bound = syntax.bind_arguments(call, replacement.parameters, partial=True)
             note = note({name: syntax.literal(arg.value) for name, arg in bound.items()})
         ctx.report("AMP041", call, f"{path} became {target}" + (f": {note}" if note else ""))
 

@@ -258,8 +258,10 @@ def _recipe(ctx: ModuleContext, use: AmpCall, made: list[cst.Call], utils: str |
     if _leaves_head_out(ctx):
         return (
             "the scaler is given `parameters` without the head (exclude_head, timm's AGC mode): NativeScaler clips "
-            "those, ApexScaler clipped every parameter of the optimizer (to clip what it clipped, pass "
-            "`parameters=[p for group in optimizer.param_groups for p in group['params']]`)"
+            "those, ApexScaler clipped every parameter of the optimizer, head included, and the call that passes them "
+            "serves the native choice too, which cannot tell the two apart there (to clip what Apex clipped on its "
+            'path alone, hand the choice to that call and write `exclude_head="agc" in args.clip_mode and '
+            'use_amp != "apex"`)'
         )
     assert isinstance(line, cst.SimpleStatementLine)
     return _Recipe(line, factory, made_here[0], native)
