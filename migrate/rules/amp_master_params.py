@@ -735,7 +735,12 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, requests: list[_Unsca
             continue
         optimizer = step.func.value  # type: ignore[attr-defined]
         master = _o2_with_master_weights(ctx, model)
-        if master is not None and is_clip(clip.func) and _clips_module_parameters(ctx, clip):
+        if (
+            master is not None
+            and is_clip(clip.func)
+            and _clips_module_parameters(ctx, clip)
+            and not _opposite_arm_of_the_same_test(ctx, clip, model.sites)
+        ):
             ctx.report(
                 "AMP029",
                 clip,
@@ -751,6 +756,31 @@ def _plan_plain_clips(ctx: ModuleContext, model: AmpModel, requests: list[_Unsca
             ctx.unfinished.append(clip)  # the setup stays as it was (AMP025), as the finding says
             continue
         _unscale_before(ctx, model, clip, optimizer, requests)
+
+
+def _opposite_arm_of_the_same_test(ctx: ModuleContext, clip: cst.Call, sites: list[cst.Call]) -> bool:
+    """Whether ``clip`` sits in the other arm of an ``if`` whose test also guards every scaled
+    backward of its function (``if hp.fp16_run: <scaled backward>`` ... ``if hp.fp16_run:
+    clip(amp.master_params(opt)) else: clip(model.parameters())``, NVIDIA/tacotron2): the fp32
+    path, where no amp setup ran."""
+    function = ctx.function_of(clip)
+    local_sites = [site for site in sites if ctx.function_of(site) is function]
+    if not local_sites:
+        return False
+
+    def tests_around(node: cst.CSTNode) -> set[tuple[str, bool]]:
+        found = set()
+        for ancestor in ctx.ancestors(node):
+            if ancestor is function:
+                break
+            if isinstance(ancestor, cst.If):
+                side = arm(ctx, ancestor, node)
+                if side is not None:
+                    found.add((syntax.normalized(ancestor.test), side))
+        return found
+
+    guards = set.intersection(*(tests_around(site) for site in local_sites))
+    return any((test, not side) in guards for test, side in tests_around(clip))
 
 
 def _clips_module_parameters(ctx: ModuleContext, clip: cst.Call) -> bool:
