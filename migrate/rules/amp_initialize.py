@@ -956,7 +956,9 @@ def _unproven_cast(ctx: ModuleContext, found: SetupCall) -> hand_casts.HandCast 
     return next((cast for cast in _hand_casts(ctx) if not cast.setups and cast.model in names), None)
 
 
-def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str, names: frozenset[str] | None = None) -> str | None:
+def _unproven_feed(
+    ctx: ModuleContext, found: SetupCall, level: str, names: frozenset[str] | None = None, runtime: bool = False
+) -> str | None:
     """AMP005's message where a cast to float16 by hand (``model(x.half())``, a cast lines above
     the call, a function here or imported that casts what it hands the model it is given) may
     reach this setup's model (``names``: the models it is given), and is not one of the casts
@@ -975,7 +977,14 @@ def _unproven_feed(ctx: ModuleContext, found: SetupCall, level: str, names: froz
     subject = "amp.init (the old API, O1)" if level == "init" else f"amp.initialize at opt_level {level}"
 
     def message(where: str, feed: half_inputs.Feed, reaches: str) -> str:
-        if o1:
+        if runtime:
+            why = (
+                ": at O2/O3 that matched the float16 weights Apex gave the model, and at O1 Apex's patched functions "
+                "cast the float32 weights to match wherever it ran; the migration keeps the model in float32 and puts "
+                "only the training step under torch.autocast, and outside it that float16 input would meet float32 "
+                "weights (a dtype error), which the tool cannot rule out here"
+            )
+        elif o1:
             why = (
                 "; Apex O1 patched torch's functions for the whole process, so the float32 model's ops cast that "
                 "input and their weights alike to float16 wherever it ran, evaluation included, while the "
@@ -2183,7 +2192,9 @@ def plan_setup(ctx: ModuleContext, model: AmpModel, found: SetupCall) -> None:
     elif settings.level is None and settings.level_expression is not None:
         # O2/O3 among the levels chosen at run time
         spelled = " ".join(syntax.code(settings.level_expression).split())
-        reached = _unproven_feed(ctx, found, f"`{spelled}` (chosen at run time, possibly O2 or O3)") or _halved_by_hand(
+        reached = _unproven_feed(
+            ctx, found, f"`{spelled}` (chosen at run time: O1, O2 or O3)", runtime=True
+        ) or _halved_by_hand(
             ctx,
             found.call,
             frozenset(_model_names(found)),
