@@ -190,7 +190,7 @@ References
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -1170,21 +1170,14 @@ class _Planner:
             name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
             if name is not None:
                 read.add(name)
-        for node in ctx.nodes_of(cst.Name):
-            target = ctx.parent(node)
-            while isinstance(target, cst.Attribute) and target.value is node:
-                node, target = target, ctx.parent(target)  # type: ignore[assignment]
-            dotted = dotted_name(node)
-            if dotted is None or not any(dotted == r or r.startswith(dotted + ".") for r in read):
-                continue
-            if ctx.scope_of(node) is self.setup.scope and _is_store(ctx, node):
-                if ctx.position(node)[0] > self.start_line:
-                    raise _Blocked(
-                        node,
-                        f"`{dotted}` changes after the FP16_Optimizer set-up, and {what} "
-                        f"`{syntax.code(expression).strip()}` is read again at every step: keep it in a name "
-                        "that does not change",
-                    )
+        for node, dotted in _stores_of(ctx, read, self.setup.scope):
+            if ctx.position(node)[0] > self.start_line:
+                raise _Blocked(
+                    node,
+                    f"`{dotted}` changes after the FP16_Optimizer set-up, and {what} "
+                    f"`{syntax.code(expression).strip()}` is read again at every step: keep it in a name "
+                    "that does not change",
+                )
 
     def plan_scaler(self) -> None:
         ctx, setup = self.ctx, self.setup
@@ -2569,16 +2562,9 @@ class _Planner:
                 elif not isinstance(node, _PLAIN_TEST_NODES):
                     return False  # a call, a subscript: read again, it may differ
         first, last = sorted((ctx.position(statement)[0], self.start_line))
-        for node in ctx.nodes_of(cst.Name):
-            target = ctx.parent(node)
-            while isinstance(target, cst.Attribute) and target.value is node:
-                node, target = target, ctx.parent(target)  # type: ignore[assignment]
-            dotted = dotted_name(node)
-            if dotted is None or not any(dotted == r or r.startswith(dotted + ".") for r in read):
-                continue
-            if ctx.scope_of(node) is self.setup.scope and _is_store(ctx, node):
-                if first <= ctx.position(node)[0] <= last:
-                    return False
+        for node, _dotted in _stores_of(ctx, read, self.setup.scope):
+            if first <= ctx.position(node)[0] <= last:
+                return False
         return True
 
     def _halved_again(
@@ -2913,6 +2899,21 @@ def _exclusive(ctx: ModuleContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
             return (a_in_body and b_in_else) or (a_in_else and b_in_body)
         child = ancestor
     return False
+
+
+def _stores_of(ctx: ModuleContext, read: set[str], scope: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, str]]:
+    """The stores in ``scope`` to a name (or attribute chain) in ``read``, or to a prefix of one
+    (``args = ...`` changes ``args.fp16``), with its dotted spelling."""
+    for node in ctx.nodes_of(cst.Name):
+        target = ctx.parent(node)
+        chain: cst.CSTNode = node
+        while isinstance(target, cst.Attribute) and target.value is chain:
+            chain, target = target, ctx.parent(target)
+        dotted = dotted_name(chain)  # type: ignore[arg-type]
+        if dotted is None or not any(dotted == r or r.startswith(dotted + ".") for r in read):
+            continue
+        if ctx.scope_of(chain) is scope and _is_store(ctx, chain):
+            yield chain, dotted
 
 
 def _is_store(ctx: ModuleContext, node: cst.CSTNode) -> bool:
