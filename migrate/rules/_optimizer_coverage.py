@@ -47,21 +47,9 @@ def _returned_by_initialize(ctx: ModuleContext, value: cst.BaseExpression | None
     if not isinstance(value, cst.Name):
         return False
     function = ctx.function_of(value)
-    unpacks = 0
-    for node in ctx.walk(function if function is not None else ctx.module):
-        if isinstance(node, cst.Assign) and any(
-            isinstance(target.target, (cst.Tuple, cst.List))
-            and any(syntax.normalized(item.value) == value.value for item in target.target.elements)
-            for target in node.targets
-        ):
-            if not (isinstance(node.value, cst.Call) and (dotted_name(node.value.func) or "").endswith("initialize")):
-                return False
-            unpacks += 1
-        elif isinstance(node, cst.Assign) and any(
-            syntax.normalized(target.target) == value.value for target in node.targets
-        ):
-            return False
-    return unpacks > 0
+    unpacks: list[cst.Assign] = []
+    others = _values_assigned(ctx, function if function is not None else ctx.module, value.value, unpacks)
+    return bool(unpacks) and not others
 
 
 def _parameters_owner(parameters: cst.BaseExpression) -> cst.BaseExpression | None:
@@ -85,9 +73,12 @@ def _region_of(ctx: ModuleContext, optimizer: cst.BaseExpression, function: cst.
     return function if function is not None else ctx.module
 
 
-def _values_assigned(ctx: ModuleContext, region: cst.CSTNode, target: str) -> list[cst.BaseExpression | None]:
+def _values_assigned(
+    ctx: ModuleContext, region: cst.CSTNode, target: str, initialize_unpacks: list[cst.Assign] | None = None
+) -> list[cst.BaseExpression | None]:
     """The values assigned to ``target`` in ``region``; None for one it cannot read (an unpacking
-    other than amp.initialize's, an augmented assignment)."""
+    other than amp.initialize's, an augmented assignment). amp.initialize's unpackings return
+    what they were given, so they are left out (and collected in ``initialize_unpacks``)."""
     values: list[cst.BaseExpression | None] = []
     for node in ctx.walk(region):
         if isinstance(node, cst.Assign):
@@ -102,6 +93,8 @@ def _values_assigned(ctx: ModuleContext, region: cst.CSTNode, target: str) -> li
                         )
                         if not initialize:
                             values.append(None)
+                        elif initialize_unpacks is not None:
+                            initialize_unpacks.append(node)
                 elif syntax.normalized(element) == target:
                     values.append(node.value)
         elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and syntax.normalized(node.target) == target:
